@@ -1,0 +1,49 @@
+# Two commands do all the set-up on a fresh machine: `make run` and `make test`.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+FMNIST := /usr/share/datasets/fashion-mnist
+OUT    ?= runs/default
+
+.PHONY: run test lint bench data clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+# Fashion-MNIST comes from Debian's package; install it when missing and we can (root).
+data:
+	@if [ ! -f $(FMNIST)/train-images-idx3-ubyte.gz ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "Installing Fashion-MNIST (Debian package dataset-fashion-mnist)..."; \
+	    (apt-get update -qq && apt-get install -y -qq dataset-fashion-mnist) >/dev/null 2>&1 \
+	      || echo "Could not install dataset-fashion-mnist with apt-get."; \
+	  else \
+	    echo "Fashion-MNIST is missing and this user cannot apt-get install dataset-fashion-mnist."; \
+	  fi; \
+	fi
+
+# The main job: a small CNN on Fashion-MNIST for one epoch; scikit-learn digits if Fashion-MNIST cannot be had.
+run: $(STAMP) data
+	@if [ -f $(FMNIST)/train-images-idx3-ubyte.gz ]; then \
+	  $(BIN)/dptrain train --config configs/default.toml --out $(OUT); \
+	else \
+	  echo "Fashion-MNIST not found under $(FMNIST): falling back to scikit-learn's bundled digits data set."; \
+	  $(BIN)/dptrain train --config configs/digits.toml --out $(OUT); \
+	fi
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+bench: $(STAMP)
+	$(BIN)/pip install -q -e '.[bench]'
+	$(BIN)/python benchmarks/throughput.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,1 @@
+"""dptrain: differentially private training for PyTorch."""

@@ -1,0 +1,25 @@
+"""Errors a user can cause. The CLI prints them on one line and exits with code 2."""
+
+
+class DPTrainError(Exception):
+    """Base class for every error caused by user input (config, data, parameters, models)."""
+
+
+class ConfigError(DPTrainError, ValueError):
+    """A configuration key is unknown, has the wrong type, or holds an impossible value."""
+
+
+class DataError(DPTrainError, ValueError):
+    """A data file is missing, corrupt or truncated."""
+
+
+class ModelError(DPTrainError, ValueError):
+    """A model cannot be trained privately as it is (e.g. it mixes examples in a batch)."""
+
+
+class AccountingError(DPTrainError, ValueError):
+    """An accountant cannot certify what it was asked to (it refuses instead of guessing)."""
+
+
+class BudgetExhausted(DPTrainError):
+    """The privacy budget does not allow even one more release."""
