@@ -1,0 +1,37 @@
+"""Privacy accounting: the ledger, the accountants and their inverses. Imports no torch.
+
+Accountants are looked up by name in a registry; ``rdp`` and ``pld`` delegate to dp_accounting,
+``gdp`` is the Gaussian-DP accountant of Dong, Roth & Su. Later modules register their own.
+"""
+
+from dptrain.accounting import standard as _standard  # noqa: F401, I001  (registers "rdp", "pld" first)
+from dptrain.accounting import gdp as _gdp  # noqa: F401  (registers "gdp")
+from dptrain.accounting.base import (
+    Accountant,
+    PrivacyReport,
+    accountant_names,
+    certified_epsilon,
+    epsilon,
+    get_accountant,
+    register_accountant,
+)
+from dptrain.accounting.calibration import calibrate_dpsgd_noise, calibrate_noise, max_releases
+from dptrain.accounting.ledger import Ledger, LedgerEntry, dpsgd_ledger, gaussian_step_event, step_facts
+
+__all__ = [
+    "Accountant",
+    "Ledger",
+    "LedgerEntry",
+    "PrivacyReport",
+    "accountant_names",
+    "calibrate_dpsgd_noise",
+    "calibrate_noise",
+    "certified_epsilon",
+    "dpsgd_ledger",
+    "epsilon",
+    "gaussian_step_event",
+    "get_accountant",
+    "max_releases",
+    "register_accountant",
+    "step_facts",
+]

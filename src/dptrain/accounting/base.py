@@ -1,0 +1,95 @@
+"""Accountant interface and registry.
+
+An accountant reads a :class:`~dptrain.accounting.ledger.Ledger` and returns epsilon at a delta, or
+raises :class:`~dptrain.errors.AccountingError` saying why it cannot certify that ledger. It never
+guesses: an event it does not cover is a refusal, not a number.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from dptrain.accounting.ledger import Ledger
+from dptrain.errors import AccountingError
+
+
+@dataclass(frozen=True)
+class PrivacyReport:
+    """What an accountant says about a ledger."""
+
+    epsilon: float
+    delta: float
+    accountant: str
+    #: True when epsilon is a proven upper bound; False for an approximation (e.g. a CLT limit).
+    certified: bool
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "epsilon": self.epsilon,
+            "delta": self.delta,
+            "accountant": self.accountant,
+            "certified": self.certified,
+            **self.details,
+        }
+
+
+class Accountant(Protocol):
+    name: str
+    description: str
+
+    def report(self, ledger: Ledger, delta: float) -> PrivacyReport:
+        """Epsilon at ``delta`` for ``ledger``; raises AccountingError if it cannot be certified."""
+        ...
+
+
+_REGISTRY: dict[str, Accountant] = {}
+
+
+def register_accountant(accountant: Accountant) -> Accountant:
+    """Add an accountant to the registry by its ``name`` (later issues add theirs this way)."""
+    _REGISTRY[accountant.name] = accountant
+    return accountant
+
+
+def accountant_names() -> tuple[str, ...]:
+    return tuple(_REGISTRY)
+
+
+def get_accountant(name: str) -> Accountant:
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise AccountingError(
+            f"unknown accountant {name!r}; accepted: {', '.join(accountant_names())}"
+        ) from None
+
+
+def check_delta(delta: float) -> float:
+    if not (isinstance(delta, int | float) and 0 < delta < 1 and math.isfinite(delta)):
+        raise AccountingError(f"delta must be in (0, 1), got {delta}")
+    return float(delta)
+
+
+def check_epsilon(epsilon: float) -> float:
+    if not (isinstance(epsilon, int | float) and epsilon > 0 and math.isfinite(epsilon)):
+        raise AccountingError(f"epsilon must be a finite number > 0, got {epsilon}")
+    return float(epsilon)
+
+
+def epsilon(ledger: Ledger, delta: float, accountant: str = "rdp") -> PrivacyReport:
+    """Epsilon spent by ``ledger`` at ``delta`` according to the named accountant."""
+    return get_accountant(accountant).report(ledger, check_delta(delta))
+
+
+def certified_epsilon(ledger: Ledger, delta: float, accountant: str = "rdp") -> PrivacyReport:
+    """Like :func:`epsilon`, but refuses accountants whose answer for this ledger is not a proven bound."""
+    report = epsilon(ledger, delta, accountant)
+    if not report.certified:
+        raise AccountingError(
+            f"accountant {accountant!r} gives only an approximation for this run "
+            f"({report.details.get('note', 'not a proven bound')}); use 'rdp' or 'pld' to certify a budget"
+        )
+    return report

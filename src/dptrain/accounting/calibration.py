@@ -1,0 +1,118 @@
+"""Inverting accountants: the smallest noise multiplier for a budget, the most steps a budget allows.
+
+Both work with any registered accountant. The noise multiplier is found with Brent's method
+(scipy.optimize.brentq) on a bracket where epsilon(sigma) - target changes sign, then checked: the
+returned sigma always meets the budget according to the accountant itself.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from scipy import optimize
+
+from dptrain.accounting.base import certified_epsilon, check_delta, check_epsilon
+from dptrain.accounting.ledger import Ledger, dpsgd_ledger
+from dptrain.errors import AccountingError
+
+SIGMA_MIN, SIGMA_MAX = 1e-2, 1e4
+
+
+def calibrate_noise(
+    target_epsilon: float,
+    delta: float,
+    ledger_for_sigma: Callable[[float], Ledger],
+    accountant: str = "rdp",
+    rtol: float = 1e-6,
+) -> float:
+    """Smallest sigma (to relative tolerance ``rtol``) with epsilon(ledger_for_sigma(sigma)) <= target."""
+    target_epsilon, delta = check_epsilon(target_epsilon), check_delta(delta)
+
+    def eps(sigma: float) -> float:
+        try:
+            return certified_epsilon(ledger_for_sigma(sigma), delta, accountant).epsilon
+        except AccountingError as e:
+            if "no finite epsilon" in str(e):
+                return math.inf
+            raise
+
+    hi = 1.0
+    while eps(hi) > target_epsilon:
+        lo, hi = hi, hi * 2
+        if hi > SIGMA_MAX:
+            raise AccountingError(
+                f"epsilon={target_epsilon} at delta={delta} cannot be met with a noise multiplier up to {SIGMA_MAX:g}"
+            )
+    else:
+        lo = hi
+        while eps(lo) <= target_epsilon:
+            hi, lo = lo, lo / 2
+            if lo < SIGMA_MIN:
+                return hi  # any noise above SIGMA_MIN meets this (loose) budget
+    gap = lambda s: min(eps(s), 1e6) - target_epsilon  # noqa: E731
+    sigma = optimize.brentq(gap, lo, hi, xtol=1e-12, rtol=rtol)
+    # Brent returns a point within tolerance of the root, on either side: step up until it is within budget.
+    step = max(sigma * rtol, 1e-12)
+    while eps(sigma) > target_epsilon:
+        sigma += step
+        step *= 2
+    return float(sigma)
+
+
+def calibrate_dpsgd_noise(
+    target_epsilon: float,
+    delta: float,
+    sampling_rate: float,
+    steps: int,
+    accountant: str = "rdp",
+    sampling: str = "poisson",
+    **facts,
+) -> float:
+    """Smallest sigma for ``steps`` DP-SGD steps with the given sampling to meet (epsilon, delta)."""
+    return calibrate_noise(
+        target_epsilon, delta, lambda s: dpsgd_ledger(s, sampling_rate, steps, sampling, **facts), accountant
+    )
+
+
+def max_releases(
+    ledger: Ledger,
+    event,
+    facts: dict,
+    target_epsilon: float,
+    delta: float,
+    accountant: str = "rdp",
+    limit: int = 10**9,
+) -> int:
+    """Largest n <= limit such that ``ledger`` plus n more releases of ``event`` stays within the budget.
+
+    Epsilon is non-decreasing in the number of releases, so an exponential then binary search is exact.
+    """
+
+    def fits(n: int) -> bool:
+        if n == 0:
+            return (
+                ledger.releases == 0 or certified_epsilon(ledger, delta, accountant).epsilon <= target_epsilon
+            )
+        return (
+            certified_epsilon(ledger.extended(event, facts, n), delta, accountant).epsilon <= target_epsilon
+        )
+
+    if not fits(0):
+        return 0
+    good, bad = 0, 1
+    while bad <= limit and fits(bad):
+        good, bad = bad, bad * 2
+    if bad > limit:
+        return limit if fits(limit) else _bisect(fits, good, limit)
+    return _bisect(fits, good, bad)
+
+
+def _bisect(fits: Callable[[int], bool], good: int, bad: int) -> int:
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        if fits(mid):
+            good = mid
+        else:
+            bad = mid
+    return good

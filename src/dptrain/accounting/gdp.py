@@ -1,0 +1,104 @@
+"""Gaussian differential privacy (f-DP) accountant of Dong, Roth & Su (2022, JRSS-B).
+
+Used by seed 002 (Proactive DP, App. C and Tables 9-11) to compare its closed form with a tight
+accountant. For a Gaussian release with noise multiplier sigma (no sampling) the guarantee is exact:
+it is (1/sigma)-GDP, and GDP composes exactly: mu = sqrt(sum_i mu_i^2) (Dong-Roth-Su Cor. 3.3).
+For subsampled releases only the central limit theorem is available, which is an *approximation*,
+not an upper bound, so reports on such ledgers carry ``certified=False``:
+
+- Poisson sampling with rate q, T steps (Bu, Dong, Long & Su 2020, Thm 5):
+  mu = q * sqrt(T * (exp(1/sigma^2) - 1)).
+- Fixed-size sampling without replacement, p = b/n (Dong-Roth-Su Cor. 5.4; seed 002 eq. (65)):
+  mu = p * sqrt(T) * sqrt(2) * sqrt(exp(1/sigma^2) * Phi(1.5/sigma) + 3 * Phi(-0.5/sigma) - 2).
+
+mu-GDP is converted to (epsilon, delta) with Dong-Roth-Su Cor. 2.13 (seed 002 eq. (64)):
+  delta(eps) = Phi(-eps/mu + mu/2) - exp(eps) * Phi(-eps/mu - mu/2).
+"""
+
+from __future__ import annotations
+
+import math
+
+import dp_accounting as dpa
+import numpy as np
+from scipy import optimize, special
+
+from dptrain.accounting.base import PrivacyReport, register_accountant
+from dptrain.accounting.ledger import Ledger
+from dptrain.errors import AccountingError
+
+
+def gdp_delta(epsilon: float, mu: float) -> float:
+    """delta(eps) of a mu-GDP mechanism, Dong-Roth-Su Cor. 2.13 (seed 002 eq. (64)), computed in log space."""
+    if mu <= 0:
+        return 0.0
+    a = special.log_ndtr(-epsilon / mu + mu / 2)
+    b = epsilon + special.log_ndtr(-epsilon / mu - mu / 2)
+    return float(np.exp(a) * -np.expm1(b - a)) if b < a else 0.0
+
+
+def gdp_epsilon(mu: float, delta: float) -> float:
+    """Smallest epsilon with delta(eps) <= delta for a mu-GDP mechanism (inverse of eq. (64))."""
+    if gdp_delta(0.0, mu) <= delta:
+        return 0.0
+    hi = max(1.0, mu)
+    while gdp_delta(hi, mu) > delta:
+        hi *= 2
+        if hi > 1e6:
+            raise AccountingError(f"no finite epsilon for mu={mu} at delta={delta}")
+    return float(optimize.brentq(lambda e: gdp_delta(e, mu) - delta, 0.0, hi, xtol=1e-12, rtol=1e-12))
+
+
+def mu_poisson_clt(sigma: float, q: float, steps: int) -> float:
+    """CLT mu of Poisson-subsampled Gaussian DP-SGD (Bu, Dong, Long, Su 2020, Thm 5)."""
+    return q * math.sqrt(steps * math.expm1(sigma**-2))
+
+
+def mu_uniform_clt(sigma: float, p: float, steps: int) -> float:
+    """CLT mu with uniform subsampling without replacement (Dong-Roth-Su Cor. 5.4; seed 002 eq. (65))."""
+    phi = special.ndtr
+    inner = math.exp(sigma**-2) * phi(1.5 / sigma) + 3 * phi(-0.5 / sigma) - 2
+    return p * math.sqrt(steps) * math.sqrt(2.0) * math.sqrt(inner)
+
+
+def _entry_mu(event: dpa.DpEvent, count: int, neighboring: str) -> tuple[float, bool]:
+    """(mu, exact) for ``count`` repetitions of one release."""
+    if isinstance(event, dpa.GaussianDpEvent):
+        if event.noise_multiplier == 0:
+            raise AccountingError("the gdp accountant cannot certify a release without noise")
+        return math.sqrt(count) / event.noise_multiplier, True
+    if isinstance(event, dpa.PoissonSampledDpEvent) and isinstance(event.event, dpa.GaussianDpEvent):
+        if neighboring != "add_or_remove_one":
+            raise AccountingError(
+                "the gdp accountant covers Poisson sampling only under add/remove adjacency"
+            )
+        return mu_poisson_clt(event.event.noise_multiplier, event.sampling_probability, count), False
+    if isinstance(event, dpa.SampledWithoutReplacementDpEvent) and isinstance(
+        event.event, dpa.GaussianDpEvent
+    ):
+        p = event.sample_size / event.source_dataset_size
+        return mu_uniform_clt(event.event.noise_multiplier, p, count), False
+    raise AccountingError(
+        f"the gdp accountant cannot interpret {type(event).__name__}; it covers Gaussian releases, "
+        "Poisson-sampled and uniformly sampled Gaussian releases"
+    )
+
+
+class GdpAccountant:
+    name = "gdp"
+    description = "Gaussian DP (Dong-Roth-Su); CLT approximation for subsampled steps"
+
+    def report(self, ledger: Ledger, delta: float) -> PrivacyReport:
+        mus, exact = [], True
+        for entry in ledger.entries:
+            mu, entry_exact = _entry_mu(entry.event, entry.count, ledger.neighboring)
+            mus.append(mu)
+            exact &= entry_exact
+        mu = math.sqrt(sum(m * m for m in mus))  # GDP composition, Dong-Roth-Su Cor. 3.3
+        details = {"mu": mu}
+        if not exact:
+            details["note"] = "central limit approximation for subsampled steps, not a proven upper bound"
+        return PrivacyReport(gdp_epsilon(mu, delta), delta, self.name, exact, details)
+
+
+register_accountant(GdpAccountant())

@@ -1,0 +1,270 @@
+"""The privacy ledger: the ordered record of every noisy release of a run.
+
+Each entry is one kind of release (a dp_accounting ``DpEvent``) repeated ``count`` times in a row,
+plus the facts an accountant may need beyond the event itself (sampling scheme, clip norm,
+data set size, ...). Consecutive identical releases are merged, so a run of a million identical
+DP-SGD steps is one entry. The ledger is plain JSON on disk and is saved with every checkpoint.
+
+This module imports numpy/dp_accounting only (never torch), like the rest of dptrain.accounting.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any
+
+import attr
+import dp_accounting as dpa
+from dp_accounting import dp_event as dp_event_module
+
+from dptrain.errors import AccountingError, DataError
+
+LEDGER_FORMAT = "dptrain-ledger/1"
+
+#: Neighbouring relations we record; the accountants read them from the ledger.
+NEIGHBORING = {
+    "add_or_remove_one": dpa.NeighboringRelation.ADD_OR_REMOVE_ONE,
+    "replace_one": dpa.NeighboringRelation.REPLACE_ONE,
+}
+
+#: Batch selection schemes an event may come from. Which accountant applies depends on it.
+SAMPLING_SCHEMES = ("poisson", "full", "fixed_size_without_replacement", "cyclic")
+
+
+# --- DpEvent <-> JSON -------------------------------------------------------------------------------------
+
+
+def event_to_dict(event: dpa.DpEvent) -> dict[str, Any]:
+    """Serialize a dp_accounting DpEvent (recursively) to JSON-able data."""
+    if not isinstance(event, dpa.DpEvent):
+        raise TypeError(f"not a DpEvent: {event!r}")
+    out: dict[str, Any] = {"type": type(event).__name__}
+    for f in attr.fields(type(event)):
+        out[f.name] = _value_to_json(getattr(event, f.name))
+    return out
+
+
+def _value_to_json(value: Any) -> Any:
+    if isinstance(value, dpa.DpEvent):
+        return event_to_dict(value)
+    if isinstance(value, list | tuple):
+        return [_value_to_json(v) for v in value]
+    return value
+
+
+def event_from_dict(data: dict[str, Any]) -> dpa.DpEvent:
+    """Inverse of :func:`event_to_dict`. Only dp_accounting's own event classes are accepted."""
+    if not isinstance(data, dict) or "type" not in data:
+        raise ValueError(f"not a serialized DpEvent: {data!r}")
+    cls = getattr(dp_event_module, str(data["type"]), None)
+    if not (isinstance(cls, type) and issubclass(cls, dpa.DpEvent)):
+        raise ValueError(f"unknown DpEvent type {data['type']!r}")
+    names = {f.name for f in attr.fields(cls)}
+    kwargs = {k: _value_from_json(v) for k, v in data.items() if k != "type"}
+    if set(kwargs) != names:
+        raise ValueError(f"{cls.__name__} needs fields {sorted(names)}, got {sorted(kwargs)}")
+    return cls(**kwargs)
+
+
+def _value_from_json(value: Any) -> Any:
+    if isinstance(value, dict) and "type" in value:
+        return event_from_dict(value)
+    if isinstance(value, list):
+        return [_value_from_json(v) for v in value]
+    return value
+
+
+# --- the ledger -------------------------------------------------------------------------------------------
+
+
+@dataclass
+class LedgerEntry:
+    """``count`` consecutive releases of ``event``; ``facts`` hold what the event itself does not say."""
+
+    event: dpa.DpEvent
+    count: int
+    facts: dict[str, Any] = field(default_factory=dict)
+
+    def composed(self) -> dpa.DpEvent:
+        return self.event if self.count == 1 else dpa.SelfComposedDpEvent(self.event, self.count)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"event": event_to_dict(self.event), "count": self.count, "facts": self.facts}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LedgerEntry:
+        count = data["count"]
+        if not isinstance(count, int) or count < 1:
+            raise ValueError(f"entry count must be a positive integer, got {count!r}")
+        facts = data.get("facts", {})
+        if not isinstance(facts, dict):
+            raise ValueError("entry facts must be an object")
+        return cls(event_from_dict(data["event"]), count, facts)
+
+
+@dataclass
+class Ledger:
+    """Ordered record of what a run released. Accountants read it; training code only appends to it."""
+
+    entries: list[LedgerEntry] = field(default_factory=list)
+    neighboring: str = "add_or_remove_one"
+
+    def __post_init__(self) -> None:
+        if self.neighboring not in NEIGHBORING:
+            raise AccountingError(
+                f"unknown neighbouring relation {self.neighboring!r}; accepted: {', '.join(NEIGHBORING)}"
+            )
+
+    # -- recording --
+    def record(self, event: dpa.DpEvent, facts: dict[str, Any] | None = None, count: int = 1) -> None:
+        """Append ``count`` releases of ``event``; merged into the last entry when it is the same release."""
+        if count < 1:
+            raise ValueError("count must be >= 1")
+        facts = dict(facts or {})
+        json.dumps(facts)  # facts must be JSON-able: fail at record time, not at save time
+        last = self.entries[-1] if self.entries else None
+        if last is not None and last.event == event and last.facts == facts:
+            last.count += count
+        else:
+            self.entries.append(LedgerEntry(event, count, facts))
+
+    def extended(self, event: dpa.DpEvent, facts: dict[str, Any] | None = None, count: int = 1) -> Ledger:
+        """A copy of this ledger with ``count`` more releases: what-if questions for budgets and planning."""
+        new = self.copy()
+        new.record(event, facts, count)
+        return new
+
+    def copy(self) -> Ledger:
+        return Ledger([LedgerEntry(e.event, e.count, dict(e.facts)) for e in self.entries], self.neighboring)
+
+    # -- reading --
+    @property
+    def releases(self) -> int:
+        """Total number of releases recorded (DP-SGD steps, private means, ...)."""
+        return sum(e.count for e in self.entries)
+
+    def dp_event(self) -> dpa.DpEvent:
+        """The whole run as one DpEvent (the composition of all entries, in order)."""
+        if not self.entries:
+            return dpa.NoOpDpEvent()
+        if len(self.entries) == 1:
+            return self.entries[0].composed()
+        return dpa.ComposedDpEvent([e.composed() for e in self.entries])
+
+    @property
+    def neighboring_relation(self) -> dpa.NeighboringRelation:
+        return NEIGHBORING[self.neighboring]
+
+    # -- persistence --
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": LEDGER_FORMAT,
+            "neighboring": self.neighboring,
+            "releases": self.releases,
+            "entries": [e.to_dict() for e in self.entries],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Ledger:
+        if not isinstance(data, dict) or data.get("format") != LEDGER_FORMAT:
+            raise ValueError(f"not a {LEDGER_FORMAT} ledger")
+        return cls(
+            [LedgerEntry.from_dict(e) for e in data["entries"]], data.get("neighboring", "add_or_remove_one")
+        )
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write atomically: a crash mid-write never leaves a truncated ledger behind."""
+        write_json_atomic(path, self.to_dict())
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> Ledger:
+        try:
+            with open(path) as f:
+                return cls.from_dict(json.load(f))
+        except FileNotFoundError:
+            raise DataError(f"ledger file {os.fspath(path)} does not exist") from None
+        except (ValueError, KeyError, TypeError) as e:
+            raise DataError(
+                f"ledger file {os.fspath(path)} is corrupt or not a dptrain ledger: {e}"
+            ) from None
+
+
+def write_json_atomic(path: str | os.PathLike, data: Any) -> None:
+    """Write JSON to ``path`` through a temporary file and a rename, so readers never see half a file."""
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".json")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=2, allow_nan=False)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+# --- the DP-SGD release -----------------------------------------------------------------------------------
+
+
+def gaussian_step_event(
+    noise_multiplier: float,
+    sampling: str,
+    *,
+    sampling_rate: float | None = None,
+    dataset_size: int | None = None,
+    batch_size: int | None = None,
+) -> dpa.DpEvent:
+    """The DpEvent of one noisy-gradient release under a batch selection scheme.
+
+    ``noise_multiplier`` is sigma: the Gaussian's standard deviation divided by the L2 sensitivity of the
+    released sum (the clip norm under add/remove-one adjacency).
+    """
+    if not (noise_multiplier >= 0 and math.isfinite(noise_multiplier)):
+        raise AccountingError(f"noise multiplier must be a finite number >= 0, got {noise_multiplier}")
+    gaussian = dpa.GaussianDpEvent(noise_multiplier)
+    if sampling == "poisson":
+        if sampling_rate is None or not 0 < sampling_rate <= 1:
+            raise AccountingError(f"Poisson sampling rate must be in (0, 1], got {sampling_rate}")
+        return gaussian if sampling_rate == 1 else dpa.PoissonSampledDpEvent(sampling_rate, gaussian)
+    if sampling == "full":
+        return gaussian
+    if sampling == "fixed_size_without_replacement":
+        if not dataset_size or not batch_size or not 0 < batch_size <= dataset_size:
+            raise AccountingError("fixed-size sampling needs 0 < batch_size <= dataset_size")
+        return dpa.SampledWithoutReplacementDpEvent(dataset_size, batch_size, gaussian)
+    if sampling == "cyclic":
+        # Each example is in exactly one batch per pass and no amplification by sampling is claimed.
+        return gaussian
+    raise AccountingError(f"unknown sampling scheme {sampling!r}; accepted: {', '.join(SAMPLING_SCHEMES)}")
+
+
+def dpsgd_ledger(
+    noise_multiplier: float,
+    sampling_rate: float,
+    steps: int,
+    sampling: str = "poisson",
+    **facts: Any,
+) -> Ledger:
+    """A ledger of ``steps`` identical DP-SGD steps (what ``dptrain account`` and calibration reason about)."""
+    if not isinstance(steps, int) or steps < 0:
+        raise AccountingError(f"steps must be an integer >= 0, got {steps}")
+    ledger = Ledger()
+    if steps:
+        event = gaussian_step_event(noise_multiplier, sampling, sampling_rate=sampling_rate, **facts)
+        ledger.record(event, step_facts(sampling, noise_multiplier, sampling_rate, **facts), steps)
+    return ledger
+
+
+def step_facts(sampling: str, noise_multiplier: float, sampling_rate: float | None, **extra: Any) -> dict:
+    """The facts recorded beside every DP-SGD step (one place, so identical steps merge)."""
+    facts = {"mechanism": "dpsgd", "sampling": sampling, "noise_multiplier": float(noise_multiplier)}
+    if sampling_rate is not None:
+        facts["sampling_rate"] = float(sampling_rate)
+    facts.update({k: v for k, v in extra.items() if v is not None})
+    return facts

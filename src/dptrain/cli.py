@@ -1,0 +1,232 @@
+"""The ``dptrain`` command: a thin layer over the Python API.
+
+Every user error (bad config, impossible parameter, corrupt file, unsupported model) is printed as one
+line on stderr and exits with code 2; no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+
+from dptrain.errors import ConfigError, DPTrainError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, exit code 2 (argparse would print the usage block too)
+        raise ConfigError(f"{message} (see '{self.prog} --help')")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {v}")
+    return v
+
+
+def _float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(v):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return v
+
+
+def _check(ok: bool, flag: str, accepted: str, value) -> None:
+    if not ok:
+        raise ConfigError(f"{flag} must be {accepted}, got {value}")
+
+
+def _add_accountant(p: argparse.ArgumentParser, allow_all: bool = True) -> None:
+    from dptrain.accounting import accountant_names
+
+    choices = list(accountant_names()) + (["all"] if allow_all else [])
+    p.add_argument(
+        "--accountant",
+        default="rdp",
+        choices=choices,
+        help="which accountant certifies epsilon ('all' shows every one that applies)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="dptrain", description="Differentially private training for PyTorch.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    t = sub.add_parser("train", help="run a training job from a TOML config")
+    t.add_argument("--config", help="TOML config file (see configs/)")
+    t.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config key, e.g. --set privacy.target_epsilon=2 (repeatable)",
+    )
+    t.add_argument("--out", default=None, help="output directory (default runs/<config name>)")
+    t.add_argument("--resume", metavar="DIR", help="continue the interrupted run stored in DIR")
+    t.add_argument(
+        "--stop-after",
+        type=_positive_int,
+        metavar="STEPS",
+        help="checkpoint and stop after this many steps (continue later with --resume)",
+    )
+    t.add_argument("--no-progress", action="store_true", help="no progress bar")
+    t.add_argument("--json", action="store_true", help="print the summary as JSON instead of a table")
+
+    a = sub.add_parser("account", help="epsilon spent by DP-SGD with given parameters")
+    a.add_argument("--noise-multiplier", type=_float, required=True)
+    a.add_argument("--sampling-rate", type=_float, required=True)
+    a.add_argument("--steps", type=_positive_int, required=True)
+    a.add_argument("--delta", type=_float, required=True)
+    a.add_argument("--sampling", default="poisson", choices=["poisson", "full"])
+    _add_accountant(a)
+    a.add_argument("--json", action="store_true")
+
+    c = sub.add_parser("calibrate", help="smallest noise multiplier meeting an (epsilon, delta) budget")
+    c.add_argument("--epsilon", type=_float, required=True)
+    c.add_argument("--delta", type=_float, required=True)
+    c.add_argument("--sampling-rate", type=_float, required=True)
+    g = c.add_mutually_exclusive_group(required=True)
+    g.add_argument("--steps", type=_positive_int)
+    g.add_argument("--epochs", type=_float)
+    c.add_argument("--sampling", default="poisson", choices=["poisson", "full"])
+    _add_accountant(c, allow_all=False)
+    c.add_argument("--json", action="store_true")
+    return parser
+
+
+def _check_common(args) -> None:
+    _check(0 < args.sampling_rate <= 1, "--sampling-rate", "in (0, 1]", args.sampling_rate)
+    _check(0 < args.delta < 1, "--delta", "in (0, 1)", args.delta)
+
+
+def cmd_account(args) -> int:
+    from dptrain.accounting import accountant_names, dpsgd_ledger, epsilon
+
+    _check_common(args)
+    _check(args.noise_multiplier > 0, "--noise-multiplier", "a number > 0", args.noise_multiplier)
+    ledger = dpsgd_ledger(args.noise_multiplier, args.sampling_rate, args.steps, args.sampling)
+    names = accountant_names() if args.accountant == "all" else [args.accountant]
+    reports, refusals = [], {}
+    for name in names:
+        try:
+            reports.append(epsilon(ledger, args.delta, name))
+        except DPTrainError as e:
+            if args.accountant != "all":
+                raise
+            refusals[name] = str(e)
+    certified = [r for r in reports if r.certified]
+    best = min(certified, key=lambda r: r.epsilon) if certified else None
+    if args.json:
+        if len(names) == 1:
+            print(json.dumps(reports[0].to_dict()))
+        else:
+            print(
+                json.dumps(
+                    {
+                        "epsilon": best.epsilon if best else None,
+                        "delta": args.delta,
+                        "accountant": best.accountant if best else None,
+                        "all": [r.to_dict() for r in reports],
+                        "refused": refusals,
+                    }
+                )
+            )
+        return 0
+    for r in reports:
+        mark = "" if r.certified else "   approximation, not a proven bound"
+        if len(names) > 1 and r is best:
+            mark = "   <- tightest certified"
+        print(f"{r.accountant:>4}: epsilon = {r.epsilon:.6g} at delta = {r.delta:g}{mark}")
+    for name, why in refusals.items():
+        print(f"{name:>4}: refused: {why}")
+    return 0
+
+
+def cmd_calibrate(args) -> int:
+    from dptrain.accounting import calibrate_dpsgd_noise, epsilon
+    from dptrain.accounting.ledger import dpsgd_ledger
+
+    _check_common(args)
+    _check(args.epsilon > 0, "--epsilon", "a number > 0", args.epsilon)
+    if args.epochs is not None:
+        _check(args.epochs > 0, "--epochs", "a number > 0", args.epochs)
+        steps = max(1, round(args.epochs / args.sampling_rate))
+    else:
+        steps = args.steps
+    sigma = calibrate_dpsgd_noise(
+        args.epsilon, args.delta, args.sampling_rate, steps, args.accountant, args.sampling
+    )
+    spent = epsilon(
+        dpsgd_ledger(sigma, args.sampling_rate, steps, args.sampling), args.delta, args.accountant
+    )
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "noise_multiplier": sigma,
+                    "epsilon": spent.epsilon,
+                    "target_epsilon": args.epsilon,
+                    "delta": args.delta,
+                    "steps": steps,
+                    "sampling_rate": args.sampling_rate,
+                    "accountant": args.accountant,
+                }
+            )
+        )
+    else:
+        print(
+            f"noise multiplier = {sigma:.6f}  ({steps} steps at sampling rate {args.sampling_rate:g}: "
+            f"epsilon = {spent.epsilon:.6g} <= {args.epsilon:g} at delta = {args.delta:g}, {args.accountant})"
+        )
+    return 0
+
+
+def cmd_train(args) -> int:
+    from pathlib import Path
+
+    from dptrain.config import load_config
+    from dptrain.run import format_report, run_training
+
+    if args.resume:
+        if args.config or args.set:
+            raise ConfigError(
+                "--resume continues a run with its own config; do not combine it with --config/--set"
+            )
+        out = args.resume
+        summary = run_training(
+            None, out, resume=True, progress=not args.no_progress, stop_after=args.stop_after
+        )
+    else:
+        if not args.config and not args.set:
+            raise ConfigError("give --config FILE.toml (see configs/) or --set KEY=VALUE overrides")
+        cfg = load_config(args.config, args.set)
+        out = args.out or str(Path("runs") / (Path(args.config).stem if args.config else "run"))
+        summary = run_training(cfg, out, progress=not args.no_progress, stop_after=args.stop_after)
+    print(json.dumps(summary, indent=2) if args.json else format_report(summary))
+    return 0
+
+
+COMMANDS = {"train": cmd_train, "account": cmd_account, "calibrate": cmd_calibrate}
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        return COMMANDS[args.command](args)
+    except DPTrainError as e:
+        print(f"dptrain: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,279 @@
+"""Run configuration: TOML files validated into typed dataclasses at the edge.
+
+The core only ever sees these objects. Every problem (unknown key, wrong type, impossible value) is a
+one-line :class:`~dptrain.errors.ConfigError` naming the key and what it accepts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+from dptrain.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    name: str = "fashion-mnist"
+    path: str | None = None
+    options: dict = field(default_factory=dict)  # loader options (test_fraction, n, dim, ...)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str = "cnn28"
+    options: dict = field(default_factory=dict)  # model options (hidden, activation, groups, ...)
+
+
+@dataclass(frozen=True)
+class PrivacyConfig:
+    noise_multiplier: float | None = None  # give this ...
+    target_epsilon: float | None = None  # ... or this (sigma is then calibrated before training)
+    delta: float = 1e-5
+    max_grad_norm: float = 1.0
+    accountant: str = "rdp"
+    sampling: str = "poisson"
+    clipping: str = "flat"
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    epochs: float | None = 1.0
+    steps: int | None = None
+    batch_size: int = 256  # expected logical batch size; Poisson rate q = batch_size / n
+    max_physical_batch_size: int = 256
+    optimizer: str = "sgd"
+    learning_rate: float = 1.0
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    grad_sampler: str = "auto"
+    eval_every: int | None = None  # steps between evaluations/checkpoints; default: once per epoch
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    seed: int = 0
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+
+    @property
+    def steps_or_epochs(self) -> dict:
+        t = self.training
+        return {"steps": t.steps} if t.steps is not None else {"epochs": t.epochs}
+
+
+SECTIONS = {"data": DataConfig, "model": ModelConfig, "privacy": PrivacyConfig, "training": TrainingConfig}
+OPTIMIZERS = ("sgd", "adam")
+
+
+# --- parsing ----------------------------------------------------------------------------------------------
+
+
+def _type_name(tp) -> str:
+    args = [a for a in typing.get_args(tp) if a is not type(None)] or [tp]
+    names = {int: "an integer", float: "a number", str: "a string", dict: "a table", bool: "true/false"}
+    return " or ".join(names.get(a, getattr(a, "__name__", str(a))) for a in args)
+
+
+def _coerce(key: str, value: Any, tp) -> Any:
+    allowed = typing.get_args(tp) if isinstance(tp, types.UnionType) else (tp,)
+    if value is None and type(None) in allowed:
+        return None
+    for a in allowed:
+        if a is float and isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        if a is int and isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if a in (str, dict, bool) and isinstance(value, a):
+            return value
+    raise ConfigError(f"{key} must be {_type_name(tp)}, got {value!r}")
+
+
+def _section(name: str, cls, table: Any):
+    if not isinstance(table, dict):
+        raise ConfigError(f"[{name}] must be a table")
+    hints = typing.get_type_hints(cls)
+    unknown = sorted(set(table) - set(hints))
+    if unknown:
+        raise ConfigError(f"unknown key '{name}.{unknown[0]}'; accepted keys in [{name}]: {', '.join(hints)}")
+    return cls(**{k: _coerce(f"{name}.{k}", v, hints[k]) for k, v in table.items()})
+
+
+def config_from_dict(raw: dict) -> RunConfig:
+    """Validate a parsed TOML document into a :class:`RunConfig`."""
+    top = {"seed"} | set(SECTIONS)
+    unknown = sorted(set(raw) - top)
+    if unknown:
+        raise ConfigError(f"unknown key '{unknown[0]}'; accepted top-level keys: {', '.join(sorted(top))}")
+    seed = _coerce("seed", raw.get("seed", 0), int)
+    parts = {name: _section(name, cls, raw.get(name, {})) for name, cls in SECTIONS.items()}
+    cfg = RunConfig(seed=seed, **parts)
+    validate(cfg)
+    return cfg
+
+
+def parse_override(assignment: str) -> tuple[list[str], Any]:
+    """``privacy.noise_multiplier=1.2`` -> (["privacy", "noise_multiplier"], 1.2); values are TOML values,
+    and anything that is not one is taken as a string."""
+    key, sep, text = assignment.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"--set takes key=value (e.g. privacy.noise_multiplier=1.2), got {assignment!r}")
+    try:
+        value = tomllib.loads(f"v = {text.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = text.strip()
+    return key.strip().split("."), value
+
+
+def apply_overrides(raw: dict, assignments: list[str]) -> dict:
+    raw = {k: dict(v) if isinstance(v, dict) else v for k, v in raw.items()}
+    for assignment in assignments:
+        path, value = parse_override(assignment)
+        node = raw
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"--set {assignment}: '{part}' is not a table")
+        node[path[-1]] = value
+    return raw
+
+
+def load_config(path: str | os.PathLike | None, overrides: list[str] = ()) -> RunConfig:
+    raw: dict = {}
+    if path is not None:
+        try:
+            with open(path, "rb") as f:
+                raw = tomllib.load(f)
+        except FileNotFoundError:
+            raise ConfigError(f"config file {os.fspath(path)} does not exist") from None
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"config file {os.fspath(path)} is not valid TOML: {e}") from None
+    return config_from_dict(apply_overrides(raw, list(overrides)))
+
+
+# --- values -----------------------------------------------------------------------------------------------
+
+
+def _need(ok: bool, key: str, accepted: str, value: Any) -> None:
+    if not ok:
+        raise ConfigError(f"{key} must be {accepted}, got {value!r}")
+
+
+def _finite(v) -> bool:
+    return v is not None and math.isfinite(v)
+
+
+def validate(cfg: RunConfig) -> None:
+    """Range checks that do not need the data (those that do are made when the run is built)."""
+    from dptrain.accounting import accountant_names
+    from dptrain.batch_selection import SAMPLING_NAMES
+    from dptrain.clipping import CLIPPING_NAMES
+    from dptrain.data import DATASET_NAMES
+    from dptrain.models import MODEL_NAMES
+    from dptrain.per_example import GRAD_SAMPLERS
+
+    p, t = cfg.privacy, cfg.training
+    _need(cfg.seed >= 0, "seed", "an integer >= 0", cfg.seed)
+    _need(cfg.data.name in DATASET_NAMES, "data.name", f"one of {', '.join(DATASET_NAMES)}", cfg.data.name)
+    _need(cfg.model.name in MODEL_NAMES, "model.name", f"one of {', '.join(MODEL_NAMES)}", cfg.model.name)
+    if (p.noise_multiplier is None) == (p.target_epsilon is None):
+        raise ConfigError("set exactly one of privacy.noise_multiplier and privacy.target_epsilon")
+    if p.noise_multiplier is not None:
+        _need(
+            _finite(p.noise_multiplier) and p.noise_multiplier >= 0,
+            "privacy.noise_multiplier",
+            "a finite number >= 0",
+            p.noise_multiplier,
+        )
+    if p.target_epsilon is not None:
+        _need(
+            _finite(p.target_epsilon) and p.target_epsilon > 0,
+            "privacy.target_epsilon",
+            "a finite number > 0",
+            p.target_epsilon,
+        )
+    _need(0 < p.delta < 1, "privacy.delta", "in (0, 1)", p.delta)
+    _need(
+        _finite(p.max_grad_norm) and p.max_grad_norm > 0,
+        "privacy.max_grad_norm",
+        "a finite number > 0",
+        p.max_grad_norm,
+    )
+    _need(
+        p.accountant in accountant_names(),
+        "privacy.accountant",
+        f"one of {', '.join(accountant_names())}",
+        p.accountant,
+    )
+    _need(p.sampling in SAMPLING_NAMES, "privacy.sampling", f"one of {', '.join(SAMPLING_NAMES)}", p.sampling)
+    _need(p.clipping in CLIPPING_NAMES, "privacy.clipping", f"one of {', '.join(CLIPPING_NAMES)}", p.clipping)
+    if t.steps is not None:
+        _need(t.steps >= 1, "training.steps", "an integer >= 1", t.steps)
+    else:
+        _need(
+            _finite(t.epochs) and t.epochs > 0,
+            "training.epochs",
+            "a number > 0 (or set training.steps)",
+            t.epochs,
+        )
+    _need(t.batch_size >= 1, "training.batch_size", "an integer >= 1", t.batch_size)
+    _need(
+        t.max_physical_batch_size >= 1,
+        "training.max_physical_batch_size",
+        "an integer >= 1",
+        t.max_physical_batch_size,
+    )
+    _need(t.optimizer in OPTIMIZERS, "training.optimizer", f"one of {', '.join(OPTIMIZERS)}", t.optimizer)
+    _need(
+        _finite(t.learning_rate) and t.learning_rate > 0,
+        "training.learning_rate",
+        "a number > 0",
+        t.learning_rate,
+    )
+    _need(0 <= t.momentum < 1, "training.momentum", "in [0, 1)", t.momentum)
+    _need(t.weight_decay >= 0, "training.weight_decay", "a number >= 0", t.weight_decay)
+    _need(
+        t.grad_sampler in GRAD_SAMPLERS,
+        "training.grad_sampler",
+        f"one of {', '.join(GRAD_SAMPLERS)}",
+        t.grad_sampler,
+    )
+    if t.eval_every is not None:
+        _need(t.eval_every >= 1, "training.eval_every", "an integer >= 1", t.eval_every)
+
+
+# --- writing ----------------------------------------------------------------------------------------------
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int | float):
+        return repr(v)
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, list | tuple):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{ " + ", ".join(f"{k} = {_toml_value(x)}" for k, x in v.items()) + " }"
+    raise TypeError(f"cannot write {v!r} as TOML")
+
+
+def config_to_toml(cfg: RunConfig) -> str:
+    """The resolved config as TOML that :func:`load_config` reads back to an equal object."""
+    lines = [f"seed = {cfg.seed}"]
+    for name in SECTIONS:
+        lines += ["", f"[{name}]"]
+        for f in dataclasses.fields(getattr(cfg, name)):
+            v = getattr(getattr(cfg, name), f.name)
+            if v is not None:  # None is TOML's absence; the default is None for every optional key
+                lines.append(f"{f.name} = {_toml_value(v)}")
+    return "\n".join(lines) + "\n"

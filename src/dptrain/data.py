@@ -1,0 +1,591 @@
+"""Datasets for private training, read from local files only (nothing is downloaded).
+
+Formats read:
+
+* IDX files (the MNIST / Fashion-MNIST format), gzip-compressed (``.gz``) or plain;
+* the "CIFAR-10 python version" (pickled batches ``data_batch_1..5`` and ``test_batch``),
+  read with a restricted unpickler;
+* scikit-learn's bundled 8x8 digits (shipped inside scikit-learn, no download);
+* a synthetic Gaussian mixture generated from a seed;
+* a user's ``.npz`` archive holding arrays ``x`` and ``y`` (optionally ``x_test`` and ``y_test``).
+
+Images are standardized with FIXED, PUBLIC constants. Statistics are never computed from the
+data: a mean or standard deviation taken over the private training set is itself a function of
+every example, and releasing a model trained on it would leak information that the privacy
+accounting does not cover.
+
+Every problem caused by a user's file or parameter raises :class:`dptrain.errors.DataError`
+with a one-line message naming the file.
+"""
+
+from __future__ import annotations
+
+import gzip
+import math
+import os
+import pickle
+import struct
+import zipfile
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from dptrain.errors import DataError
+
+DATASET_NAMES = ("fashion-mnist", "mnist", "cifar10", "digits", "synthetic", "npz")
+
+DEFAULT_FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
+
+# Public normalization constants (mean, std of pixel values scaled to [0, 1]), as published
+# with each dataset. Fixed in advance, never measured on the data being trained on.
+FASHION_MNIST_MEAN, FASHION_MNIST_STD = 0.2860, 0.3530
+MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
+CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
+CIFAR10_STD = (0.2470, 0.2435, 0.2616)
+# Digits pixels are 0..16, scaled to [0, 1] by /16. Round, data-independent constants chosen once.
+DIGITS_MEAN, DIGITS_STD = 0.3, 0.4
+
+IDX_FILES = {
+    "train_images": "train-images-idx3-ubyte",
+    "train_labels": "train-labels-idx1-ubyte",
+    "test_images": "t10k-images-idx3-ubyte",
+    "test_labels": "t10k-labels-idx1-ubyte",
+}
+CIFAR10_TRAIN_FILES = tuple(f"data_batch_{i}" for i in range(1, 6))
+CIFAR10_TEST_FILE = "test_batch"
+CIFAR10_SUBDIR = "cifar-10-batches-py"
+
+# IDX dtype code -> big-endian numpy dtype.
+_IDX_DTYPES = {
+    0x08: np.dtype(">u1"),
+    0x09: np.dtype(">i1"),
+    0x0B: np.dtype(">i2"),
+    0x0C: np.dtype(">i4"),
+    0x0D: np.dtype(">f4"),
+    0x0E: np.dtype(">f8"),
+}
+
+
+@dataclass
+class ArrayDataset:
+    """Examples held in memory: ``x`` float32 (N x C x H x W or N x D), ``y`` int64 labels."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    num_classes: int
+    name: str
+
+    def __len__(self) -> int:
+        return int(self.x.shape[0])
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(self.x.shape[1:])
+
+
+@dataclass
+class DataSplit:
+    train: ArrayDataset
+    test: ArrayDataset
+    description: str
+
+
+# ----------------------------------------------------------------------------------------------
+# Small helpers
+# ----------------------------------------------------------------------------------------------
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    return " ".join(text.split())
+
+
+def _dataset(x: np.ndarray, y: np.ndarray, num_classes: int, name: str) -> ArrayDataset:
+    return ArrayDataset(
+        x=torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)),
+        y=torch.from_numpy(np.ascontiguousarray(y, dtype=np.int64)),
+        num_classes=num_classes,
+        name=name,
+    )
+
+
+def _check_fraction(test_fraction: float) -> float:
+    if isinstance(test_fraction, bool) or not isinstance(test_fraction, (int, float)):
+        raise DataError(f"test_fraction must be a number strictly between 0 and 1, got {test_fraction!r}")
+    if not 0.0 < float(test_fraction) < 1.0:
+        raise DataError(f"test_fraction must be strictly between 0 and 1, got {test_fraction!r}")
+    return float(test_fraction)
+
+
+def _check_int(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise DataError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def stratified_split(y: np.ndarray, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Deterministic stratified split: indices (train, test), each sorted.
+
+    Each class sends ``round(count * test_fraction)`` examples to the test set, but always keeps
+    at least one in the training set.
+    """
+    rng = np.random.default_rng(seed)
+    train_parts, test_parts = [], []
+    for label in np.unique(y):
+        idx = rng.permutation(np.flatnonzero(y == label))
+        n_test = min(int(round(len(idx) * test_fraction)), len(idx) - 1)
+        test_parts.append(idx[:n_test])
+        train_parts.append(idx[n_test:])
+    return np.sort(np.concatenate(train_parts)), np.sort(np.concatenate(test_parts))
+
+
+# ----------------------------------------------------------------------------------------------
+# IDX (MNIST, Fashion-MNIST)
+# ----------------------------------------------------------------------------------------------
+
+
+def _read_bytes(path: Path) -> bytes:
+    """Whole file content, gunzipped when the name ends in .gz or the content is gzip."""
+    if not path.is_file():
+        raise DataError(f"{path}: file not found")
+    try:
+        raw = path.read_bytes()
+        if path.suffix == ".gz" or raw[:2] == b"\x1f\x8b":
+            return gzip.decompress(raw)
+        return raw
+    except (gzip.BadGzipFile, EOFError, zlib.error, OSError) as exc:
+        raise DataError(f"{path}: not a readable gzip file ({_one_line(exc)})") from exc
+
+
+def read_idx(path: str | os.PathLike) -> np.ndarray:
+    """Read an IDX file (``.gz`` or plain) into a native-endian numpy array.
+
+    Layout: two zero bytes, a dtype code byte (0x08 uint8, 0x09 int8, 0x0B int16, 0x0C int32,
+    0x0D float32, 0x0E float64), a byte with the number of dimensions, one big-endian uint32 per
+    dimension, then the data in big-endian row-major order.
+    """
+    path = Path(path)
+    data = _read_bytes(path)
+    if len(data) < 4 or data[:2] != b"\x00\x00":
+        raise DataError(f"{path}: not an IDX file (expected magic bytes 00 00 <dtype> <ndim>)")
+    code, ndim = data[2], data[3]
+    if code not in _IDX_DTYPES:
+        accepted = ", ".join(f"0x{c:02X}" for c in _IDX_DTYPES)
+        raise DataError(f"{path}: unknown IDX dtype code 0x{code:02X} (accepted: {accepted})")
+    if ndim == 0:
+        raise DataError(f"{path}: IDX header declares 0 dimensions (expected at least 1)")
+    header_len = 4 + 4 * ndim
+    if len(data) < header_len:
+        raise DataError(f"{path}: truncated IDX header (expected {ndim} dimension sizes)")
+    dims = struct.unpack(f">{ndim}I", data[4:header_len])
+    dtype = _IDX_DTYPES[code]
+    expected = math.prod(dims) * dtype.itemsize
+    actual = len(data) - header_len
+    if actual < expected:
+        raise DataError(f"{path}: truncated IDX data: dims {dims} need {expected} bytes, found {actual}")
+    if actual > expected:
+        extra = actual - expected
+        raise DataError(f"{path}: {extra} unexpected trailing bytes after IDX data of dims {dims}")
+    array = np.frombuffer(data, dtype=dtype, offset=header_len).reshape(dims)
+    return array.astype(dtype.newbyteorder("="))
+
+
+def _find_idx_file(directory: Path, stem: str) -> Path:
+    for candidate in (directory / f"{stem}.gz", directory / stem):
+        if candidate.is_file():
+            return candidate
+    raise DataError(f"{directory / stem}: file not found (expected {stem}.gz or {stem} in {directory})")
+
+
+def _load_idx_pair(directory: Path, images_stem: str, labels_stem: str) -> tuple[np.ndarray, np.ndarray]:
+    images_path = _find_idx_file(directory, images_stem)
+    labels_path = _find_idx_file(directory, labels_stem)
+    images, labels = read_idx(images_path), read_idx(labels_path)
+    if images.ndim != 3 or images.shape[1:] != (28, 28):
+        raise DataError(f"{images_path}: expected images of shape (N, 28, 28), found {images.shape}")
+    if labels.ndim != 1:
+        raise DataError(f"{labels_path}: expected labels of shape (N,), found {labels.shape}")
+    if len(labels) != len(images):
+        raise DataError(f"{labels_path}: {len(labels)} labels for {len(images)} images in {images_path}")
+    if len(labels) == 0:
+        raise DataError(f"{labels_path}: no examples")
+    if labels.min() < 0 or labels.max() > 9:
+        raise DataError(f"{labels_path}: labels must lie in 0..9, found {labels.min()}..{labels.max()}")
+    return images, labels.astype(np.int64)
+
+
+def _load_idx_dataset(
+    directory: str | os.PathLike, name: str, title: str, mean: float, std: float
+) -> DataSplit:
+    directory = Path(directory)
+    if not directory.is_dir():
+        expected = ", ".join(f"{stem}[.gz]" for stem in IDX_FILES.values())
+        raise DataError(f"{directory}: directory not found (expected it to hold {expected})")
+    parts = {}
+    for split in ("train", "test"):
+        images, labels = _load_idx_pair(directory, IDX_FILES[f"{split}_images"], IDX_FILES[f"{split}_labels"])
+        # Fixed public constants: see the module docstring for why nothing is measured on the data.
+        x = (images.astype(np.float32) / 255.0 - mean) / std
+        parts[split] = _dataset(x[:, None, :, :], labels, 10, name)
+    description = f"{title} from {directory} ({len(parts['train'])} train / {len(parts['test'])} test)"
+    return DataSplit(parts["train"], parts["test"], description)
+
+
+def load_fashion_mnist(directory: str | os.PathLike | None = None) -> DataSplit:
+    """Fashion-MNIST from IDX files (default directory ``/usr/share/datasets/fashion-mnist``)."""
+    if directory is None:
+        directory = DEFAULT_FASHION_MNIST_DIR
+    return _load_idx_dataset(
+        directory, "fashion-mnist", "Fashion-MNIST", FASHION_MNIST_MEAN, FASHION_MNIST_STD
+    )
+
+
+def load_mnist(directory: str | os.PathLike | None) -> DataSplit:
+    """MNIST from IDX files in ``directory`` (required: nothing can be downloaded here)."""
+    if directory is None:
+        expected = ", ".join(f"{stem}[.gz]" for stem in IDX_FILES.values())
+        raise DataError(f"MNIST cannot be downloaded here: pass the directory holding {expected}")
+    return _load_idx_dataset(directory, "mnist", "MNIST", MNIST_MEAN, MNIST_STD)
+
+
+# ----------------------------------------------------------------------------------------------
+# CIFAR-10 (python version)
+# ----------------------------------------------------------------------------------------------
+
+
+def _numpy_reconstruct() -> Callable[..., Any]:
+    try:
+        from numpy._core.multiarray import _reconstruct
+    except ImportError:  # numpy < 2
+        from numpy.core.multiarray import _reconstruct
+    return _reconstruct
+
+
+# Harmless builtin types a pickle may name. Functions such as eval, exec, getattr or
+# __import__ are deliberately absent: naming them is how a malicious pickle runs code.
+_SAFE_BUILTINS = {
+    "dict": dict,
+    "list": list,
+    "tuple": tuple,
+    "set": set,
+    "frozenset": frozenset,
+    "bytes": bytes,
+    "bytearray": bytearray,
+    "str": str,
+    "int": int,
+    "float": float,
+    "complex": complex,
+    "bool": bool,
+}
+
+
+class _RestrictedUnpickler(pickle.Unpickler):
+    """Unpickler that resolves only what the CIFAR-10 batches need.
+
+    Allowed: numpy's array reconstructor, ``numpy.ndarray``, ``numpy.dtype``, the builtin types in
+    ``_SAFE_BUILTINS`` and ``_codecs.encode`` (how Python 3 writes bytes at pickle protocol 2).
+    Any other global is refused with a DataError before it is imported.
+    """
+
+    def __init__(self, file: Any, path: Path):
+        super().__init__(file, encoding="bytes")
+        self._path = path
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module in ("numpy.core.multiarray", "numpy._core.multiarray") and name == "_reconstruct":
+            return _numpy_reconstruct()
+        if module == "numpy" and name == "ndarray":
+            return np.ndarray
+        if module == "numpy" and name == "dtype":
+            return np.dtype
+        if module in ("builtins", "__builtin__") and name in _SAFE_BUILTINS:
+            return _SAFE_BUILTINS[name]
+        if module == "_codecs" and name == "encode":
+            import _codecs
+
+            return _codecs.encode
+        raise DataError(
+            f"{self._path}: refusing to unpickle {module}.{name} (a CIFAR-10 batch only needs numpy arrays, "
+            "numpy dtypes and builtin types)"
+        )
+
+
+def _read_cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    if not path.is_file():
+        raise DataError(f"{path}: file not found")
+    try:
+        with open(path, "rb") as f:
+            batch = _RestrictedUnpickler(f, path).load()
+    except DataError:
+        raise
+    except Exception as exc:  # any failure while decoding an untrusted file means it is corrupt
+        raise DataError(f"{path}: not a readable CIFAR-10 pickle ({_one_line(exc)})") from exc
+    if not isinstance(batch, dict) or b"data" not in batch or b"labels" not in batch:
+        found = sorted(batch) if isinstance(batch, dict) else type(batch).__name__
+        raise DataError(f"{path}: expected a dict with keys b'data' and b'labels', found {found}")
+    data, labels = batch[b"data"], batch[b"labels"]
+    if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3072:
+        shape = getattr(data, "shape", type(data).__name__)
+        raise DataError(f"{path}: b'data' must be a uint8 array of shape (N, 3072), found {shape}")
+    try:
+        labels = np.asarray(labels, dtype=np.int64)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise DataError(f"{path}: b'labels' must be a list of integers ({_one_line(exc)})") from exc
+    if labels.shape != (len(data),):
+        raise DataError(f"{path}: labels of shape {labels.shape} for {len(data)} images (expected one each)")
+    if len(labels) and (labels.min() < 0 or labels.max() > 9):
+        raise DataError(f"{path}: labels must lie in 0..9, found {labels.min()}..{labels.max()}")
+    return data, labels
+
+
+def _cifar_directory(directory: Path) -> Path:
+    for candidate in (directory / CIFAR10_SUBDIR, directory):
+        if (candidate / CIFAR10_TRAIN_FILES[0]).is_file():
+            return candidate
+    expected = ", ".join((*CIFAR10_TRAIN_FILES, CIFAR10_TEST_FILE))
+    raise DataError(
+        f"{directory}: CIFAR-10 python batches not found (expected {expected} in {directory} "
+        f"or in {directory / CIFAR10_SUBDIR})"
+    )
+
+
+def _cifar_images(data: np.ndarray) -> np.ndarray:
+    # Each row is 1024 red, then 1024 green, then 1024 blue bytes, each channel row-major 32x32.
+    x = data.reshape(-1, 3, 32, 32).astype(np.float32) / 255.0
+    # Fixed public constants: see the module docstring for why nothing is measured on the data.
+    mean = np.asarray(CIFAR10_MEAN, dtype=np.float32).reshape(1, 3, 1, 1)
+    std = np.asarray(CIFAR10_STD, dtype=np.float32).reshape(1, 3, 1, 1)
+    return (x - mean) / std
+
+
+def load_cifar10(directory: str | os.PathLike | None) -> DataSplit:
+    """CIFAR-10 from the "python version" batches in ``directory`` or its ``cifar-10-batches-py``.
+
+    Security: the batches are Python pickles, and unpickling an untrusted file can execute
+    arbitrary code. Load only files you trust. As a safeguard the loader uses a restricted
+    unpickler that resolves only numpy arrays, numpy dtypes and builtin types, and refuses any
+    other global (e.g. ``os.system``) with a DataError.
+    """
+    if directory is None:
+        raise DataError(
+            "CIFAR-10 cannot be downloaded here: pass the directory holding data_batch_1..5 and test_batch"
+        )
+    root = _cifar_directory(Path(directory))
+    train = [_read_cifar_batch(root / name) for name in CIFAR10_TRAIN_FILES]
+    test_data, test_labels = _read_cifar_batch(root / CIFAR10_TEST_FILE)
+    train_data = np.concatenate([data for data, _ in train])
+    train_labels = np.concatenate([labels for _, labels in train])
+    if len(train_labels) == 0 or len(test_labels) == 0:
+        raise DataError(f"{root}: CIFAR-10 batches hold no training or no test examples")
+    train_set = _dataset(_cifar_images(train_data), train_labels, 10, "cifar10")
+    test_set = _dataset(_cifar_images(test_data), test_labels, 10, "cifar10")
+    description = f"CIFAR-10 from {root} ({len(train_set)} train / {len(test_set)} test)"
+    return DataSplit(train_set, test_set, description)
+
+
+# ----------------------------------------------------------------------------------------------
+# scikit-learn digits, synthetic Gaussian mixture
+# ----------------------------------------------------------------------------------------------
+
+
+def load_digits(test_fraction: float = 0.2, seed: int = 0) -> DataSplit:
+    """scikit-learn's bundled 8x8 digits (1797 images, 10 classes), split by ``seed``."""
+    from sklearn.datasets import load_digits as sklearn_digits
+
+    test_fraction = _check_fraction(test_fraction)
+    seed = _check_int("seed", seed, 0)
+    bunch = sklearn_digits()
+    # Fixed constants (DIGITS_MEAN, DIGITS_STD): see the module docstring.
+    x = ((bunch.images.astype(np.float32) / 16.0 - DIGITS_MEAN) / DIGITS_STD)[:, None, :, :]
+    y = bunch.target.astype(np.int64)
+    train_idx, test_idx = stratified_split(y, test_fraction, seed)
+    train = _dataset(x[train_idx], y[train_idx], 10, "digits")
+    test = _dataset(x[test_idx], y[test_idx], 10, "digits")
+    description = f"scikit-learn digits ({len(train)} train / {len(test)} test, split seed {seed})"
+    return DataSplit(train, test, description)
+
+
+def make_gaussian_mixture(
+    n: int = 2000,
+    dim: int = 20,
+    num_classes: int = 2,
+    separation: float = 3.0,
+    test_fraction: float = 0.2,
+    seed: int = 0,
+) -> DataSplit:
+    """Synthetic classification: class c has mean ``separation * u_c`` (``u_c`` a random unit
+    vector) and examples ``mean + N(0, I)``. Classes are balanced (sizes differ by at most one)."""
+    n = _check_int("n", n, 2)
+    dim = _check_int("dim", dim, 1)
+    num_classes = _check_int("num_classes", num_classes, 2)
+    if n < 2 * num_classes:
+        raise DataError(f"n must be at least 2 * num_classes = {2 * num_classes}, got {n}")
+    if isinstance(separation, bool) or not isinstance(separation, (int, float)) or not separation >= 0:
+        raise DataError(f"separation must be a number >= 0, got {separation!r}")
+    test_fraction = _check_fraction(test_fraction)
+    seed = _check_int("seed", seed, 0)
+    rng = np.random.default_rng(seed)
+    directions = rng.standard_normal((num_classes, dim))
+    directions /= np.linalg.norm(directions, axis=1, keepdims=True)
+    means = separation * directions
+    y = rng.permutation(np.arange(n) % num_classes)
+    x = means[y] + rng.standard_normal((n, dim))
+    train_idx, test_idx = stratified_split(y, test_fraction, seed)
+    train = _dataset(x[train_idx], y[train_idx], num_classes, "synthetic")
+    test = _dataset(x[test_idx], y[test_idx], num_classes, "synthetic")
+    description = (
+        f"synthetic Gaussian mixture: {num_classes} classes, {dim} dims, separation {separation} "
+        f"({len(train)} train / {len(test)} test, seed {seed})"
+    )
+    return DataSplit(train, test, description)
+
+
+# ----------------------------------------------------------------------------------------------
+# User .npz
+# ----------------------------------------------------------------------------------------------
+
+
+def _npz_labels(path: Path, key: str, y: np.ndarray) -> np.ndarray:
+    if y.ndim != 1:
+        raise DataError(f"{path}: '{key}' must be 1-D class labels, found shape {y.shape}")
+    if y.dtype.kind == "f":
+        if not (np.all(np.isfinite(y)) and np.all(y == np.round(y))):
+            raise DataError(f"{path}: '{key}' must hold integer class labels, found non-integer values")
+    elif y.dtype.kind not in "iu":
+        raise DataError(f"{path}: '{key}' must hold integer class labels, found dtype {y.dtype}")
+    if len(y) and y.min() < 0:
+        raise DataError(f"{path}: '{key}' must hold class labels >= 0, found {y.min()}")
+    return y.astype(np.int64)
+
+
+def _npz_features(path: Path, key: str, x: np.ndarray) -> np.ndarray:
+    if x.dtype.kind not in "biuf":
+        raise DataError(f"{path}: '{key}' must be a numeric array, found dtype {x.dtype}")
+    if x.ndim < 2:
+        raise DataError(f"{path}: '{key}' must have shape (N, ...) with at least 2 dims, found {x.shape}")
+    x = x.astype(np.float32)
+    if not np.all(np.isfinite(x)):
+        raise DataError(f"{path}: '{key}' contains NaN or infinite values")
+    return x
+
+
+def _read_npz(path: Path) -> dict[str, np.ndarray]:
+    if not path.is_file():
+        raise DataError(f"{path}: file not found (expected an .npz archive with arrays 'x' and 'y')")
+    npz_errors = (zipfile.BadZipFile, ValueError, OSError, EOFError, zlib.error)
+    try:
+        # allow_pickle=False: object arrays would be unpickled, which can execute code.
+        archive = np.load(path, allow_pickle=False)
+    except npz_errors as exc:
+        raise DataError(f"{path}: not a valid .npz archive ({_one_line(exc)})") from exc
+    if not isinstance(archive, np.lib.npyio.NpzFile):
+        raise DataError(f"{path}: a single .npy array, expected an .npz archive with arrays 'x' and 'y'")
+    try:
+        with archive:
+            return {key: archive[key] for key in archive.files}
+    except npz_errors as exc:
+        raise DataError(f"{path}: not a valid .npz archive ({_one_line(exc)})") from exc
+
+
+def load_npz(path: str | os.PathLike, test_fraction: float = 0.2, seed: int = 0) -> DataSplit:
+    """A user's ``.npz`` with arrays ``x`` (N x ...) and ``y`` (N integer labels).
+
+    With ``x_test`` and ``y_test`` also present they form the test set; otherwise the examples
+    are split by ``seed`` (stratified, ``test_fraction`` to test). Object arrays are refused.
+    """
+    path = Path(path)
+    test_fraction = _check_fraction(test_fraction)
+    seed = _check_int("seed", seed, 0)
+    arrays = _read_npz(path)
+    found = ", ".join(sorted(arrays)) or "none"
+    for key in ("x", "y"):
+        if key not in arrays:
+            raise DataError(
+                f"{path}: missing array '{key}' (expected x, y and optionally x_test, y_test; found {found})"
+            )
+    if ("x_test" in arrays) != ("y_test" in arrays):
+        raise DataError(f"{path}: 'x_test' and 'y_test' must be given together (found {found})")
+
+    pairs = [("x", "y")] + ([("x_test", "y_test")] if "x_test" in arrays else [])
+    checked = []
+    for x_key, y_key in pairs:
+        x = _npz_features(path, x_key, arrays[x_key])
+        y = _npz_labels(path, y_key, arrays[y_key])
+        if len(x) != len(y):
+            raise DataError(f"{path}: '{x_key}' has {len(x)} rows but '{y_key}' has {len(y)} labels")
+        if len(x) == 0:
+            raise DataError(f"{path}: '{x_key}' holds no examples")
+        checked.append((x, y))
+    if len(checked) == 2 and checked[0][0].shape[1:] != checked[1][0].shape[1:]:
+        raise DataError(
+            f"{path}: 'x_test' examples have shape {checked[1][0].shape[1:]}, "
+            f"'x' examples have shape {checked[0][0].shape[1:]}"
+        )
+
+    num_classes = int(max(y.max() for _, y in checked)) + 1
+    if num_classes < 2:
+        raise DataError(f"{path}: labels must cover at least 2 classes (all labels are 0)")
+    if len(checked) == 2:
+        (x_train, y_train), (x_test, y_test) = checked
+        how = "given test set"
+    else:
+        x, y = checked[0]
+        train_idx, test_idx = stratified_split(y, test_fraction, seed)
+        if len(test_idx) == 0:
+            raise DataError(
+                f"{path}: too few examples ({len(y)}) to split off a test set of fraction {test_fraction}"
+            )
+        x_train, y_train, x_test, y_test = x[train_idx], y[train_idx], x[test_idx], y[test_idx]
+        how = f"split seed {seed}"
+    train = _dataset(x_train, y_train, num_classes, "npz")
+    test = _dataset(x_test, y_test, num_classes, "npz")
+    description = f"npz file {path} ({len(train)} train / {len(test)} test, {how})"
+    return DataSplit(train, test, description)
+
+
+# ----------------------------------------------------------------------------------------------
+# Dispatch
+# ----------------------------------------------------------------------------------------------
+
+
+def load_dataset(name: str, path: str | None = None, *, seed: int = 0, **options: Any) -> DataSplit:
+    """Load dataset ``name`` (one of DATASET_NAMES) from ``path`` with loader ``options``.
+
+    ``path`` is the directory for fashion-mnist / mnist / cifar10 and the file for npz; digits and
+    synthetic take no path. ``seed`` drives the train/test split where the dataset has none.
+    """
+    accepted_options: dict[str, tuple[str, ...]] = {
+        "fashion-mnist": (),
+        "mnist": (),
+        "cifar10": (),
+        "digits": ("test_fraction",),
+        "synthetic": ("n", "dim", "num_classes", "separation", "test_fraction"),
+        "npz": ("test_fraction",),
+    }
+    if name not in accepted_options:
+        raise DataError(f"unknown dataset {name!r} (accepted: {', '.join(DATASET_NAMES)})")
+    unknown = sorted(set(options) - set(accepted_options[name]))
+    if unknown:
+        accepted = ", ".join(accepted_options[name]) or "none"
+        raise DataError(f"unknown option(s) {', '.join(unknown)} for dataset {name!r} (accepted: {accepted})")
+    if name in ("digits", "synthetic") and path is not None:
+        raise DataError(f"dataset {name!r} takes no path, got {path!r}")
+
+    if name == "fashion-mnist":
+        return load_fashion_mnist(path)
+    if name == "mnist":
+        return load_mnist(path)
+    if name == "cifar10":
+        return load_cifar10(path)
+    if name == "digits":
+        return load_digits(seed=seed, **options)
+    if name == "synthetic":
+        return make_gaussian_mixture(seed=seed, **options)
+    if path is None:
+        raise DataError("dataset 'npz' needs a path to an .npz file with arrays 'x' and 'y'")
+    return load_npz(path, seed=seed, **options)

@@ -1,0 +1,284 @@
+"""A training job from a typed config: the Python function behind ``dptrain train``.
+
+Writes into the output directory:
+- ``config.toml``: the resolved config (what ran, defaults included),
+- ``metrics.jsonl``: one JSON line per evaluation (step, epoch, test accuracy, epsilon, loss),
+- ``ledger.json``: the privacy ledger (also inside every checkpoint),
+- ``checkpoint.pt``: internal state to resume (model, optimizer, RNG states, ledger),
+- ``summary.json``: the final privacy/utility report.
+Files are replaced atomically, so an interrupted run never leaves a half-written file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from dptrain.accounting.ledger import Ledger, write_json_atomic
+from dptrain.config import RunConfig, config_to_toml, load_config
+from dptrain.data import DataSplit, load_dataset
+from dptrain.engine import Budget, PrivateTrainer, make_private, make_private_with_epsilon
+from dptrain.errors import ConfigError, DataError
+from dptrain.models import build_model
+
+CHECKPOINT, LEDGER, CONFIG, METRICS, SUMMARY = (
+    "checkpoint.pt",
+    "ledger.json",
+    "config.toml",
+    "metrics.jsonl",
+    "summary.json",
+)
+
+
+@dataclass
+class Job:
+    cfg: RunConfig
+    data: DataSplit
+    trainer: PrivateTrainer
+    total_steps: int
+
+
+def build_optimizer(cfg: RunConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
+    t = cfg.training
+    if t.optimizer == "sgd":
+        return torch.optim.SGD(
+            model.parameters(), lr=t.learning_rate, momentum=t.momentum, weight_decay=t.weight_decay
+        )
+    return torch.optim.Adam(model.parameters(), lr=t.learning_rate, weight_decay=t.weight_decay)
+
+
+def build_job(cfg: RunConfig, noise_multiplier: float | None = None) -> Job:
+    """Data, model, optimizer and private trainer for ``cfg``. ``noise_multiplier`` overrides calibration
+    (a resumed run keeps the sigma it was calibrated with)."""
+    torch.manual_seed(cfg.seed)
+    data = load_dataset(cfg.data.name, cfg.data.path, seed=cfg.seed, **cfg.data.options)
+    model = build_model(cfg.model.name, data.train.input_shape, data.train.num_classes, **cfg.model.options)
+    optimizer = build_optimizer(cfg, model)
+    p, t = cfg.privacy, cfg.training
+    common = dict(
+        max_grad_norm=p.max_grad_norm,
+        batch_size=t.batch_size,
+        sampling=p.sampling,
+        accountant=p.accountant,
+        clipping=p.clipping,
+        max_physical_batch_size=t.max_physical_batch_size,
+        grad_sampler=t.grad_sampler,
+        seed=cfg.seed,
+    )
+    if t.batch_size > len(data.train) and p.sampling == "poisson":
+        raise ConfigError(
+            f"training.batch_size must be <= the training set size {len(data.train)}, got {t.batch_size}"
+        )
+    if p.target_epsilon is None:
+        trainer = make_private(
+            model, optimizer, data.train, noise_multiplier=p.noise_multiplier, delta=p.delta, **common
+        )
+    elif noise_multiplier is not None:
+        trainer = make_private(
+            model,
+            optimizer,
+            data.train,
+            noise_multiplier=noise_multiplier,
+            delta=p.delta,
+            budget=Budget(p.target_epsilon, p.delta),
+            **common,
+        )
+    else:
+        trainer = make_private_with_epsilon(
+            model,
+            optimizer,
+            data.train,
+            target_epsilon=p.target_epsilon,
+            target_delta=p.delta,
+            **cfg.steps_or_epochs,
+            **common,
+        )
+    return Job(cfg, data, trainer, trainer.steps_for(**cfg.steps_or_epochs))
+
+
+def _save_checkpoint(out: Path, trainer: PrivateTrainer) -> None:
+    tmp = out / (CHECKPOINT + ".tmp")
+    torch.save(trainer.state_dict(), tmp)
+    os.replace(tmp, out / CHECKPOINT)
+    trainer.ledger.save(out / LEDGER)
+
+
+def load_checkpoint(path: Path) -> dict:
+    try:
+        state = torch.load(path, weights_only=True)
+        Ledger.from_dict(state["ledger"])
+        return state
+    except FileNotFoundError:
+        raise DataError(f"checkpoint {path} does not exist: is this a dptrain run directory?") from None
+    except Exception as e:  # a truncated or foreign file can fail in many ways inside torch.load
+        raise DataError(
+            f"checkpoint {path} is corrupt or not a dptrain checkpoint ({type(e).__name__})"
+        ) from None
+
+
+class _Progress:
+    """tqdm progress bar showing steps, loss and epsilon spent (updated a few dozen times per run)."""
+
+    def __init__(self, total: int, initial: int, enabled: bool):
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=total, initial=initial, disable=not enabled, unit="step", dynamic_ncols=True)
+        self.loss = math.nan
+
+    def update(self, loss: float, eps: float | None) -> None:
+        self.loss = loss if math.isnan(self.loss) else 0.9 * self.loss + 0.1 * loss
+        if eps is not None:
+            self.bar.set_postfix(loss=f"{self.loss:.3f}", eps=f"{eps:.3f}", refresh=False)
+        self.bar.update(1)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def run_training(
+    cfg: RunConfig | None,
+    out: str | os.PathLike,
+    *,
+    resume: bool = False,
+    progress: bool = True,
+    stop_after: int | None = None,
+) -> dict:
+    """Run (or resume) a job; returns the summary. ``stop_after`` ends this invocation after that many
+    steps with a checkpoint (for time-sliced jobs); ``resume`` continues the run stored in ``out``."""
+    out = Path(out)
+    start = time.perf_counter()
+    if resume:
+        cfg = load_config(out / CONFIG)
+        state = load_checkpoint(out / CHECKPOINT)
+        job = build_job(cfg, noise_multiplier=state["noise_multiplier"])
+        job.trainer.load_state_dict(state)
+        previous = _read_summary_time(out)
+    else:
+        if cfg is None:
+            raise ConfigError("a config is needed to start a run")
+        if (out / CHECKPOINT).exists() or (out / LEDGER).exists():
+            raise ConfigError(
+                f"output directory {out} already holds a run; continue it with --resume {out} "
+                "or choose another --out"
+            )
+        job = build_job(cfg)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / CONFIG).write_text(config_to_toml(cfg))
+        previous = 0.0
+    trainer, cfg = job.trainer, job.cfg
+    steps_per_epoch = trainer.sampler.steps_per_epoch
+    eval_every = cfg.training.eval_every or steps_per_epoch
+    remaining = max(0, job.total_steps - trainer.steps)
+    if stop_after is not None:
+        remaining = min(remaining, stop_after)
+    eps_every = max(1, job.total_steps // 25)
+    bar = _Progress(job.total_steps, trainer.steps, progress)
+    eps = None
+    try:
+        for result in trainer.iter_steps(remaining):
+            if result.step % eps_every == 0 or eps is None:
+                eps = trainer.epsilon().epsilon
+            bar.update(result.loss, eps)
+            if result.step % eval_every == 0 and result.step < job.total_steps:
+                _evaluate_and_log(out, job, result.loss)
+                _save_checkpoint(out, trainer)
+    except KeyboardInterrupt:
+        bar.close()
+        _save_checkpoint(out, trainer)
+        print(f"\ninterrupted at step {trainer.steps}; continue with: dptrain train --resume {out}")
+        raise
+    finally:
+        bar.close()
+    _save_checkpoint(out, trainer)
+    finished = trainer.steps >= job.total_steps or (
+        trainer.allowed_steps() is not None and trainer.steps >= trainer.allowed_steps()
+    )
+    summary = _summary(
+        job, out, _evaluate_and_log(out, job, math.nan), previous + time.perf_counter() - start, finished
+    )
+    write_json_atomic(out / SUMMARY, summary)
+    trainer.close()
+    return summary
+
+
+def _read_summary_time(out: Path) -> float:
+    try:
+        return float(json.loads((out / SUMMARY).read_text())["wall_time_s"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0.0
+
+
+def _evaluate_and_log(out: Path, job: Job, loss: float) -> dict:
+    t = job.trainer
+    report = t.epsilon()
+    row = {
+        "step": t.steps,
+        "epoch": t.steps / t.sampler.steps_per_epoch,
+        "test_accuracy": t.evaluate(job.data.test.x, job.data.test.y),
+        "epsilon": report.epsilon,
+        "delta": report.delta,
+        "train_loss": None if math.isnan(loss) else loss,
+    }
+    with open(out / METRICS, "a") as f:
+        f.write(json.dumps(row) + "\n")
+    return {"row": row, "report": report}
+
+
+def _summary(job: Job, out: Path, final: dict, wall: float, finished: bool) -> dict:
+    t, cfg, report = job.trainer, job.cfg, final["report"]
+    summary = {
+        "epsilon": report.epsilon,
+        "delta": report.delta,
+        "accountant": report.accountant,
+        "certified": report.certified,
+        "test_accuracy": final["row"]["test_accuracy"],
+        "steps": t.steps,
+        "planned_steps": job.total_steps,
+        "finished": finished,
+        "epochs": t.steps / t.sampler.steps_per_epoch,
+        "noise_multiplier": t.noise_multiplier,
+        "sampling_rate": t.sampling_rate,
+        "sampling": t.sampler.scheme,
+        "max_grad_norm": cfg.privacy.max_grad_norm,
+        "batch_size": cfg.training.batch_size,
+        "target_epsilon": cfg.privacy.target_epsilon,
+        "dataset": job.data.description,
+        "train_size": len(job.data.train),
+        "model": cfg.model.name,
+        "grad_sampler": t.grad_sampler.name,
+        "wall_time_s": wall,
+        "out": str(out),
+    }
+    if "optimal_order" in report.details:
+        summary["rdp_order"] = report.details["optimal_order"]
+    return summary
+
+
+def format_report(summary: dict) -> str:
+    """The privacy/utility report printed at the end of ``dptrain train``."""
+    cert = "" if summary["certified"] else "  (approximation, not certified)"
+    target = "" if summary["target_epsilon"] is None else f" (target {summary['target_epsilon']:g})"
+    rows = [
+        ("privacy", f"epsilon = {summary['epsilon']:.4f}{target} at delta = {summary['delta']:g}{cert}"),
+        ("accountant", summary["accountant"]),
+        ("test accuracy", f"{summary['test_accuracy']:.4f}"),
+        ("steps", f"{summary['steps']} of {summary['planned_steps']} ({summary['epochs']:.2f} epochs)"),
+        ("noise multiplier", f"{summary['noise_multiplier']:.4f}"),
+        (
+            "sampling rate",
+            f"{summary['sampling_rate']:.6g} ({summary['sampling']}, expected batch {summary['batch_size']})",
+        ),
+        ("clip norm", f"{summary['max_grad_norm']:g}"),
+        ("data", summary["dataset"]),
+        ("model", f"{summary['model']} (per-example gradients: {summary['grad_sampler']})"),
+        ("wall time", f"{summary['wall_time_s']:.1f} s"),
+        ("outputs", summary["out"]),
+    ]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
