@@ -1,0 +1,441 @@
+"""Throughput and peak-memory benchmark: dptrain against non-private PyTorch and Opacus.
+
+Trains the 28x28 CNN (``build_model("cnn28", (1, 28, 28), 10)``) on random data shaped like
+Fashion-MNIST (x ~ N(0, 1), y uniform in 0..9, N = 60000 by default, generated once with a fixed seed).
+
+Throughput (all ways in this one process, logical batch 256, interleaved rounds with rotated order; the
+median samples/second over rounds is reported, samples = examples actually processed):
+
+  1. non-private PyTorch: SGD(lr=0.1), 256 random indices per step, mean cross-entropy.
+  2. dptrain, layerwise per-example gradients (``grad_sampler="layerwise"``), Poisson sampling.
+  3. dptrain, torch.func (vmap) per-example gradients (``grad_sampler="func"``), Poisson sampling.
+  4. Opacus (if installed: ``pip install -e '.[bench]'``): PrivacyEngine.make_private with its
+     default grad_sample_mode ("hooks") and Poisson sampling, iterating its DataLoader.
+
+Peak memory (``--memory``, on by default): each configuration runs in a fresh child process (this script
+with the hidden ``--memory-child WAY LOGICAL PHYSICAL`` mode), which reports ru_maxrss after building
+data, model and wrapper (its baseline) and after 3 steps of expected logical batch 4096.
+
+Usage:  python benchmarks/throughput.py [--steps 40] [--rounds 3] [--n 60000] [--no-memory] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import json
+import os
+import platform
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+import warnings
+
+import torch
+import torch.nn.functional as F
+
+from dptrain.engine import make_private
+from dptrain.models import build_model
+
+try:  # Opacus is optional (the "bench" extra); its rows are skipped without it.
+    import opacus
+    from opacus import PrivacyEngine
+    from opacus.utils.batch_memory_manager import BatchMemoryManager
+
+    OPACUS_ERROR = None
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    opacus = None
+    OPACUS_ERROR = str(exc)
+
+INPUT_SHAPE = (1, 28, 28)
+NUM_CLASSES = 10
+DATA_SEED = 0
+MODEL_SEED = 1
+LR = 0.1
+NOISE_MULTIPLIER = 1.0
+MAX_GRAD_NORM = 1.0
+BATCH = 256
+WARMUP_STEPS = 3
+MEMORY_STEPS = 3
+MEMORY_LOGICAL = 4096
+MEMORY_PHYSICAL = 256
+TARGET_VS_NONPRIVATE = 0.85
+TARGET_VS_OPACUS = 1.2
+
+WAYS = ("nonprivate", "dptrain-layerwise", "dptrain-func", "opacus")
+LABELS = {
+    "nonprivate": "non-private PyTorch",
+    "dptrain-layerwise": "dptrain (layerwise)",
+    "dptrain-func": "dptrain (func/vmap)",
+    "opacus": "Opacus (hooks)",
+}
+# (way, logical, physical) for the memory part; opacus with physical < logical uses BatchMemoryManager.
+MEMORY_CONFIGS = (
+    ("dptrain-layerwise", MEMORY_LOGICAL, MEMORY_PHYSICAL),
+    ("dptrain-layerwise", MEMORY_LOGICAL, MEMORY_LOGICAL),
+    ("dptrain-func", MEMORY_LOGICAL, MEMORY_PHYSICAL),
+    ("opacus", MEMORY_LOGICAL, MEMORY_PHYSICAL),
+    ("opacus", MEMORY_LOGICAL, MEMORY_LOGICAL),
+)
+
+
+# --- data, models and the ways to train ---------------------------------------------------------------------
+
+
+def make_data(n: int, seed: int = DATA_SEED) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, *INPUT_SHAPE, generator=g)
+    y = torch.randint(0, NUM_CLASSES, (n,), generator=g)
+    return x, y
+
+
+def fresh_model() -> torch.nn.Module:
+    torch.manual_seed(MODEL_SEED)
+    return build_model("cnn28", INPUT_SHAPE, NUM_CLASSES)
+
+
+class Runner:
+    """One way of training; ``step()`` takes one logical step and returns the examples it processed."""
+
+    load_s = 0.0  # seconds spent fetching batches from a DataLoader (Opacus only)
+
+    def step(self) -> int:
+        raise NotImplementedError
+
+
+class NonPrivate(Runner):
+    def __init__(self, x, y, batch: int, seed: int):
+        self.x, self.y, self.batch = x, y, batch
+        self.model = fresh_model()
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=LR)
+        self.gen = torch.Generator().manual_seed(seed)
+
+    def step(self) -> int:
+        idx = torch.randint(0, len(self.x), (self.batch,), generator=self.gen)
+        self.model.train()
+        loss = F.cross_entropy(self.model(self.x[idx]), self.y[idx])
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        self.opt.step()
+        return self.batch
+
+
+class DptrainRunner(Runner):
+    def __init__(self, x, y, backend: str, logical: int, physical: int, seed: int):
+        self.model = fresh_model()
+        opt = torch.optim.SGD(self.model.parameters(), lr=LR)
+        self.trainer = make_private(
+            self.model,
+            opt,
+            (x, y),
+            noise_multiplier=NOISE_MULTIPLIER,
+            max_grad_norm=MAX_GRAD_NORM,
+            batch_size=logical,
+            max_physical_batch_size=physical,
+            grad_sampler=backend,
+            seed=seed,
+        )
+        if self.trainer.grad_sampler.name != backend:
+            raise RuntimeError(f"asked for backend {backend!r}, got {self.trainer.grad_sampler.name!r}")
+
+    def step(self) -> int:
+        return self.trainer.step().batch_size
+
+
+class OpacusRunner(Runner):
+    def __init__(self, x, y, logical: int, physical: int, seed: int):
+        torch.manual_seed(seed)  # Opacus' Poisson sampler and noise draw from the global RNG here
+        model = fresh_model()
+        opt = torch.optim.SGD(model.parameters(), lr=LR)
+        loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=logical)
+        self.model, self.opt, self.loader = PrivacyEngine().make_private(
+            module=model,
+            optimizer=opt,
+            data_loader=loader,
+            noise_multiplier=NOISE_MULTIPLIER,
+            max_grad_norm=MAX_GRAD_NORM,
+            poisson_sampling=True,
+        )
+        self.physical = physical if physical < logical else None
+        self._batches = self._forever()
+
+    def _forever(self):
+        if self.physical is None:
+            while True:
+                yield from self.loader
+        else:
+            with BatchMemoryManager(
+                data_loader=self.loader, max_physical_batch_size=self.physical, optimizer=self.opt
+            ) as split_loader:
+                while True:
+                    yield from split_loader
+
+    def step(self) -> int:
+        # With BatchMemoryManager one logical step spans several physical batches; the DP optimizer
+        # only really steps (noise + update) on the last one, which it records in _is_last_step_skipped.
+        n = 0
+        self.model.train()
+        while True:
+            t0 = time.perf_counter()
+            xb, yb = next(self._batches)
+            self.load_s += time.perf_counter() - t0
+            loss = F.cross_entropy(self.model(xb), yb)
+            loss.backward()
+            self.opt.step()
+            self.opt.zero_grad(set_to_none=True)
+            n += len(yb)
+            if not self.opt._is_last_step_skipped:
+                return n
+
+
+def make_runner(way: str, x, y, logical: int, physical: int, seed: int) -> Runner:
+    if way == "nonprivate":
+        return NonPrivate(x, y, logical, seed)
+    if way.startswith("dptrain-"):
+        return DptrainRunner(x, y, way.removeprefix("dptrain-"), logical, physical, seed)
+    if way == "opacus":
+        return OpacusRunner(x, y, logical, physical, seed)
+    raise ValueError(f"unknown way {way!r}")
+
+
+# --- throughput ---------------------------------------------------------------------------------------------
+
+
+def time_way(way: str, x, y, steps: int, seed: int) -> dict:
+    runner = make_runner(way, x, y, BATCH, BATCH, seed)
+    for _ in range(WARMUP_STEPS):
+        runner.step()
+    runner.load_s = 0.0
+    examples = 0
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        examples += runner.step()
+    seconds = time.perf_counter() - t0
+    result = {"examples": examples, "seconds": seconds, "samples_per_s": examples / seconds}
+    if way == "opacus":
+        result["dataloader_s"] = runner.load_s
+    del runner
+    gc.collect()
+    return result
+
+
+def throughput(x, y, ways: list[str], steps: int, rounds: int, captured: list[str]) -> dict:
+    per_way: dict[str, list[dict]] = {w: [] for w in ways}
+    for r in range(rounds):
+        order = ways[r % len(ways) :] + ways[: r % len(ways)]
+        print(f"  round {r + 1}/{rounds}: " + ", ".join(order), flush=True)
+        for way in order:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                per_way[way].append(time_way(way, x, y, steps, seed=r))
+            captured.extend(f"{w.category.__name__}: {w.message}" for w in caught)
+    summary = {}
+    for way, runs in per_way.items():
+        rates = [run["samples_per_s"] for run in runs]
+        summary[way] = {
+            "median_samples_per_s": statistics.median(rates),
+            "min_samples_per_s": min(rates),
+            "max_samples_per_s": max(rates),
+            "rounds": runs,
+        }
+    return summary
+
+
+def ratios(summary: dict) -> list[dict]:
+    rows = []
+    for num in ("dptrain-layerwise", "dptrain-func"):
+        for den, target in (("nonprivate", TARGET_VS_NONPRIVATE), ("opacus", TARGET_VS_OPACUS)):
+            if num in summary and den in summary:
+                value = summary[num]["median_samples_per_s"] / summary[den]["median_samples_per_s"]
+                rows.append(
+                    {"numerator": num, "denominator": den, "ratio": value, "target": target, "met": value >= target}
+                )
+    return rows
+
+
+# --- peak memory --------------------------------------------------------------------------------------------
+
+
+def maxrss_kib() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+
+
+def memory_child(way: str, logical: int, physical: int, n: int) -> None:
+    """Hidden mode: build data + model + wrapper, report ru_maxrss, take MEMORY_STEPS steps, report again."""
+    x, y = make_data(n)
+    runner = make_runner(way, x, y, logical, physical, seed=0)
+    baseline = maxrss_kib()
+    examples = [runner.step() for _ in range(MEMORY_STEPS)]
+    peak = maxrss_kib()
+    out = {"way": way, "logical": logical, "physical": physical, "baseline_kib": baseline, "peak_kib": peak}
+    out["steps"], out["examples_per_step"] = MEMORY_STEPS, examples
+    print("MEMORY_RESULT " + json.dumps(out), flush=True)
+
+
+def memory(n: int, captured: list[str]) -> list[dict]:
+    rows = []
+    for way, logical, physical in MEMORY_CONFIGS:
+        if way == "opacus" and opacus is None:
+            continue
+        cmd = [sys.executable, os.path.abspath(__file__), "--n", str(n)]
+        cmd += ["--memory-child", way, str(logical), str(physical)]
+        print(f"  {LABELS[way]} {logical}/{physical} ...", flush=True)
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        captured.extend(line.strip() for line in proc.stderr.splitlines() if "Warning:" in line)
+        lines = [line for line in proc.stdout.splitlines() if line.startswith("MEMORY_RESULT ")]
+        if proc.returncode != 0 or not lines:
+            tail = "\n".join(proc.stderr.strip().splitlines()[-5:])
+            print(f"    failed (exit {proc.returncode}):\n{tail}", flush=True)
+            rows.append({"way": way, "logical": logical, "physical": physical, "error": tail})
+            continue
+        rows.append(json.loads(lines[-1].removeprefix("MEMORY_RESULT ")))
+    return rows
+
+
+# --- reporting ----------------------------------------------------------------------------------------------
+
+
+def machine_info() -> dict:
+    cpu = "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    nproc = None
+    if shutil.which("nproc"):
+        try:
+            nproc = int(subprocess.run(["nproc"], capture_output=True, text=True, check=True).stdout)
+        except (subprocess.CalledProcessError, ValueError):
+            pass
+    if nproc is None:
+        nproc = len(os.sched_getaffinity(0))
+    return {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "opacus": opacus.__version__ if opacus is not None else None,
+        "nproc": nproc,
+        "torch_num_threads": torch.get_num_threads(),
+        "cpu_model": cpu,
+    }
+
+
+def print_throughput(summary: dict, ratio_rows: list[dict], steps: int, rounds: int) -> None:
+    print(f"\nThroughput: cnn28, logical batch {BATCH}, {steps} timed steps after {WARMUP_STEPS} warm-up, "
+          f"median over {rounds} interleaved rounds")
+    print(f"  {'way':<22} {'samples/s (median)':>19}  {'min..max over rounds':>22}")
+    for way, s in summary.items():
+        span = f"{s['min_samples_per_s']:.0f}..{s['max_samples_per_s']:.0f}"
+        print(f"  {LABELS[way]:<22} {s['median_samples_per_s']:>19.0f}  {span:>22}")
+    if "opacus" in summary:
+        share = [r["dataloader_s"] / r["seconds"] for r in summary["opacus"]["rounds"]]
+        print(f"  (Opacus time spent in its DataLoader: median {100 * statistics.median(share):.0f}% "
+              f"of its timed steps)")
+    print("\nRatios of medians (target beside each):")
+    for r in ratio_rows:
+        name = f"{LABELS[r['numerator']]} / {LABELS[r['denominator']]}"
+        verdict = "met" if r["met"] else "NOT met"
+        print(f"  {name:<46} {r['ratio']:5.2f}x   target >= {r['target']:.2f}x  ({verdict})")
+
+
+def print_memory(rows: list[dict]) -> None:
+    print(f"\nPeak CPU memory (ru_maxrss) in fresh processes, Poisson with expected logical batch "
+          f"{MEMORY_LOGICAL}, {MEMORY_STEPS} steps; increase = peak - the child's own baseline "
+          f"(after building data + model)")
+    print(f"  {'way':<22} {'logical/physical':>17} {'baseline MiB':>13} {'peak MiB':>9} {'increase MiB':>13}")
+    for r in rows:
+        lp = f"{r['logical']}/{r['physical']}"
+        label = LABELS[r["way"]]
+        if r["way"] == "opacus":
+            label += " +BMM" if r["physical"] < r["logical"] else ""
+        if "error" in r:
+            print(f"  {label:<22} {lp:>17}   failed")
+            continue
+        base, peak = r["baseline_kib"] / 1024, r["peak_kib"] / 1024
+        print(f"  {label:<22} {lp:>17} {base:>13.0f} {peak:>9.0f} {peak - base:>13.0f}")
+    print("  (+BMM: Opacus BatchMemoryManager(max_physical_batch_size=256); dptrain chunks by "
+          "max_physical_batch_size)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--steps", type=int, default=40, help="timed steps per way and round (default 40)")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
+    p.add_argument("--n", type=int, default=60000, help="training-set size (default 60000)")
+    p.add_argument("--memory", action=argparse.BooleanOptionalAction, default=True,
+                   help="measure peak memory in child processes (default on)")
+    p.add_argument("--json", metavar="PATH", help="write all numbers and machine info to this JSON file")
+    p.add_argument("--memory-child", nargs=3, metavar=("WAY", "LOGICAL", "PHYSICAL"), help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+
+    if args.memory_child:
+        way, logical, physical = args.memory_child
+        memory_child(way, int(logical), int(physical), args.n)
+        return 0
+
+    start = time.perf_counter()
+    info = machine_info()
+    print(f"dptrain throughput benchmark  {info['date']}")
+    print(f"  torch {info['torch']}, opacus {info['opacus'] or 'not installed'}, python {info['python']}, "
+          f"nproc {info['nproc']}, torch threads {info['torch_num_threads']}")
+    print(f"  CPU: {info['cpu_model']}")
+    ways = list(WAYS)
+    if opacus is None:
+        ways.remove("opacus")
+        print(f"  Opacus is not importable ({OPACUS_ERROR}): skipping its rows. "
+              "Install it with: pip install -e '.[bench]'")
+
+    x, y = make_data(args.n)
+    print(f"  data: N={args.n} random examples of shape {tuple(x.shape[1:])}, 10 classes (seed {DATA_SEED})")
+    captured: list[str] = []
+    print("\nTiming throughput ...", flush=True)
+    summary = throughput(x, y, ways, args.steps, args.rounds, captured)
+    del x, y
+    gc.collect()
+    ratio_rows = ratios(summary)
+
+    memory_rows = None
+    if args.memory:
+        print("\nMeasuring peak memory in child processes ...", flush=True)
+        memory_rows = memory(args.n, captured)
+
+    print_throughput(summary, ratio_rows, args.steps, args.rounds)
+    if memory_rows is not None:
+        print_memory(memory_rows)
+    unique = list(dict.fromkeys(captured))
+    if unique:
+        print("\nWarnings raised during the runs (each shown once):")
+        for w in unique:
+            print(f"  - {w}")
+    wall = time.perf_counter() - start
+    print(f"\nTotal wall time: {wall:.0f} s")
+
+    if args.json:
+        record = {
+            "machine": info,
+            "settings": {
+                "n": args.n, "steps": args.steps, "rounds": args.rounds, "warmup_steps": WARMUP_STEPS,
+                "batch_size": BATCH, "noise_multiplier": NOISE_MULTIPLIER, "max_grad_norm": MAX_GRAD_NORM,
+                "lr": LR, "model": "cnn28", "memory_logical": MEMORY_LOGICAL,
+                "memory_physical": MEMORY_PHYSICAL, "memory_steps": MEMORY_STEPS,
+            },
+            "throughput": summary,
+            "ratios": ratio_rows,
+            "memory": memory_rows,
+            "warnings": unique,
+            "opacus_skipped_reason": OPACUS_ERROR,
+            "wall_seconds": wall,
+        }
+        with open(args.json, "w") as f:
+            json.dump(record, f, indent=2)
+        print(f"Wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

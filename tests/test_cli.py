@@ -1,0 +1,378 @@
+"""The command line: reference numbers, error handling, an end-to-end run, and resume."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from dptrain.cli import main
+from dptrain.config import load_config
+from dptrain.engine import PrivateTrainer
+from dptrain.run import run_training
+
+ACCOUNT = [
+    "account",
+    "--noise-multiplier",
+    "1.1",
+    "--sampling-rate",
+    str(256 / 60000),
+    "--steps",
+    "14062",
+    "--delta",
+    "1e-5",
+]
+
+TINY = """
+seed = 1
+[data]
+name = "synthetic"
+options = { n = 300, dim = 8, num_classes = 2, separation = 3.0 }
+[model]
+name = "logistic"
+[privacy]
+{privacy}
+delta = 1e-5
+max_grad_norm = 1.0
+[training]
+steps = 9
+batch_size = 30
+learning_rate = 0.5
+eval_every = 3
+"""
+
+
+def run_cli(args, capsys):
+    code = main(args)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_account_json_matches_dp_accounting(capsys):
+    code, out, _ = run_cli(ACCOUNT + ["--json"], capsys)
+    data = json.loads(out)
+    assert code == 0 and data["accountant"] == "rdp" and data["delta"] == 1e-5
+    assert data["epsilon"] == pytest.approx(2.5966, abs=5e-4)
+    code, out, _ = run_cli(ACCOUNT + ["--accountant", "pld", "--json"], capsys)
+    assert json.loads(out)["epsilon"] == pytest.approx(2.38, abs=0.01)
+
+
+def test_account_all_marks_the_tightest_certified(capsys):
+    code, out, _ = run_cli(ACCOUNT + ["--accountant", "all"], capsys)
+    lines = {line.split(":")[0].strip(): line for line in out.strip().splitlines()}
+    assert "tightest certified" in lines["pld"] and "approximation" in lines["gdp"]
+
+
+def test_calibrate_round_trips_through_account(capsys):
+    code, out, _ = run_cli(
+        [
+            "calibrate",
+            "--epsilon",
+            "2.0",
+            "--delta",
+            "1e-5",
+            "--sampling-rate",
+            "0.01",
+            "--epochs",
+            "5",
+            "--json",
+        ],
+        capsys,
+    )
+    cal = json.loads(out)
+    assert code == 0 and cal["steps"] == 500
+    code, out, _ = run_cli(
+        [
+            "account",
+            "--noise-multiplier",
+            repr(cal["noise_multiplier"]),
+            "--sampling-rate",
+            "0.01",
+            "--steps",
+            "500",
+            "--delta",
+            "1e-5",
+            "--json",
+        ],
+        capsys,
+    )
+    assert json.loads(out)["epsilon"] == pytest.approx(2.0, rel=1e-4)
+    assert json.loads(out)["epsilon"] <= 2.0
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (
+            [
+                "account",
+                "--noise-multiplier",
+                "-1",
+                "--sampling-rate",
+                "0.1",
+                "--steps",
+                "10",
+                "--delta",
+                "1e-5",
+            ],
+            "--noise-multiplier must be a number > 0",
+        ),
+        (
+            [
+                "account",
+                "--noise-multiplier",
+                "1",
+                "--sampling-rate",
+                "1.5",
+                "--steps",
+                "10",
+                "--delta",
+                "1e-5",
+            ],
+            "--sampling-rate must be in (0, 1]",
+        ),
+        (
+            ["account", "--noise-multiplier", "1", "--sampling-rate", "0.1", "--steps", "10", "--delta", "1"],
+            "--delta must be in (0, 1)",
+        ),
+        (
+            ["calibrate", "--epsilon", "0", "--delta", "1e-5", "--sampling-rate", "0.1", "--steps", "10"],
+            "--epsilon must be a number > 0",
+        ),
+        (
+            ["calibrate", "--epsilon", "1", "--delta", "1e-5", "--sampling-rate", "0.1"],
+            "one of the arguments --steps --epochs is required",
+        ),
+        (
+            [
+                "account",
+                "--noise-multiplier",
+                "x",
+                "--sampling-rate",
+                "0.1",
+                "--steps",
+                "10",
+                "--delta",
+                "1e-5",
+            ],
+            "expected a number",
+        ),
+    ],
+)
+def test_bad_arguments_exit_2_with_one_line(args, message, capsys):
+    code, out, err = run_cli(args, capsys)
+    assert code == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and message in err
+
+
+def _config(tmp_path, privacy="noise_multiplier = 1.0", extra=""):
+    path = tmp_path / "tiny.toml"
+    path.write_text(TINY.replace("{privacy}", privacy) + extra)
+    return path
+
+
+@pytest.mark.parametrize(
+    "privacy,extra,message",
+    [
+        ("noise_multiplier = 1.0\nnoise_multiplyer = 2", "", "unknown key 'privacy.noise_multiplyer'"),
+        ("noise_multiplier = -0.5", "", "privacy.noise_multiplier must be a finite number >= 0"),
+        ("noise_multiplier = 'lots'", "", "privacy.noise_multiplier must be a number"),
+        ("target_epsilon = 0.0", "", "privacy.target_epsilon must be a finite number > 0"),
+        ("noise_multiplier = 1.0", "[extra]\nx = 1\n", "unknown key 'extra'"),
+        ("noise_multiplier = 1.0\ntarget_epsilon = 1.0", "", "set exactly one of"),
+    ],
+)
+def test_bad_configs_exit_2_naming_the_key(tmp_path, privacy, extra, message, capsys):
+    code, out, err = run_cli(
+        [
+            "train",
+            "--config",
+            str(_config(tmp_path, privacy, extra)),
+            "--out",
+            str(tmp_path / "run"),
+            "--no-progress",
+        ],
+        capsys,
+    )
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("privacy.delta=1.0", "privacy.delta must be in (0, 1)"),
+        ("privacy.delta=1e-5", None),  # sanity: a valid override is accepted
+        ("data.path=/nonexistent/dir", "dataset 'synthetic' takes no path"),
+        ('data.name="mnist"', "unknown option(s) dim, n, num_classes, separation for dataset 'mnist'"),
+    ],
+)
+def test_set_overrides_are_validated(tmp_path, override, message, capsys):
+    code, _, err = run_cli(
+        [
+            "train",
+            "--config",
+            str(_config(tmp_path)),
+            "--set",
+            override,
+            "--out",
+            str(tmp_path / "run"),
+            "--no-progress",
+            "--set",
+            "training.steps=1",
+        ],
+        capsys,
+    )
+    if message is None:
+        assert code == 0
+    else:
+        assert code == 2 and message in err
+
+
+def test_missing_data_file_is_a_one_line_error(tmp_path, capsys):
+    cfg = _config(tmp_path, extra="")
+    text = cfg.read_text().replace(
+        'name = "synthetic"\noptions = { n = 300, dim = 8, num_classes = 2, separation = 3.0 }',
+        f'name = "npz"\npath = "{tmp_path}/missing.npz"',
+    )
+    cfg.write_text(text)
+    code, _, err = run_cli(
+        ["train", "--config", str(cfg), "--out", str(tmp_path / "r"), "--no-progress"], capsys
+    )
+    assert code == 2 and "missing.npz" in err and len(err.strip().splitlines()) == 1
+
+
+def test_errors_have_no_traceback_in_a_real_process(tmp_path):
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dptrain.cli",
+            "train",
+            "--config",
+            str(_config(tmp_path, "noise_multiplier = 1.0\nbogus = 1")),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip() == (
+        "dptrain: error: unknown key 'privacy.bogus'; accepted keys in [privacy]: "
+        "noise_multiplier, target_epsilon, delta, max_grad_norm, accountant, "
+        "sampling, clipping"
+    )
+
+
+def test_end_to_end_run_writes_every_output(tmp_path, capsys):
+    out = tmp_path / "run"
+    code, stdout, _ = run_cli(
+        ["train", "--config", str(_config(tmp_path)), "--out", str(out), "--no-progress", "--json"], capsys
+    )
+    assert code == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert json.loads(stdout) == summary
+    for key in (
+        "epsilon",
+        "delta",
+        "accountant",
+        "test_accuracy",
+        "steps",
+        "noise_multiplier",
+        "sampling_rate",
+        "wall_time_s",
+    ):
+        assert key in summary
+    assert summary["steps"] == 9 and summary["accountant"] == "rdp" and summary["finished"]
+    assert summary["sampling_rate"] == pytest.approx(30 / 240)
+    assert summary["test_accuracy"] > 0.7  # separable synthetic data
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [3, 6, 9]
+    assert metrics[-1]["epsilon"] == summary["epsilon"]
+    assert [m["epsilon"] for m in metrics] == sorted(m["epsilon"] for m in metrics)
+    assert json.loads((out / "ledger.json").read_text())["releases"] == 9
+    assert load_config(out / "config.toml") == load_config(_config(tmp_path))
+    assert (out / "checkpoint.pt").exists()
+    # A second run into the same directory is refused and leaves the first run intact.
+    before = (out / "ledger.json").read_text()
+    code, _, err = run_cli(
+        ["train", "--config", str(_config(tmp_path)), "--out", str(out), "--no-progress"], capsys
+    )
+    assert code == 2 and "already holds a run" in err and (out / "ledger.json").read_text() == before
+
+
+def _final_state(out: Path) -> dict:
+    return torch.load(out / "checkpoint.pt", weights_only=True)
+
+
+@pytest.mark.parametrize("privacy", ["noise_multiplier = 1.0", "target_epsilon = 2.0"])
+def test_interrupted_then_resumed_equals_uninterrupted(tmp_path, privacy, monkeypatch):
+    cfg = load_config(_config(tmp_path, privacy))
+    full = run_training(cfg, tmp_path / "full", progress=False)
+
+    # Interrupt in the middle of step 5 (after 4 completed steps), like a Ctrl-C.
+    real_step = PrivateTrainer.step
+
+    def interrupting_step(self):
+        if self.steps == 4:
+            raise KeyboardInterrupt
+        return real_step(self)
+
+    monkeypatch.setattr(PrivateTrainer, "step", interrupting_step)
+    with pytest.raises(KeyboardInterrupt):
+        run_training(cfg, tmp_path / "cut", progress=False)
+    monkeypatch.setattr(PrivateTrainer, "step", real_step)
+    assert json.loads((tmp_path / "cut" / "ledger.json").read_text())["releases"] == 4
+
+    resumed = run_training(None, tmp_path / "cut", resume=True, progress=False)
+    assert resumed["steps"] == full["steps"] == 9
+    assert resumed["epsilon"] == full["epsilon"]
+    assert resumed["noise_multiplier"] == full["noise_multiplier"]
+    assert (tmp_path / "cut" / "ledger.json").read_text() == (tmp_path / "full" / "ledger.json").read_text()
+    a, b = _final_state(tmp_path / "full"), _final_state(tmp_path / "cut")
+    for k in a["model"]:
+        assert torch.equal(a["model"][k], b["model"][k])
+
+
+def test_stop_after_and_resume_from_the_cli(tmp_path, capsys):
+    out = tmp_path / "run"
+    code, _, _ = run_cli(
+        [
+            "train",
+            "--config",
+            str(_config(tmp_path)),
+            "--out",
+            str(out),
+            "--no-progress",
+            "--stop-after",
+            "5",
+        ],
+        capsys,
+    )
+    assert code == 0 and json.loads((out / "summary.json").read_text())["finished"] is False
+    code, _, _ = run_cli(["train", "--resume", str(out), "--no-progress"], capsys)
+    summary = json.loads((out / "summary.json").read_text())
+    assert code == 0 and summary["steps"] == 9 and summary["finished"]
+
+
+def test_corrupt_checkpoint_is_refused_on_resume(tmp_path, capsys):
+    out = tmp_path / "run"
+    run_cli(
+        [
+            "train",
+            "--config",
+            str(_config(tmp_path)),
+            "--out",
+            str(out),
+            "--no-progress",
+            "--stop-after",
+            "2",
+        ],
+        capsys,
+    )
+    data = (out / "checkpoint.pt").read_bytes()
+    (out / "checkpoint.pt").write_bytes(data[: len(data) // 2])
+    code, _, err = run_cli(["train", "--resume", str(out), "--no-progress"], capsys)
+    assert code == 2 and "checkpoint.pt is corrupt" in err and len(err.strip().splitlines()) == 1

@@ -1,0 +1,123 @@
+"""Per-example gradients equal a loop of single-example backward passes, for both backends."""
+
+import pytest
+import torch
+from torch import nn
+
+from dptrain.models import build_model
+from dptrain.per_example import (
+    FuncGradSampler,
+    LayerwiseGradSampler,
+    cross_entropy_per_example,
+    layerwise_supported,
+    make_grad_sampler,
+)
+
+
+def loop_gradients(model, x, y):
+    """Reference: one ordinary backward pass per example."""
+    out = {n: [] for n, p in model.named_parameters() if p.requires_grad}
+    for i in range(len(x)):
+        model.zero_grad()
+        cross_entropy_per_example(model(x[i : i + 1]), y[i : i + 1]).sum().backward()
+        for n, p in model.named_parameters():
+            if p.requires_grad:
+                out[n].append(p.grad.detach().clone())
+    return {n: torch.stack(g) for n, g in out.items()}
+
+
+class Shared(nn.Module):
+    """One Linear used twice (weight sharing) plus a LayerNorm over a sequence dimension."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(6, 6)
+        self.norm = nn.LayerNorm(6)
+        self.head = nn.Linear(6, 3)
+
+    def forward(self, x):  # x: [B, T, 6]
+        h = torch.tanh(self.lin(x))
+        h = self.norm(self.lin(h))
+        return self.head(h.mean(1))
+
+
+def _conv_zoo():
+    return nn.Sequential(
+        nn.Conv2d(2, 4, 3, stride=2, padding=1),
+        nn.GroupNorm(2, 4),
+        nn.ReLU(),
+        nn.Conv2d(4, 4, 3, padding=2, dilation=2, groups=2, bias=False),
+        nn.Tanh(),
+        nn.Flatten(),
+        nn.Linear(4 * 5 * 5, 5),
+    )
+
+
+CASES = {
+    "mlp": (lambda: build_model("mlp", (10,), 4, hidden=[8, 8]), (10,), 4),
+    "conv_groupnorm_dilation_groups": (_conv_zoo, (2, 10, 10), 5),
+    "cnn28": (lambda: build_model("cnn28", (1, 28, 28), 10), (1, 28, 28), 10),
+    "resnet20": (lambda: build_model("resnet20", (3, 8, 8), 10, groups=4), (3, 8, 8), 10),
+    "shared_weights_layernorm_sequence": (Shared, (5, 6), 3),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("backend", ["func", "layerwise"])
+def test_per_example_gradients_match_loop(case, backend):
+    torch.manual_seed(0)
+    build, shape, classes = CASES[case]
+    model = build().double()
+    x = torch.randn(7, *shape, dtype=torch.float64)
+    y = torch.randint(0, classes, (7,))
+    expected = loop_gradients(model, x, y)
+    assert layerwise_supported(model)
+    sampler = (FuncGradSampler if backend == "func" else LayerwiseGradSampler)(
+        model, cross_entropy_per_example
+    )
+    grads, losses = sampler(x, y)
+    sampler.close()
+    assert set(grads) == set(expected)
+    for n in expected:
+        torch.testing.assert_close(grads[n], expected[n], rtol=1e-9, atol=1e-11, msg=f"{case}/{backend}/{n}")
+    torch.testing.assert_close(losses, cross_entropy_per_example(model(x), y).detach())
+
+
+def test_auto_picks_layerwise_when_supported_else_func():
+    assert (
+        make_grad_sampler(build_model("cnn28", (1, 28, 28), 10), cross_entropy_per_example).name
+        == "layerwise"
+    )
+    model = nn.Sequential(nn.Linear(4, 4), nn.PReLU(), nn.Linear(4, 2))
+    assert not layerwise_supported(model)  # PReLU has a parameter the layerwise backend has no rule for
+    assert make_grad_sampler(model, cross_entropy_per_example).name == "func"
+
+
+def test_inplace_activation_falls_back_to_func_with_correct_gradients():
+    # ReLU(inplace=True) overwrites the Linear's output, which the layerwise backend would misread.
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.Linear(5, 8), nn.ReLU(inplace=True), nn.Linear(8, 3)).double()
+    x, y = torch.randn(6, 5, dtype=torch.float64), torch.randint(0, 3, (6,))
+    sampler = make_grad_sampler(model, cross_entropy_per_example, "auto")
+    assert sampler.name == "layerwise"
+    grads, _ = sampler(x, y)
+    assert sampler.name == "func"
+    expected = loop_gradients(model, x, y)
+    for n in expected:
+        torch.testing.assert_close(grads[n], expected[n])
+
+
+def test_unused_parameters_get_zero_gradients():
+    class Partly(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.used, self.unused = nn.Linear(3, 2), nn.Linear(3, 2)
+
+        def forward(self, x):
+            return self.used(x)
+
+    model = Partly()
+    grads, _ = LayerwiseGradSampler(model, cross_entropy_per_example)(
+        torch.randn(4, 3), torch.tensor([0, 1, 0, 1])
+    )
+    assert grads["unused.weight"].shape == (4, 2, 3) and not grads["unused.weight"].any()
