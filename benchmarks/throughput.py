@@ -12,9 +12,10 @@ median samples/second over rounds is reported, samples = examples actually proce
   4. Opacus (if installed: ``pip install -e '.[bench]'``): PrivacyEngine.make_private with its
      default grad_sample_mode ("hooks") and Poisson sampling, iterating its DataLoader.
 
-Peak memory (``--memory``, on by default): each configuration runs in a fresh child process (this script
-with the hidden ``--memory-child WAY LOGICAL PHYSICAL`` mode), which reports ru_maxrss after building
-data, model and wrapper (its baseline) and after 3 steps of expected logical batch 4096.
+Peak memory (``--memory``, on by default; measured first, see memory()): each configuration runs in a
+fresh child process (this script with the hidden ``--memory-child WAY LOGICAL PHYSICAL`` mode), which
+reports ru_maxrss after building data, model and wrapper (its baseline) and after 3 steps of expected
+logical batch 4096.
 
 Usage:  python benchmarks/throughput.py [--steps 40] [--rounds 3] [--n 60000] [--no-memory] [--json PATH]
 """
@@ -27,6 +28,7 @@ import gc
 import json
 import os
 import platform
+import re
 import resource
 import shutil
 import statistics
@@ -252,7 +254,13 @@ def ratios(summary: dict) -> list[dict]:
             if num in summary and den in summary:
                 value = summary[num]["median_samples_per_s"] / summary[den]["median_samples_per_s"]
                 rows.append(
-                    {"numerator": num, "denominator": den, "ratio": value, "target": target, "met": value >= target}
+                    {
+                        "numerator": num,
+                        "denominator": den,
+                        "ratio": value,
+                        "target": target,
+                        "met": value >= target,
+                    }
                 )
     return rows
 
@@ -264,19 +272,37 @@ def maxrss_kib() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
 
 
+def vm_hwm_kib() -> int | None:
+    """Peak RSS of this process image (VmHWM, Linux), a cross-check of ru_maxrss; None if unavailable."""
+    try:
+        with open("/proc/self/status") as f:
+            return next((int(line.split()[1]) for line in f if line.startswith("VmHWM:")), None)
+    except OSError:
+        return None
+
+
 def memory_child(way: str, logical: int, physical: int, n: int) -> None:
     """Hidden mode: build data + model + wrapper, report ru_maxrss, take MEMORY_STEPS steps, report again."""
+    start_kib = maxrss_kib()  # after imports; includes anything inherited from the parent (see memory())
     x, y = make_data(n)
     runner = make_runner(way, x, y, logical, physical, seed=0)
-    baseline = maxrss_kib()
+    baseline, baseline_hwm = maxrss_kib(), vm_hwm_kib()
     examples = [runner.step() for _ in range(MEMORY_STEPS)]
-    peak = maxrss_kib()
+    peak, peak_hwm = maxrss_kib(), vm_hwm_kib()
     out = {"way": way, "logical": logical, "physical": physical, "baseline_kib": baseline, "peak_kib": peak}
+    out |= {"start_kib": start_kib, "baseline_vmhwm_kib": baseline_hwm, "peak_vmhwm_kib": peak_hwm}
     out["steps"], out["examples_per_step"] = MEMORY_STEPS, examples
     print("MEMORY_RESULT " + json.dumps(out), flush=True)
 
 
 def memory(n: int, captured: list[str]) -> list[dict]:
+    """Run each memory configuration in a fresh child process.
+
+    Call this before the parent allocates anything large: on Linux a child's ru_maxrss starts from the
+    RSS high-water mark of the process that spawned it (fork/vfork + exec carries it over), so a parent
+    that already holds the data set and has trained would mask the children's own peaks. The children
+    also report VmHWM (the peak of their own process image only) as a cross-check.
+    """
     rows = []
     for way, logical, physical in MEMORY_CONFIGS:
         if way == "opacus" and opacus is None:
@@ -285,7 +311,11 @@ def memory(n: int, captured: list[str]) -> list[dict]:
         cmd += ["--memory-child", way, str(logical), str(physical)]
         print(f"  {LABELS[way]} {logical}/{physical} ...", flush=True)
         proc = subprocess.run(cmd, capture_output=True, text=True)
-        captured.extend(line.strip() for line in proc.stderr.splitlines() if "Warning:" in line)
+        captured.extend(
+            re.sub(r"^.*?:\d+: (?=\w*Warning:)", "", line.strip())
+            for line in proc.stderr.splitlines()
+            if "Warning:" in line
+        )
         lines = [line for line in proc.stdout.splitlines() if line.startswith("MEMORY_RESULT ")]
         if proc.returncode != 0 or not lines:
             tail = "\n".join(proc.stderr.strip().splitlines()[-5:])
@@ -326,16 +356,20 @@ def machine_info() -> dict:
 
 
 def print_throughput(summary: dict, ratio_rows: list[dict], steps: int, rounds: int) -> None:
-    print(f"\nThroughput: cnn28, logical batch {BATCH}, {steps} timed steps after {WARMUP_STEPS} warm-up, "
-          f"median over {rounds} interleaved rounds")
+    print(
+        f"\nThroughput: cnn28, logical batch {BATCH}, {steps} timed steps after {WARMUP_STEPS} warm-up, "
+        f"median over {rounds} interleaved rounds"
+    )
     print(f"  {'way':<22} {'samples/s (median)':>19}  {'min..max over rounds':>22}")
     for way, s in summary.items():
         span = f"{s['min_samples_per_s']:.0f}..{s['max_samples_per_s']:.0f}"
         print(f"  {LABELS[way]:<22} {s['median_samples_per_s']:>19.0f}  {span:>22}")
     if "opacus" in summary:
         share = [r["dataloader_s"] / r["seconds"] for r in summary["opacus"]["rounds"]]
-        print(f"  (Opacus time spent in its DataLoader: median {100 * statistics.median(share):.0f}% "
-              f"of its timed steps)")
+        print(
+            f"  (Opacus time spent in its DataLoader: median {100 * statistics.median(share):.0f}% "
+            f"of its timed steps)"
+        )
     print("\nRatios of medians (target beside each):")
     for r in ratio_rows:
         name = f"{LABELS[r['numerator']]} / {LABELS[r['denominator']]}"
@@ -344,9 +378,11 @@ def print_throughput(summary: dict, ratio_rows: list[dict], steps: int, rounds: 
 
 
 def print_memory(rows: list[dict]) -> None:
-    print(f"\nPeak CPU memory (ru_maxrss) in fresh processes, Poisson with expected logical batch "
-          f"{MEMORY_LOGICAL}, {MEMORY_STEPS} steps; increase = peak - the child's own baseline "
-          f"(after building data + model)")
+    print(
+        f"\nPeak CPU memory (ru_maxrss) in fresh processes, Poisson with expected logical batch "
+        f"{MEMORY_LOGICAL}, {MEMORY_STEPS} steps; increase = peak - the child's own baseline "
+        f"(after building data + model)"
+    )
     print(f"  {'way':<22} {'logical/physical':>17} {'baseline MiB':>13} {'peak MiB':>9} {'increase MiB':>13}")
     for r in rows:
         lp = f"{r['logical']}/{r['physical']}"
@@ -358,8 +394,17 @@ def print_memory(rows: list[dict]) -> None:
             continue
         base, peak = r["baseline_kib"] / 1024, r["peak_kib"] / 1024
         print(f"  {label:<22} {lp:>17} {base:>13.0f} {peak:>9.0f} {peak - base:>13.0f}")
-    print("  (+BMM: Opacus BatchMemoryManager(max_physical_batch_size=256); dptrain chunks by "
-          "max_physical_batch_size)")
+    print(
+        "  (+BMM: Opacus BatchMemoryManager(max_physical_batch_size=256); dptrain chunks by "
+        "max_physical_batch_size)"
+    )
+    for r in rows:
+        hwm = r.get("peak_vmhwm_kib")
+        if "error" not in r and hwm and abs(r["peak_kib"] - hwm) > 0.05 * hwm:
+            print(
+                f"  note: {LABELS[r['way']]} {r['logical']}/{r['physical']}: ru_maxrss {r['peak_kib'] / 1024:.0f} MiB "
+                f"differs from VmHWM {hwm / 1024:.0f} MiB (inherited high-water mark?)"
+            )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -367,8 +412,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=40, help="timed steps per way and round (default 40)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
     p.add_argument("--n", type=int, default=60000, help="training-set size (default 60000)")
-    p.add_argument("--memory", action=argparse.BooleanOptionalAction, default=True,
-                   help="measure peak memory in child processes (default on)")
+    p.add_argument(
+        "--memory",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="measure peak memory in child processes (default on)",
+    )
     p.add_argument("--json", metavar="PATH", help="write all numbers and machine info to this JSON file")
     p.add_argument("--memory-child", nargs=3, metavar=("WAY", "LOGICAL", "PHYSICAL"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -381,28 +430,32 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     info = machine_info()
     print(f"dptrain throughput benchmark  {info['date']}")
-    print(f"  torch {info['torch']}, opacus {info['opacus'] or 'not installed'}, python {info['python']}, "
-          f"nproc {info['nproc']}, torch threads {info['torch_num_threads']}")
+    print(
+        f"  torch {info['torch']}, opacus {info['opacus'] or 'not installed'}, python {info['python']}, "
+        f"nproc {info['nproc']}, torch threads {info['torch_num_threads']}"
+    )
     print(f"  CPU: {info['cpu_model']}")
     ways = list(WAYS)
     if opacus is None:
         ways.remove("opacus")
-        print(f"  Opacus is not importable ({OPACUS_ERROR}): skipping its rows. "
-              "Install it with: pip install -e '.[bench]'")
+        print(
+            f"  Opacus is not importable ({OPACUS_ERROR}): skipping its rows. "
+            "Install it with: pip install -e '.[bench]'"
+        )
+
+    captured: list[str] = []
+    memory_rows = None
+    if args.memory:  # first, while this process is still small (see memory())
+        print("\nMeasuring peak memory in child processes ...", flush=True)
+        memory_rows = memory(args.n, captured)
 
     x, y = make_data(args.n)
-    print(f"  data: N={args.n} random examples of shape {tuple(x.shape[1:])}, 10 classes (seed {DATA_SEED})")
-    captured: list[str] = []
-    print("\nTiming throughput ...", flush=True)
+    print(f"\nData: N={args.n} random examples of shape {tuple(x.shape[1:])}, 10 classes (seed {DATA_SEED})")
+    print("Timing throughput ...", flush=True)
     summary = throughput(x, y, ways, args.steps, args.rounds, captured)
     del x, y
     gc.collect()
     ratio_rows = ratios(summary)
-
-    memory_rows = None
-    if args.memory:
-        print("\nMeasuring peak memory in child processes ...", flush=True)
-        memory_rows = memory(args.n, captured)
 
     print_throughput(summary, ratio_rows, args.steps, args.rounds)
     if memory_rows is not None:
@@ -419,10 +472,18 @@ def main(argv: list[str] | None = None) -> int:
         record = {
             "machine": info,
             "settings": {
-                "n": args.n, "steps": args.steps, "rounds": args.rounds, "warmup_steps": WARMUP_STEPS,
-                "batch_size": BATCH, "noise_multiplier": NOISE_MULTIPLIER, "max_grad_norm": MAX_GRAD_NORM,
-                "lr": LR, "model": "cnn28", "memory_logical": MEMORY_LOGICAL,
-                "memory_physical": MEMORY_PHYSICAL, "memory_steps": MEMORY_STEPS,
+                "n": args.n,
+                "steps": args.steps,
+                "rounds": args.rounds,
+                "warmup_steps": WARMUP_STEPS,
+                "batch_size": BATCH,
+                "noise_multiplier": NOISE_MULTIPLIER,
+                "max_grad_norm": MAX_GRAD_NORM,
+                "lr": LR,
+                "model": "cnn28",
+                "memory_logical": MEMORY_LOGICAL,
+                "memory_physical": MEMORY_PHYSICAL,
+                "memory_steps": MEMORY_STEPS,
             },
             "throughput": summary,
             "ratios": ratio_rows,
