@@ -13,11 +13,14 @@ from dptrain.engine import make_private, make_private_with_epsilon
 from dptrain.errors import BudgetExhausted, ConfigError, ModelError
 from dptrain.models import build_model
 from dptrain.noise import add_gaussian_noise
+from dptrain.per_example import PerExampleGrads
 
 
-def _grads(b=64, seed=0):
+def _grads(b=64, seed=0, scale=1.0):
     g = torch.Generator().manual_seed(seed)
-    return {"w": 3 * torch.randn(b, 5, 4, generator=g), "b": torch.randn(b, 5, generator=g)}
+    return PerExampleGrads(
+        {"w": 3 * scale * torch.randn(b, 5, 4, generator=g), "b": scale * torch.randn(b, 5, generator=g)}
+    )
 
 
 @pytest.mark.parametrize("rule", [FlatClipping(1.0), PerLayerClipping(1.0), FlatClipping(0.05)])
@@ -25,7 +28,7 @@ def test_each_clipped_example_is_within_the_bound(rule):
     grads = _grads()
     # Clip example by example (sum over a batch of one) and check the norm bound.
     for i in range(64):
-        one = {n: g[i : i + 1] for n, g in grads.items()}
+        one = PerExampleGrads({n: g[i : i + 1] for n, g in grads.materialize().items()})
         clipped, stats = rule.clip_and_sum(one)
         norm = math.sqrt(sum(float(c.pow(2).sum()) for c in clipped.values()))
         assert norm <= rule.sensitivity * (1 + 1e-6)
@@ -34,11 +37,11 @@ def test_each_clipped_example_is_within_the_bound(rule):
 
 
 def test_clipping_leaves_small_gradients_alone():
-    grads = {n: g * 1e-3 for n, g in _grads().items()}
+    grads = _grads(scale=1e-3)
     summed, stats = FlatClipping(1.0).clip_and_sum(grads)
     assert stats.clipped == 0
-    for n in grads:
-        torch.testing.assert_close(summed[n], grads[n].sum(0))
+    for n, g in grads.materialize().items():
+        torch.testing.assert_close(summed[n], g.sum(0))
     assert per_example_norms(grads).max() < 1.0
 
 

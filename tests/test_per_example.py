@@ -75,12 +75,19 @@ def test_per_example_gradients_match_loop(case, backend):
     sampler = (FuncGradSampler if backend == "func" else LayerwiseGradSampler)(
         model, cross_entropy_per_example
     )
-    grads, losses = sampler(x, y)
+    per_example, losses = sampler(x, y)
     sampler.close()
+    grads = per_example.materialize()
     assert set(grads) == set(expected)
     for n in expected:
         torch.testing.assert_close(grads[n], expected[n], rtol=1e-9, atol=1e-11, msg=f"{case}/{backend}/{n}")
     torch.testing.assert_close(losses, cross_entropy_per_example(model(x), y).detach())
+    # Norms and weighted sums (ghost norms / book-keeping for Linear layers) agree with the tensors.
+    f = torch.rand(7, dtype=torch.float64)
+    sq, summed = per_example.sq_norms(), per_example.weighted_sum(f)
+    for n, g in expected.items():
+        torch.testing.assert_close(sq[n], g.reshape(7, -1).pow(2).sum(1), rtol=1e-9, atol=1e-12)
+        torch.testing.assert_close(summed[n], torch.tensordot(f, g, dims=1), rtol=1e-9, atol=1e-12)
 
 
 def test_auto_picks_layerwise_when_supported_else_func():
@@ -100,7 +107,7 @@ def test_inplace_activation_falls_back_to_func_with_correct_gradients():
     x, y = torch.randn(6, 5, dtype=torch.float64), torch.randint(0, 3, (6,))
     sampler = make_grad_sampler(model, cross_entropy_per_example, "auto")
     assert sampler.name == "layerwise"
-    grads, _ = sampler(x, y)
+    grads = sampler(x, y)[0].materialize()
     assert sampler.name == "func"
     expected = loop_gradients(model, x, y)
     for n in expected:
@@ -117,7 +124,6 @@ def test_unused_parameters_get_zero_gradients():
             return self.used(x)
 
     model = Partly()
-    grads, _ = LayerwiseGradSampler(model, cross_entropy_per_example)(
-        torch.randn(4, 3), torch.tensor([0, 1, 0, 1])
-    )
+    sampler = LayerwiseGradSampler(model, cross_entropy_per_example)
+    grads = sampler(torch.randn(4, 3), torch.tensor([0, 1, 0, 1]))[0].materialize()
     assert grads["unused.weight"].shape == (4, 2, 3) and not grads["unused.weight"].any()

@@ -1,8 +1,9 @@
 """Clipping: bound each example's contribution so the sum of per-example gradients has a known L2
-sensitivity. A clipping rule takes per-example gradients (name -> tensor [B, ...]) and returns their
-clipped sum plus statistics; its ``sensitivity`` is the L2 norm bound of one example's clipped
-contribution, which the noise is scaled to. New rules (per-layer, the papers' refined clipping) are
-classes with the same two members.
+sensitivity. A clipping rule takes the per-example gradients of a batch (a
+:class:`~dptrain.per_example.PerExampleGrads`: squared norms, weighted sums, or the materialized
+[B, ...] tensors) and returns their clipped sum plus statistics; its ``sensitivity`` is the L2 norm
+bound of one example's clipped contribution, which the noise is scaled to. New rules (the papers'
+refined clipping) are classes with the same two members.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Protocol
 import torch
 
 from dptrain.errors import ConfigError
+from dptrain.per_example import PerExampleGrads
 
 CLIPPING_NAMES = ("flat", "per_layer")
 
@@ -33,17 +35,12 @@ class ClipStats:
 class Clipping(Protocol):
     sensitivity: float
 
-    def clip_and_sum(self, grads: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], ClipStats]: ...
+    def clip_and_sum(self, grads: PerExampleGrads) -> tuple[dict[str, torch.Tensor], ClipStats]: ...
 
 
-def _scale_and_sum(grads: dict[str, torch.Tensor], factors: torch.Tensor) -> dict[str, torch.Tensor]:
-    return {n: torch.tensordot(factors, g, dims=1) for n, g in grads.items()}
-
-
-def per_example_norms(grads: dict[str, torch.Tensor]) -> torch.Tensor:
+def per_example_norms(grads: PerExampleGrads) -> torch.Tensor:
     """L2 norm over all parameters of each example's gradient."""
-    sq = sum(g.reshape(g.shape[0], -1).pow(2).sum(1) for g in grads.values())
-    return torch.sqrt(sq)
+    return torch.sqrt(sum(grads.sq_norms().values()))
 
 
 def _factors(norms: torch.Tensor, bound: float) -> torch.Tensor:
@@ -69,7 +66,7 @@ class FlatClipping:
         norms = per_example_norms(grads)
         factors = _factors(norms, self.max_grad_norm)
         stats = ClipStats(len(norms), int((norms > self.max_grad_norm).sum()), float(norms.sum()))
-        return _scale_and_sum(grads, factors), stats
+        return grads.weighted_sum(factors), stats
 
 
 @dataclass(frozen=True)
@@ -87,15 +84,13 @@ class PerLayerClipping:
         return self.max_grad_norm
 
     def clip_and_sum(self, grads):
-        bound = self.max_grad_norm / math.sqrt(len(grads))
-        out, clipped, total = {}, None, None
-        for n, g in grads.items():
-            norms = g.reshape(g.shape[0], -1).norm(dim=1)
-            out[n] = torch.tensordot(_factors(norms, bound), g, dims=1)
-            clipped = (norms > bound) if clipped is None else clipped | (norms > bound)
-            total = norms.pow(2) if total is None else total + norms.pow(2)
-        examples = next(iter(grads.values())).shape[0]
-        return out, ClipStats(examples, int(clipped.sum()), float(total.sqrt().sum()))
+        sq = grads.sq_norms()
+        bound = self.max_grad_norm / math.sqrt(len(sq))
+        norms = {n: v.sqrt() for n, v in sq.items()}
+        clipped = torch.stack([v > bound for v in norms.values()]).any(0)
+        total = torch.sqrt(sum(sq.values()))
+        summed = grads.weighted_sum({n: _factors(v, bound) for n, v in norms.items()})
+        return summed, ClipStats(len(total), int(clipped.sum()), float(total.sum()))
 
 
 def make_clipping(name: str, max_grad_norm: float) -> Clipping:

@@ -47,7 +47,7 @@ class TrainingConfig:
     epochs: float | None = 1.0
     steps: int | None = None
     batch_size: int = 256  # expected logical batch size; Poisson rate q = batch_size / n
-    max_physical_batch_size: int = 256
+    max_physical_batch_size: int | None = None  # default: automatic (per-example gradients <= 256 MiB)
     optimizer: str = "sgd"
     learning_rate: float = 1.0
     momentum: float = 0.0
@@ -225,12 +225,13 @@ def validate(cfg: RunConfig) -> None:
             t.epochs,
         )
     _need(t.batch_size >= 1, "training.batch_size", "an integer >= 1", t.batch_size)
-    _need(
-        t.max_physical_batch_size >= 1,
-        "training.max_physical_batch_size",
-        "an integer >= 1",
-        t.max_physical_batch_size,
-    )
+    if t.max_physical_batch_size is not None:
+        _need(
+            t.max_physical_batch_size >= 1,
+            "training.max_physical_batch_size",
+            "an integer >= 1",
+            t.max_physical_batch_size,
+        )
     _need(t.optimizer in OPTIMIZERS, "training.optimizer", f"one of {', '.join(OPTIMIZERS)}", t.optimizer)
     _need(
         _finite(t.learning_rate) and t.learning_rate > 0,

@@ -50,6 +50,16 @@ class Budget:
     delta: float
 
 
+#: Memory the materialized per-example gradients of one physical chunk may take by default.
+PER_EXAMPLE_GRADIENT_MEMORY = 256 * 2**20
+
+
+def auto_physical_batch_size(params: dict[str, torch.Tensor]) -> int:
+    """Largest chunk whose materialized per-example gradients fit in PER_EXAMPLE_GRADIENT_MEMORY."""
+    per_example = sum(p.numel() * p.element_size() for p in params.values())
+    return max(1, PER_EXAMPLE_GRADIENT_MEMORY // max(1, per_example))
+
+
 def _as_tensors(data) -> tuple[torch.Tensor, torch.Tensor]:
     if hasattr(data, "x") and hasattr(data, "y"):
         return data.x, data.y
@@ -81,7 +91,7 @@ class PrivateTrainer:
         accountant: str = "rdp",
         clipping: str | Clipping = "flat",
         loss_fn: LossFn = cross_entropy_per_example,
-        max_physical_batch_size: int = 256,
+        max_physical_batch_size: int | None = None,
         grad_sampler: str = "auto",
         seed: int = 0,
         budget: Budget | None = None,
@@ -92,7 +102,7 @@ class PrivateTrainer:
             raise ConfigError(
                 f"privacy.noise_multiplier must be a finite number >= 0, got {noise_multiplier}"
             )
-        if max_physical_batch_size < 1:
+        if max_physical_batch_size is not None and max_physical_batch_size < 1:
             raise ConfigError(f"training.max_physical_batch_size must be >= 1, got {max_physical_batch_size}")
         self.model, self.optimizer = model, optimizer
         self.x, self.y = _as_tensors(data)
@@ -102,9 +112,9 @@ class PrivateTrainer:
         )
         self.noise_multiplier = float(noise_multiplier)
         self.delta, self.accountant, self.budget = delta, accountant, budget
-        self.max_physical_batch_size = int(max_physical_batch_size)
         self.grad_sampler = make_grad_sampler(model, loss_fn, grad_sampler)
         self.params = trainable_parameters(model)
+        self.max_physical_batch_size = int(max_physical_batch_size or auto_physical_batch_size(self.params))
         self._check_optimizer()
         self.generator = torch.Generator().manual_seed(seed)
         self.ledger = ledger if ledger is not None else Ledger()
@@ -266,7 +276,8 @@ def make_private(
 
     ``batch_size`` is the expected logical batch size (Poisson sampling rate q = batch_size / len(data)).
     Options: sampling ("poisson" | "full"), delta, accountant, clipping ("flat" | "per_layer"), loss_fn
-    (per-example losses), max_physical_batch_size, grad_sampler ("auto" | "func" | "layerwise"), seed,
+    (per-example losses), max_physical_batch_size (default: automatic, per-example gradients of a chunk
+    within 256 MiB), grad_sampler ("auto" | "func" | "layerwise"), seed,
     budget (a :class:`Budget` the run must not exceed), ledger (to continue an earlier one).
     """
     return PrivateTrainer(

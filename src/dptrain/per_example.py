@@ -14,11 +14,18 @@ single-example backward passes):
 
 ``make_grad_sampler(model, loss_fn, "auto")`` picks ``layerwise`` when it applies, else ``func``.
 A loss function takes (outputs, targets) and returns one loss per example (shape [B]).
+
+A backend returns a :class:`PerExampleGrads`: clipping rules ask it for per-example squared norms and
+for weighted sums sum_i f_i g_i, and only materialize the [B, ...] tensors when they need them. For a
+Linear layer on [B, in] inputs the layerwise backend never materializes: ||g_i||^2 = ||delta_i||^2 ||a_i||^2
+("ghost" norms, Goodfellow 2015; Li et al. 2022) and sum_i f_i g_i = (f * delta)^T a is one matmul
+(the book-keeping trick of Bu et al. 2023).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -39,6 +46,58 @@ def trainable_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
     return {name: p for name, p in model.named_parameters() if p.requires_grad}
 
 
+class PerExampleGrads:
+    """Per-example gradients of one (physical) batch, by parameter name."""
+
+    def __init__(self, parts: dict[str, torch.Tensor | _LinearFactors]):
+        self._parts = parts
+
+    def names(self) -> list[str]:
+        return list(self._parts)
+
+    def sq_norms(self) -> dict[str, torch.Tensor]:
+        """name -> [B]: each example's squared L2 norm of its gradient for that parameter."""
+        return {n: _sq_norms(part) for n, part in self._parts.items()}
+
+    def weighted_sum(self, factors: torch.Tensor | dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """name -> sum_i f_i g_i (one factor per example, or one [B] vector per parameter)."""
+        return {
+            n: _weighted_sum(part, factors[n] if isinstance(factors, dict) else factors)
+            for n, part in self._parts.items()
+        }
+
+    def materialize(self) -> dict[str, torch.Tensor]:
+        """name -> [B, *parameter shape]."""
+        return {
+            n: part.materialize() if isinstance(part, _LinearFactors) else part
+            for n, part in self._parts.items()
+        }
+
+
+@dataclass(frozen=True)
+class _LinearFactors:
+    """Per-example gradients delta_i a_i^T of a Linear weight, kept as their two factors."""
+
+    delta: torch.Tensor  # [B, out]
+    a: torch.Tensor  # [B, in]
+
+    def materialize(self) -> torch.Tensor:
+        return torch.einsum("bo,bi->boi", self.delta, self.a)
+
+
+def _sq_norms(part) -> torch.Tensor:
+    if isinstance(part, _LinearFactors):
+        return part.delta.pow(2).sum(1) * part.a.pow(2).sum(1)
+    flat = part.reshape(part.shape[0], -1)
+    return torch.linalg.vecdot(flat, flat)
+
+
+def _weighted_sum(part, f: torch.Tensor) -> torch.Tensor:
+    if isinstance(part, _LinearFactors):
+        return (part.delta * f[:, None]).T @ part.a
+    return torch.tensordot(f, part, dims=1)
+
+
 class FuncGradSampler:
     """Per-example gradients with torch.func: vmap over examples of grad of the single-example loss."""
 
@@ -57,10 +116,11 @@ class FuncGradSampler:
             grad(loss_one, has_aux=True), in_dims=(None, None, 0, 0), randomness="different"
         )
 
-    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> tuple[PerExampleGrads, torch.Tensor]:
         params = {n: p.detach() for n, p in trainable_parameters(self.model).items()}
         buffers = dict(self.model.named_buffers())
-        return self._per_example(params, buffers, x, y)
+        grads, losses = self._per_example(params, buffers, x, y)
+        return PerExampleGrads(grads), losses
 
     def close(self) -> None:
         pass
@@ -76,7 +136,7 @@ def _conv_weight_per_example(conv: nn.Conv2d, a: torch.Tensor, go: torch.Tensor)
     _, gw, _ = torch.ops.aten.convolution_backward(
         go.reshape(1, b * go.shape[1], *go.shape[2:]),
         a.reshape(1, b * a.shape[1], *a.shape[2:]),
-        w.detach().repeat(b, 1, 1, 1),
+        w.new_empty((b * w.shape[0], *w.shape[1:])),  # only its shape is read when just grad_weight is asked
         None,
         list(conv.stride),
         list(conv.padding),
@@ -89,9 +149,9 @@ def _conv_weight_per_example(conv: nn.Conv2d, a: torch.Tensor, go: torch.Tensor)
     return gw.reshape(b, *w.shape)
 
 
-def _linear(m: nn.Linear, a: torch.Tensor, go: torch.Tensor) -> dict[str, torch.Tensor]:
+def _linear(m: nn.Linear, a: torch.Tensor, go: torch.Tensor) -> dict[str, torch.Tensor | _LinearFactors]:
     if a.dim() == 2:
-        out = {"weight": torch.einsum("bo,bi->boi", go, a)}
+        out = {"weight": _LinearFactors(go, a)}
         bias = go
     else:  # [B, ..., features]: sum over the middle dimensions of each example
         a3, go3 = a.flatten(1, -2), go.flatten(1, -2)
@@ -173,7 +233,7 @@ class LayerwiseGradSampler:
         if self._records is not None:
             self._records.setdefault(module, []).append((inputs[0].detach(), output, output._version))
 
-    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> tuple[PerExampleGrads, torch.Tensor]:
         self._records = {}
         try:
             with torch.enable_grad():
@@ -193,19 +253,25 @@ class LayerwiseGradSampler:
             )
         outs = [out for _, _, out in calls]
         grads_out = torch.autograd.grad(losses.sum(), outs, allow_unused=True) if outs else []
-        per_example: dict[str, torch.Tensor] = {}
+        per_example: dict[str, torch.Tensor | _LinearFactors] = {}
         for (m, a, out), go in zip(calls, grads_out, strict=True):
             if go is None:
                 go = torch.zeros_like(out)
             prefix, rule = self._layers[m]
             for pname, g in rule(m, a, go.detach()).items():
                 key = f"{prefix}.{pname}" if prefix else pname
-                per_example[key] = per_example[key] + g if key in per_example else g
-        names = trainable_parameters(self.model)
+                if key in per_example:  # a layer called more than once (shared weights): gradients add up
+                    prev = per_example[key]
+                    g = (prev.materialize() if isinstance(prev, _LinearFactors) else prev) + (
+                        g.materialize() if isinstance(g, _LinearFactors) else g
+                    )
+                per_example[key] = g
         result = {}
-        for n, p in names.items():  # parameters of layers the forward pass did not use get zero gradients
-            result[n] = per_example.get(n, torch.zeros(x.shape[0], *p.shape, dtype=p.dtype))
-        return result, losses.detach()
+        for n, p in trainable_parameters(self.model).items():  # parameters the forward pass did not use: zero
+            result[n] = (
+                per_example[n] if n in per_example else torch.zeros(x.shape[0], *p.shape, dtype=p.dtype)
+            )
+        return PerExampleGrads(result), losses.detach()
 
     def close(self) -> None:
         for h in self._handles:
