@@ -7,7 +7,7 @@ Quick start::
     model = dptrain.build_model("cnn28", split.train.input_shape, split.train.num_classes)
     optimizer = torch.optim.SGD(model.parameters(), lr=2.0)
     trainer = dptrain.make_private_with_epsilon(model, optimizer, split.train, target_epsilon=3.0,
-                                                target_delta=1e-5, epochs=1, batch_size=256, max_grad_norm=0.1)
+                                                target_delta=1e-5, epochs=1, batch_size=256, max_grad_norm=1.0)
     trainer.train(epochs=1)
     print(trainer.epsilon(), trainer.evaluate(split.test.x, split.test.y))
 
