@@ -8,6 +8,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
 
 from dp_accounting.pld import pld_privacy_accountant
@@ -31,14 +33,29 @@ def _compose(accountant, ledger: Ledger, name: str):
     return accountant
 
 
+@contextlib.contextmanager
+def _quiet_absl():
+    """dp_accounting logs a warning (through absl) each time a fractional RDP order fails to converge and
+    is dropped from the minimum over orders. Dropping an order can only make epsilon larger (a valid
+    bound), so the messages carry no risk; they would flood a progress bar."""
+    logger = logging.getLogger("absl")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 class RdpAccountant:
     name = "rdp"
     description = "Renyi DP of the subsampled Gaussian (dp_accounting RdpAccountant)"
 
     def report(self, ledger: Ledger, delta: float) -> PrivacyReport:
         acc = rdp_privacy_accountant.RdpAccountant(neighboring_relation=ledger.neighboring_relation)
-        _compose(acc, ledger, self.name)
-        eps, order = acc.get_epsilon_and_optimal_order(delta)
+        with _quiet_absl():
+            _compose(acc, ledger, self.name)
+            eps, order = acc.get_epsilon_and_optimal_order(delta)
         if not math.isfinite(eps):
             raise AccountingError(
                 "the rdp accountant found no finite epsilon for this ledger (noise too small)"
