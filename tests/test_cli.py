@@ -55,6 +55,15 @@ def test_account_json_matches_dp_accounting(capsys):
     data = json.loads(out)
     assert code == 0 and data["accountant"] == "rdp" and data["delta"] == 1e-5
     assert data["epsilon"] == pytest.approx(2.5966, abs=5e-4)
+    # ... and exactly what dp_accounting itself says for the same event.
+    import dp_accounting as dpa
+    from dp_accounting.rdp import rdp_privacy_accountant
+
+    direct = rdp_privacy_accountant.RdpAccountant()
+    direct.compose(
+        dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(256 / 60000, dpa.GaussianDpEvent(1.1)), 14062)
+    )
+    assert data["epsilon"] == direct.get_epsilon(1e-5)
     code, out, _ = run_cli(ACCOUNT + ["--accountant", "pld", "--json"], capsys)
     assert json.loads(out)["epsilon"] == pytest.approx(2.38, abs=0.01)
 
