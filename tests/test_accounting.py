@@ -165,8 +165,9 @@ def test_max_releases_is_the_exact_boundary():
     event = gaussian_step_event(sigma, "poisson", sampling_rate=q)
     facts = step_facts("poisson", sigma, q)
     start = dpsgd_ledger(sigma, q, 10)
-    n = max_releases(start, event, facts, target, DELTA, "rdp")
+    n = max_releases(lambda m: start.extended(event, facts, m), target, DELTA, "rdp")
     assert epsilon(start.extended(event, facts, n), DELTA).epsilon <= target
     assert epsilon(start.extended(event, facts, n + 1), DELTA).epsilon > target
     # A ledger already over budget allows nothing.
-    assert max_releases(dpsgd_ledger(sigma, q, 10**5), event, facts, target, DELTA) == 0
+    over = dpsgd_ledger(sigma, q, 10**5)
+    assert max_releases(lambda m: over.extended(event, facts, m), target, DELTA) == 0

@@ -23,18 +23,27 @@ class BatchSampler(Protocol):
 
     @property
     def expected_batch_size(self) -> float:
-        """The data-independent normalizer of the noisy gradient sum."""
+        """Mean expected batch size over the run."""
         ...
 
     @property
     def steps_per_epoch(self) -> int: ...
 
-    def sample(self, generator: torch.Generator) -> torch.Tensor:
-        """Indices of the examples in the next logical batch."""
+    @property
+    def max_steps(self) -> int | None:
+        """Length of a finite schedule (None: unbounded)."""
         ...
 
-    def release(self, noise_multiplier: float, **facts) -> tuple:
-        """(DpEvent, facts) recorded in the ledger for one noisy step with this sampler."""
+    def expected_batch_size_at(self, step: int) -> float:
+        """The data-independent normalizer of step ``step``'s noisy gradient sum."""
+        ...
+
+    def sample(self, generator: torch.Generator, step: int) -> torch.Tensor:
+        """Indices of the examples in logical batch number ``step``."""
+        ...
+
+    def release(self, noise_multiplier: float, step: int, **facts) -> tuple:
+        """(DpEvent, facts) recorded in the ledger for noisy step number ``step``."""
         ...
 
 
@@ -58,15 +67,48 @@ class PoissonSampling:
     def steps_per_epoch(self) -> int:
         return max(1, round(1 / self.sampling_rate))
 
-    def sample(self, generator: torch.Generator) -> torch.Tensor:
-        mask = torch.rand(self.dataset_size, generator=generator) < self.sampling_rate
+    max_steps = None
+
+    def rate_at(self, step: int) -> float:
+        return self.sampling_rate
+
+    def expected_batch_size_at(self, step: int) -> float:
+        return self.rate_at(step) * self.dataset_size
+
+    def sample(self, generator: torch.Generator, step: int) -> torch.Tensor:
+        mask = torch.rand(self.dataset_size, generator=generator) < self.rate_at(step)
         return mask.nonzero().squeeze(1)
 
-    def release(self, noise_multiplier: float, **facts) -> tuple:
-        event = gaussian_step_event(noise_multiplier, "poisson", sampling_rate=self.sampling_rate)
-        return event, step_facts(
-            "poisson", noise_multiplier, self.sampling_rate, dataset_size=self.dataset_size, **facts
-        )
+    def release(self, noise_multiplier: float, step: int, **facts) -> tuple:
+        q = self.rate_at(step)
+        event = gaussian_step_event(noise_multiplier, "poisson", sampling_rate=q)
+        return event, step_facts("poisson", noise_multiplier, q, dataset_size=self.dataset_size, **facts)
+
+
+@dataclass(frozen=True)
+class ScheduledPoissonSampling(PoissonSampling):
+    """Poisson sampling whose rate changes from step to step: step i uses q_i = s_i / N for a given sequence of
+    expected sample sizes s_i (e.g. increasing batch sizes, seed 002 App. B.4). ``sampling_rate`` is the mean."""
+
+    rates: tuple[float, ...] = ()
+
+    @classmethod
+    def from_sizes(cls, dataset_size: int, sizes) -> ScheduledPoissonSampling:
+        rates = tuple(float(x) / dataset_size for x in sizes)
+        if not rates or not all(0 < r <= 1 for r in rates):
+            raise ConfigError(f"sample sizes must be a non-empty sequence in (0, {dataset_size}]")
+        return cls(dataset_size, sum(rates) / len(rates), rates=rates)
+
+    @property
+    def max_steps(self) -> int:
+        return len(self.rates)
+
+    def rate_at(self, step: int) -> float:
+        if step >= len(self.rates):
+            raise ConfigError(
+                f"the sample-size schedule has {len(self.rates)} steps; step {step + 1} is beyond it"
+            )
+        return self.rates[step]
 
 
 @dataclass(frozen=True)
@@ -84,18 +126,30 @@ class FullBatch:
     def steps_per_epoch(self) -> int:
         return 1
 
-    def sample(self, generator: torch.Generator) -> torch.Tensor:
+    max_steps = None
+
+    def expected_batch_size_at(self, step: int) -> float:
+        return float(self.dataset_size)
+
+    def sample(self, generator: torch.Generator, step: int) -> torch.Tensor:
         return torch.arange(self.dataset_size)
 
-    def release(self, noise_multiplier: float, **facts) -> tuple:
+    def release(self, noise_multiplier: float, step: int, **facts) -> tuple:
         event = gaussian_step_event(noise_multiplier, "full")
         return event, step_facts("full", noise_multiplier, 1.0, dataset_size=self.dataset_size, **facts)
 
 
-def make_sampler(scheme: str, dataset_size: int, batch_size: float | None = None) -> BatchSampler:
-    """A sampler by name. ``batch_size`` is the expected logical batch size (Poisson: q = batch_size / n)."""
+def make_sampler(
+    scheme: str, dataset_size: int, batch_size: float | None = None, sample_sizes=None
+) -> BatchSampler:
+    """A sampler by name. ``batch_size`` is the expected logical batch size (Poisson: q = batch_size / n);
+    ``sample_sizes`` (Poisson only) gives one expected batch size per step instead."""
     if dataset_size < 1:
         raise ConfigError(f"the training set is empty (dataset size {dataset_size})")
+    if sample_sizes is not None:
+        if scheme != "poisson":
+            raise ConfigError('a sample-size schedule needs privacy.sampling = "poisson"')
+        return ScheduledPoissonSampling.from_sizes(dataset_size, sample_sizes)
     if scheme == "poisson":
         if batch_size is None or not 0 < batch_size <= dataset_size:
             raise ConfigError(

@@ -79,6 +79,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.add_argument("--json", action="store_true", help="print the summary as JSON instead of a table")
+    t.add_argument(
+        "--plan",
+        metavar="PLAN.json",
+        help="run exactly a plan from 'dptrain plan --json' (noise, batch size, rounds, delta)",
+    )
 
     a = sub.add_parser("account", help="epsilon spent by DP-SGD with given parameters")
     a.add_argument("--noise-multiplier", type=_float, required=True)
@@ -99,6 +104,23 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--sampling", default="poisson", choices=["poisson", "full"])
     _add_accountant(c, allow_all=False)
     c.add_argument("--json", action="store_true")
+    pl = sub.add_parser("plan", help="choose noise, batch size and rounds before training (Proactive DP)")
+    pl.add_argument("--epsilon", type=_float, help="target epsilon (budget mode)")
+    pl.add_argument("--delta", type=_float, help="target delta (budget mode; --from-sigma uses 1/N)")
+    pl.add_argument(
+        "--from-sigma", type=_float, metavar="S", help="run the App. D.4 calculator for this sigma"
+    )
+    pl.add_argument("--dataset-size", type=_positive_int, required=True, metavar="N")
+    pl.add_argument("--epochs", type=_float, required=True, metavar="K", help="gradient computations K = kN")
+    pl.add_argument("--theta", type=_float, default=1.0, help="s_max / s_bar of the batch-size sequence")
+    pl.add_argument("--accountant", default="proactive", choices=["proactive", "rdp", "pld", "gdp", "all"])
+    pl.add_argument(
+        "--gamma",
+        default="fixed-point",
+        choices=["fixed-point", "paper"],
+        help="with --from-sigma: tightest fixed point, or the paper's iteration (Tables 9-11)",
+    )
+    pl.add_argument("--json", action="store_true")
     return parser
 
 
@@ -207,14 +229,118 @@ def cmd_train(args) -> int:
     else:
         if not args.config and not args.set:
             raise ConfigError("give --config FILE.toml (see configs/) or --set KEY=VALUE overrides")
-        cfg = load_config(args.config, args.set)
+        overrides = list(args.set)
+        plan = None
+        if args.plan:
+            from dptrain.planner import plan_to_overrides
+
+            plan = _read_json(args.plan)
+            overrides = [*plan_to_overrides(plan), *overrides]
+        # The plan fixes sigma, so a config's target_epsilon is dropped (the plan certifies the budget).
+        cfg = load_config(args.config, overrides, unset=("privacy.target_epsilon",) if plan else ())
         out = args.out or str(Path("runs") / (Path(args.config).stem if args.config else "run"))
-        summary = run_training(cfg, out, progress=not args.no_progress, stop_after=args.stop_after)
+        summary = run_training(cfg, out, progress=not args.no_progress, stop_after=args.stop_after, plan=plan)
     print(json.dumps(summary, indent=2) if args.json else format_report(summary))
     return 0
 
 
-COMMANDS = {"train": cmd_train, "account": cmd_account, "calibrate": cmd_calibrate}
+def cmd_plan(args) -> int:
+    from dptrain.planner import PLAN_ACCOUNTANTS, plan_budget, plan_from_sigma
+
+    if args.from_sigma is not None:
+        if args.epsilon is not None or args.delta is not None:
+            raise ConfigError(
+                "--from-sigma plans for delta = 1/N from sigma; do not combine it with --epsilon/--delta"
+            )
+        r = plan_from_sigma(
+            args.from_sigma, args.dataset_size, args.epochs, args.theta, args.gamma.replace("-", "_")
+        )
+        if args.json:
+            print(json.dumps({**r, "accountant": "proactive"}))
+        else:
+
+            def verdict(rep):
+                if rep is None:
+                    return "not applicable (s_max < 1)"
+                return (
+                    "holds"
+                    if rep["holds"]
+                    else "does NOT hold: "
+                    + "; ".join(c["name"] + " " + c["detail"] for c in rep["conditions"] if not c["holds"])
+                )
+
+            check = verdict(r["theorem_3_1"]) + "\n  Thm B.4 " + verdict(r["theorem_b4"])
+            print(
+                f"sigma = {r['noise_multiplier']:g}, N = {r['dataset_size']}, k = {r['k']:g}, delta = 1/N "
+                f"= {r['delta']:.4g}  (App. D.4, gamma: {args.gamma})\n"
+                f"  eps        = {r['epsilon']:.4f}\n  gamma      = {r['gamma']:.4f}\n"
+                f"  T_min      = {r['T_min']:.1f}   s_max      = {r['s_max']}\n"
+                f"  T_min_asym = {r['T_min_asym']:.1f}   s_max_asym = {r['s_max_asym']}  (Thm 3.2: no plan below)\n"
+                f"  Thm 3.1 {check}"
+            )
+        return 0
+    if args.epsilon is None or args.delta is None:
+        raise ConfigError("give --epsilon and --delta (budget mode) or --from-sigma S")
+    names = PLAN_ACCOUNTANTS if args.accountant == "all" else (args.accountant,)
+    result = plan_budget(args.epsilon, args.delta, args.dataset_size, args.epochs, args.theta, names)
+    if not result["plans"]:
+        raise ConfigError(
+            "no accountant can plan this budget: "
+            + "; ".join(f"{k}: {v}" for k, v in result["refused"].items())
+        )
+    if args.json:
+        if len(names) == 1:
+            print(json.dumps(result["plans"][0]))
+        else:
+            best = next((p for p in result["plans"] if p["accountant"] == result["tightest"]), {})
+            print(
+                json.dumps(
+                    {
+                        **best,
+                        "tightest": result["tightest"],
+                        "plans": result["plans"],
+                        "refused": result["refused"],
+                    }
+                )
+            )
+        return 0
+    print(
+        f"budget: epsilon = {args.epsilon:g}, delta = {args.delta:g}; N = {args.dataset_size}, "
+        f"k = {args.epochs:g} epochs (K = {args.epochs * args.dataset_size:g} gradients)"
+    )
+    print(f"{'accountant':>10}  {'sigma':>9}  {'batch s':>8}  {'rounds T':>8}  {'gamma':>7}  {'epsilon':>9}")
+    for p in result["plans"]:
+        gamma = f"{p['gamma']:.4f}" if p["gamma"] else "-"
+        mark = "  <- tightest (fewest rounds)" if p["accountant"] == result["tightest"] else ""
+        if not p["certified"]:
+            mark += "  approximation, not certified"
+        if not p["valid"]:
+            mark += "  INVALID: " + "; ".join(
+                c["name"] for c in p["theorem_b4"]["conditions"] if not c["holds"]
+            )
+        print(
+            f"{p['accountant']:>10}  {p['noise_multiplier']:9.4f}  {p['s_max']:8d}  {p['T_min']:8d}  "
+            f"{gamma:>7}  {p['epsilon']:9.5f}{mark}"
+        )
+    for name, why in result["refused"].items():
+        print(f"{name:>10}  refused: {why}")
+    return 0
+
+
+def _read_json(path: str) -> dict:
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"plan file {path} does not exist") from None
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"plan file {path} is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"plan file {path} must hold one JSON object (dptrain plan --json)")
+    return data
+
+
+COMMANDS = {"train": cmd_train, "account": cmd_account, "calibrate": cmd_calibrate, "plan": cmd_plan}
 
 
 def main(argv: list[str] | None = None) -> int:

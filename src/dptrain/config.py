@@ -47,6 +47,7 @@ class TrainingConfig:
     epochs: float | None = 1.0
     steps: int | None = None
     batch_size: int = 256  # expected logical batch size; Poisson rate q = batch_size / n
+    batch_growth: float = 0.0  # p: expected batch s_i ~ (i+1)^p with mean batch_size (0 constant, 1 linear)
     max_physical_batch_size: int | None = None  # default: automatic (per-example gradients <= 256 MiB)
     optimizer: str = "sgd"
     learning_rate: float = 1.0
@@ -146,7 +147,9 @@ def apply_overrides(raw: dict, assignments: list[str]) -> dict:
     return raw
 
 
-def load_config(path: str | os.PathLike | None, overrides: list[str] = ()) -> RunConfig:
+def load_config(
+    path: str | os.PathLike | None, overrides: list[str] = (), unset: tuple[str, ...] = ()
+) -> RunConfig:
     raw: dict = {}
     if path is not None:
         try:
@@ -156,6 +159,9 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] = ()) -> Ru
             raise ConfigError(f"config file {os.fspath(path)} does not exist") from None
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"config file {os.fspath(path)} is not valid TOML: {e}") from None
+    for key in unset:  # e.g. a plan replaces a config's target_epsilon by its own noise multiplier
+        section, _, name = key.rpartition(".")
+        (raw.get(section, {}) if section else raw).pop(name, None)
     return config_from_dict(apply_overrides(raw, list(overrides)))
 
 
@@ -225,6 +231,19 @@ def validate(cfg: RunConfig) -> None:
             t.epochs,
         )
     _need(t.batch_size >= 1, "training.batch_size", "an integer >= 1", t.batch_size)
+    _need(
+        _finite(t.batch_growth) and t.batch_growth >= 0,
+        "training.batch_growth",
+        "a number >= 0 (0: constant)",
+        t.batch_growth,
+    )
+    if t.batch_growth > 0:
+        _need(
+            p.sampling == "poisson",
+            "privacy.sampling",
+            '"poisson" when training.batch_growth > 0',
+            p.sampling,
+        )
     if t.max_physical_batch_size is not None:
         _need(
             t.max_physical_batch_size >= 1,

@@ -96,6 +96,7 @@ class PrivateTrainer:
         seed: int = 0,
         budget: Budget | None = None,
         ledger: Ledger | None = None,
+        sample_sizes=None,
     ):
         check_private_compatible(model)
         if not (noise_multiplier >= 0 and math.isfinite(noise_multiplier)):
@@ -106,7 +107,7 @@ class PrivateTrainer:
             raise ConfigError(f"training.max_physical_batch_size must be >= 1, got {max_physical_batch_size}")
         self.model, self.optimizer = model, optimizer
         self.x, self.y = _as_tensors(data)
-        self.sampler: BatchSampler = make_sampler(sampling, len(self.x), batch_size)
+        self.sampler: BatchSampler = make_sampler(sampling, len(self.x), batch_size, sample_sizes)
         self.clipping: Clipping = (
             make_clipping(clipping, max_grad_norm) if isinstance(clipping, str) else clipping
         )
@@ -130,22 +131,42 @@ class PrivateTrainer:
             )
 
     # -- the privacy side ---------------------------------------------------------------------------------
-    def release_event(self):
-        """(DpEvent, facts) of one step of this run, as recorded in the ledger."""
-        return self.sampler.release(self.noise_multiplier, clip_norm=self.clipping.sensitivity)
+    def release_event(self, step: int | None = None):
+        """(DpEvent, facts) of step number ``step`` (default: the next one), as recorded in the ledger."""
+        step = self.steps if step is None else step
+        return self.sampler.release(self.noise_multiplier, step, clip_norm=self.clipping.sensitivity)
+
+    def ledger_after(self, more: int) -> Ledger:
+        """The ledger as it will be after ``more`` further steps (for budgets and calibration)."""
+        ledger = self.ledger.copy()
+        for step in range(self.steps, self.steps + more):
+            if self.sampler.max_steps is None:  # identical steps: record them all at once
+                ledger.record(*self.release_event(step), count=more)
+                break
+            ledger.record(*self.release_event(step))
+        return ledger
 
     @property
     def sampling_rate(self) -> float:
         return self.sampler.expected_batch_size / self.sampler.dataset_size
+
+    @property
+    def expected_epochs(self) -> float:
+        """Expected passes over the data so far: sum of the steps' sampling rates."""
+        if self.sampler.max_steps is None:
+            return self.steps * self.sampler.expected_batch_size / self.sampler.dataset_size
+        return (
+            sum(self.sampler.expected_batch_size_at(i) for i in range(self.steps)) / self.sampler.dataset_size
+        )
 
     def allowed_steps(self) -> int | None:
         """Total steps the budget allows (None without a budget). Computed once, by the run's accountant."""
         if self.budget is None:
             return None
         if self._allowed_steps is None:
-            event, facts = self.release_event()
+            limit = 10**9 if self.sampler.max_steps is None else self.sampler.max_steps - self.steps
             more = max_releases(
-                self.ledger, event, facts, self.budget.epsilon, self.budget.delta, self.accountant
+                self.ledger_after, self.budget.epsilon, self.budget.delta, self.accountant, limit
             )
             self._allowed_steps = self.steps + more
         return self._allowed_steps
@@ -165,11 +186,11 @@ class PrivateTrainer:
                 "all of them taken"
             )
         self.model.train()
-        idx = self.sampler.sample(self.generator)
+        idx = self.sampler.sample(self.generator, self.steps)
         summed, stats, loss_sum = self._clipped_sum(idx)
         std = self.noise_multiplier * self.clipping.sensitivity
         noisy = add_gaussian_noise(summed, std, self.generator)
-        scale = 1.0 / self.sampler.expected_batch_size
+        scale = 1.0 / self.sampler.expected_batch_size_at(self.steps)
         for n, p in self.params.items():
             p.grad = (noisy[n] * scale).to(p.dtype)
         # Record before the update: from here on the release has happened.
@@ -216,6 +237,8 @@ class PrivateTrainer:
             steps = max(1, round(epochs * self.sampler.steps_per_epoch))
         if steps < 0:
             raise ConfigError(f"steps must be >= 0, got {steps}")
+        if self.sampler.max_steps is not None:
+            steps = min(steps, self.sampler.max_steps)
         return steps
 
     def iter_steps(self, steps: int) -> Iterator[StepResult]:
@@ -322,8 +345,7 @@ def make_private_with_epsilon(
 
     def ledger_for(sigma: float) -> Ledger:
         trainer.noise_multiplier = sigma
-        event, facts = trainer.release_event()
-        return trainer.ledger.extended(event, facts, total)
+        return trainer.ledger_after(total)
 
     trainer.noise_multiplier = calibrate_noise(target_epsilon, target_delta, ledger_for, accountant)
     trainer.budget = Budget(target_epsilon, target_delta)

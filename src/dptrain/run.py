@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from dptrain.accounting.ledger import Ledger, write_json_atomic
+from dptrain.accounting.proactive import increasing_sample_sizes
 from dptrain.config import RunConfig, config_to_toml, load_config
 from dptrain.data import DataSplit, load_dataset
 from dptrain.engine import Budget, PrivateTrainer, make_private, make_private_with_epsilon
@@ -75,6 +76,10 @@ def build_job(cfg: RunConfig, noise_multiplier: float | None = None) -> Job:
         raise ConfigError(
             f"training.batch_size must be <= the training set size {len(data.train)}, got {t.batch_size}"
         )
+    if t.batch_growth > 0:  # increasing expected batch sizes (seed 002 App. B.4): theta = s_max/s_bar ~ 1 + p
+        n = len(data.train)
+        total = t.steps if t.steps is not None else max(1, round(t.epochs * max(1, round(n / t.batch_size))))
+        common["sample_sizes"] = increasing_sample_sizes(t.batch_size, total, t.batch_growth, n)
     if p.target_epsilon is None:
         trainer = make_private(
             model, optimizer, data.train, noise_multiplier=p.noise_multiplier, delta=p.delta, **common
@@ -148,9 +153,12 @@ def run_training(
     resume: bool = False,
     progress: bool = True,
     stop_after: int | None = None,
+    plan: dict | None = None,
 ) -> dict:
     """Run (or resume) a job; returns the summary. ``stop_after`` ends this invocation after that many
-    steps with a checkpoint (for time-sliced jobs); ``resume`` continues the run stored in ``out``."""
+    steps with a checkpoint (for time-sliced jobs); ``resume`` continues the run stored in ``out``; ``plan`` (from
+    ``dptrain plan``) is checked against the data (its guarantee holds only for the data set size it was made for)
+    and recorded in the summary."""
     out = Path(out)
     start = time.perf_counter()
     if resume:
@@ -168,7 +176,15 @@ def run_training(
                 "or choose another --out"
             )
         job = build_job(cfg)
+        if plan is not None and int(plan.get("dataset_size", -1)) != len(job.data.train):
+            raise ConfigError(
+                f"the plan was made for a data set of {plan.get('dataset_size')} examples, but the "
+                f"training set has {len(job.data.train)}; plan again with --dataset-size "
+                f"{len(job.data.train)}"
+            )
         out.mkdir(parents=True, exist_ok=True)
+        if plan is not None:
+            write_json_atomic(out / "plan.json", plan)
         (out / CONFIG).write_text(config_to_toml(cfg))
         previous = 0.0
     trainer, cfg = job.trainer, job.cfg
@@ -219,7 +235,7 @@ def _evaluate_and_log(out: Path, job: Job, loss: float) -> dict:
     report = t.epsilon()
     row = {
         "step": t.steps,
-        "epoch": t.steps / t.sampler.steps_per_epoch,
+        "epoch": t.expected_epochs,
         "test_accuracy": t.evaluate(job.data.test.x, job.data.test.y),
         "epsilon": report.epsilon,
         "delta": report.delta,
@@ -241,7 +257,7 @@ def _summary(job: Job, out: Path, final: dict, wall: float, finished: bool) -> d
         "steps": t.steps,
         "planned_steps": job.total_steps,
         "finished": finished,
-        "epochs": t.steps / t.sampler.steps_per_epoch,
+        "epochs": t.expected_epochs,
         "noise_multiplier": t.noise_multiplier,
         "sampling_rate": t.sampling_rate,
         "sampling": t.sampler.scheme,

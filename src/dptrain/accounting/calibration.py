@@ -76,27 +76,19 @@ def calibrate_dpsgd_noise(
 
 
 def max_releases(
-    ledger: Ledger,
-    event,
-    facts: dict,
+    ledger_after: Callable[[int], Ledger],
     target_epsilon: float,
     delta: float,
     accountant: str = "rdp",
     limit: int = 10**9,
 ) -> int:
-    """Largest n <= limit such that ``ledger`` plus n more releases of ``event`` stays within the budget.
-
-    Epsilon is non-decreasing in the number of releases, so an exponential then binary search is exact.
+    """Largest n <= limit such that ``ledger_after(n)`` (the ledger after n more releases) stays within the
+    budget. Epsilon is non-decreasing in the number of releases, so an exponential then binary search is exact.
     """
 
     def fits(n: int) -> bool:
-        if n == 0:
-            return (
-                ledger.releases == 0 or certified_epsilon(ledger, delta, accountant).epsilon <= target_epsilon
-            )
-        return (
-            certified_epsilon(ledger.extended(event, facts, n), delta, accountant).epsilon <= target_epsilon
-        )
+        ledger = ledger_after(n)
+        return ledger.releases == 0 or certified_epsilon(ledger, delta, accountant).epsilon <= target_epsilon
 
     if not fits(0):
         return 0

@@ -133,9 +133,10 @@ class Ledger:
             self.entries.append(LedgerEntry(event, count, facts))
 
     def extended(self, event: dpa.DpEvent, facts: dict[str, Any] | None = None, count: int = 1) -> Ledger:
-        """A copy of this ledger with ``count`` more releases: what-if questions for budgets and planning."""
+        """A copy of this ledger with ``count`` (>= 0) more releases: what-if questions for budgets and planning."""
         new = self.copy()
-        new.record(event, facts, count)
+        if count:
+            new.record(event, facts, count)
         return new
 
     def copy(self) -> Ledger:
