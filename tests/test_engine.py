@@ -146,3 +146,22 @@ def test_full_batch_sampling_records_gaussian_events():
     trainer.train(steps=3)
     assert trainer.ledger.entries[0].facts["sampling"] == "full"
     assert epsilon(trainer.ledger, 1e-5, "gdp").certified  # full-batch Gaussian: GDP is exact
+
+
+def test_an_empty_poisson_batch_still_releases_pure_noise():
+    # q = 1/n on a tiny set: many batches are empty. Each such step must still add noise and be recorded.
+    torch.manual_seed(0)
+    n = 8
+    model = nn.Linear(3, 2, bias=False)
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    data = (torch.randn(n, 3), torch.randint(0, 2, (n,)))
+    trainer = make_private(
+        model, opt, data, noise_multiplier=1.0, max_grad_norm=1.0, batch_size=0.01 * n, seed=1
+    )
+    sizes, updates = [], []
+    for _ in range(20):
+        before = model.weight.detach().clone()
+        sizes.append(trainer.step().batch_size)
+        updates.append(float((model.weight.detach() - before).abs().sum()))
+    assert 0 in sizes and trainer.ledger.releases == 20
+    assert all(u > 0 for u, s in zip(updates, sizes, strict=True) if s == 0)  # noise moved the model anyway

@@ -207,7 +207,7 @@ class PrivateTrainer:
             n: torch.zeros_like(p, memory_format=torch.contiguous_format) for n, p in self.params.items()
         }
         stats, loss_sum = ClipStats(0, 0, 0.0), 0.0
-        for chunk in idx.split(self.max_physical_batch_size):
+        for chunk in idx.split(self.max_physical_batch_size) if len(idx) else ():
             grads, losses = self.grad_sampler(self.x[chunk], self.y[chunk])
             clipped, chunk_stats = self.clipping.clip_and_sum(grads)
             for n in summed:
