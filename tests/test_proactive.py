@@ -313,3 +313,41 @@ def test_train_runs_exactly_the_plan(tmp_path, capsys):
     assert summary["steps"] == plan["T_min"] and summary["noise_multiplier"] == plan["noise_multiplier"]
     assert summary["sampling_rate"] == pytest.approx(plan["s_max"] / 1600)
     assert summary["epsilon"] == pytest.approx(plan["epsilon"]) and summary["epsilon"] <= 2.0
+
+
+def test_utility_graph_cli(tmp_path, capsys):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(
+        '[data]\nname = "synthetic"\noptions = { n = 400, dim = 8 }\n[model]\nname = "logistic"\n'
+        "[privacy]\nnoise_multiplier = 1.0\n[training]\nsteps = 40\nbatch_size = 32\nlearning_rate = 0.5\n"
+    )
+    out = tmp_path / "ug"
+    assert (
+        main(
+            [
+                "utility-graph",
+                "--config",
+                str(cfg),
+                "--clips",
+                "0.5,1",
+                "--sigmas",
+                "0,2,50",
+                "--draws",
+                "2",
+                "--out",
+                str(out),
+                "--json",
+            ]
+        )
+        == 0
+    )
+    data = json.loads(capsys.readouterr().out)
+    assert set(data["largest_sigma"]) == {"0.5", "1.0"}
+    assert (out / "utility_graph.png").stat().st_size > 1000
+    assert main(["utility-graph", "--config", str(cfg), "--clips", "0,1", "--sigmas", "0,1"]) == 2
+    assert "clips" in capsys.readouterr().err
+
+
+def test_reproduce_cli_rejects_unknown_names(capsys):
+    assert main(["reproduce", "nope"]) == 2
+    assert "invalid choice: 'nope'" in capsys.readouterr().err

@@ -121,7 +121,39 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --from-sigma: tightest fixed point, or the paper's iteration (Tables 9-11)",
     )
     pl.add_argument("--json", action="store_true")
+
+    from dptrain.reproduce import REPRODUCTIONS
+
+    r = sub.add_parser("reproduce", help="regenerate a paper's tables and plots into a directory")
+    r.add_argument("name", choices=sorted(REPRODUCTIONS))
+    r.add_argument("--out", default=None, help="output directory (default runs/reproduce-NAME)")
+    r.add_argument("--quick", action="store_true", help="a small version that runs in about a minute")
+
+    u = sub.add_parser(
+        "utility-graph",
+        help="accuracy of w* + N(0, C^2 sigma^2 I) over a (C, sigma) grid "
+        "(seed 002 Sec. 3.3; trains without noise: NOT private)",
+    )
+    u.add_argument(
+        "--config", required=True, help="TOML config: data, model, training (steps/epochs, lr, batch)"
+    )
+    u.add_argument("--clips", type=_float_list, required=True, metavar="C1,C2,...")
+    u.add_argument("--sigmas", type=_float_list, required=True, metavar="S1,S2,...")
+    u.add_argument("--draws", type=_positive_int, default=5, help="noise draws per (C, sigma)")
+    u.add_argument("--threshold", type=_float, default=0.9, help="accuracy fraction to keep (paper: 0.9)")
+    u.add_argument("--out", default=None, help="output directory (default runs/utility-graph)")
+    u.add_argument("--json", action="store_true")
     return parser
+
+
+def _float_list(text: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+    if not values or not all(math.isfinite(v) for v in values):
+        raise argparse.ArgumentTypeError(f"expected comma-separated finite numbers, got {text!r}")
+    return values
 
 
 def _check_common(args) -> None:
@@ -327,6 +359,56 @@ def cmd_plan(args) -> int:
     return 0
 
 
+def cmd_reproduce(args) -> int:
+    from dptrain.reproduce import run_reproduction
+
+    out = args.out or f"runs/reproduce-{args.name}"
+    report = run_reproduction(args.name, out, quick=args.quick)
+    print(f"wrote {report} (tables, JSON and plots in {out})")
+    return 0
+
+
+def cmd_utility_graph(args) -> int:
+    from pathlib import Path
+
+    from dptrain.config import load_config
+    from dptrain.data import load_dataset
+    from dptrain.models import build_model
+    from dptrain.utility_graph import accuracy_evaluator, noise_free_trainer, utility_graph
+
+    _check(0 < args.threshold <= 1, "--threshold", "in (0, 1]", args.threshold)
+    cfg = load_config(args.config, ["privacy.noise_multiplier=0.0"], unset=("privacy.target_epsilon",))
+    data = load_dataset(cfg.data.name, cfg.data.path, seed=cfg.seed, **cfg.data.options)
+    t = cfg.training
+    steps = t.steps if t.steps is not None else max(1, round(t.epochs * len(data.train) / t.batch_size))
+    train = noise_free_trainer(
+        lambda: build_model(
+            cfg.model.name, data.train.input_shape, data.train.num_classes, **cfg.model.options
+        ),
+        data,
+        steps,
+        t.batch_size,
+        t.learning_rate,
+        cfg.seed,
+    )
+    graph = utility_graph(
+        train, accuracy_evaluator(data.test.x, data.test.y), args.clips, args.sigmas, args.draws, cfg.seed
+    )
+    out = Path(args.out or "runs/utility-graph")
+    out.mkdir(parents=True, exist_ok=True)
+    png = graph.plot(out / "utility_graph.png", args.threshold)
+    choice = {c: graph.largest_sigma(c, args.threshold) for c in graph.clips}
+    (out / "utility_graph.json").write_text(
+        json.dumps({**graph.to_dict(), "largest_sigma": choice}, indent=2)
+    )
+    if args.json:
+        print(json.dumps({**graph.to_dict(), "largest_sigma": choice}))
+    else:
+        print(graph.table(args.threshold))
+        print(f"plot: {png}  (w* trained on the data without noise: this exploration is NOT private)")
+    return 0
+
+
 def _read_json(path: str) -> dict:
     try:
         with open(path) as f:
@@ -340,7 +422,14 @@ def _read_json(path: str) -> dict:
     return data
 
 
-COMMANDS = {"train": cmd_train, "account": cmd_account, "calibrate": cmd_calibrate, "plan": cmd_plan}
+COMMANDS = {
+    "train": cmd_train,
+    "account": cmd_account,
+    "calibrate": cmd_calibrate,
+    "plan": cmd_plan,
+    "reproduce": cmd_reproduce,
+    "utility-graph": cmd_utility_graph,
+}
 
 
 def main(argv: list[str] | None = None) -> int:
