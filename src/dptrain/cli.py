@@ -85,13 +85,30 @@ def build_parser() -> argparse.ArgumentParser:
         help="run exactly a plan from 'dptrain plan --json' (noise, batch size, rounds, delta)",
     )
 
-    a = sub.add_parser("account", help="epsilon spent by DP-SGD with given parameters")
-    a.add_argument("--noise-multiplier", type=_float, required=True)
-    a.add_argument("--sampling-rate", type=_float, required=True)
+    a = sub.add_parser(
+        "account", help="epsilon spent by DP-SGD (or projected noisy SGD) with given parameters"
+    )
+    a.add_argument("--noise-multiplier", type=_float)
+    a.add_argument("--sampling-rate", type=_float)
     a.add_argument("--steps", type=_positive_int, required=True)
     a.add_argument("--delta", type=_float, required=True)
     a.add_argument("--sampling", default="poisson", choices=["poisson", "full"])
     _add_accountant(a)
+    li = a.add_argument_group("last_iterate (projected noisy SGD on a convex loss; Altschuler & Talwar)")
+    li.add_argument("--lipschitz", type=_float, metavar="L")
+    li.add_argument("--diameter", type=_float, metavar="D")
+    li.add_argument("--smoothness", type=_float, metavar="M")
+    li.add_argument("--learning-rate", type=_float, metavar="ETA")
+    li.add_argument("--dataset-size", type=_positive_int, metavar="n")
+    li.add_argument("--batch-size", type=_positive_int, metavar="b")
+    li.add_argument(
+        "--noise-std", type=_float, metavar="SIGMA", help="std of the Gaussian on the averaged gradient"
+    )
+    li.add_argument("--strong-convexity", type=_float, default=0.0, metavar="m")
+    li.add_argument("--batching", default="random", choices=["random", "cyclic", "full"])
+    li.add_argument("--adjacency", default="replace", choices=["replace", "remove"])
+    li.add_argument("--lr-power", type=_float, default=0.0, help="eta_t = ETA (t+1)^-p, p in [0, 1)")
+    li.add_argument("--rdp-order", type=_float, metavar="A", help="also print the RDP bound at this order")
     a.add_argument("--json", action="store_true")
 
     c = sub.add_parser("calibrate", help="smallest noise multiplier meeting an (epsilon, delta) budget")
@@ -164,6 +181,11 @@ def _check_common(args) -> None:
 def cmd_account(args) -> int:
     from dptrain.accounting import accountant_names, dpsgd_ledger, epsilon
 
+    if args.accountant == "last_iterate":
+        return _account_last_iterate(args)
+    for flag in ("noise_multiplier", "sampling_rate"):
+        if getattr(args, flag) is None:
+            raise ConfigError(f"--{flag.replace('_', '-')} is required with --accountant {args.accountant}")
     _check_common(args)
     _check(args.noise_multiplier > 0, "--noise-multiplier", "a number > 0", args.noise_multiplier)
     ledger = dpsgd_ledger(args.noise_multiplier, args.sampling_rate, args.steps, args.sampling)
@@ -201,6 +223,71 @@ def cmd_account(args) -> int:
         print(f"{r.accountant:>4}: epsilon = {r.epsilon:.6g} at delta = {r.delta:g}{mark}")
     for name, why in refusals.items():
         print(f"{name:>4}: refused: {why}")
+    return 0
+
+
+def _account_last_iterate(args) -> int:
+    from dptrain.accounting.last_iterate import Setting, last_iterate_report, rdp_bound
+
+    needed = ("lipschitz", "diameter", "smoothness", "learning_rate", "dataset_size", "noise_std")
+    missing = [f"--{k.replace('_', '-')}" for k in needed if getattr(args, k) is None]
+    if missing:
+        raise ConfigError(f"--accountant last_iterate needs {', '.join(missing)}")
+    _check(0 < args.delta < 1, "--delta", "in (0, 1)", args.delta)
+    b = (
+        args.batch_size
+        if args.batch_size is not None
+        else (args.dataset_size if args.batching == "full" else None)
+    )
+    if b is None:
+        raise ConfigError("--accountant last_iterate needs --batch-size (or --batching full)")
+    st = Setting(
+        n=args.dataset_size,
+        b=b,
+        noise_std=args.noise_std,
+        lipschitz=args.lipschitz,
+        diameter=args.diameter,
+        learning_rate=args.learning_rate,
+        steps=args.steps,
+        batching=args.batching,
+        adjacency=args.adjacency,
+        strong_convexity=args.strong_convexity,
+        smoothness=args.smoothness,
+        lr_power=args.lr_power,
+    )
+    r = last_iterate_report(st, args.delta)
+    out = {
+        "epsilon": r["epsilon"],
+        "epsilon_composition": r["epsilon_composition"],
+        "delta": args.delta,
+        "accountant": "last_iterate",
+        "burn_in_steps": r["burn_in_steps"],
+        "order": r["order"],
+        "bound": r["bound"],
+        "window": r["window"],
+    }
+    if args.rdp_order is not None:
+        _check(args.rdp_order > 1, "--rdp-order", "a number > 1", args.rdp_order)
+        at = rdp_bound(st, args.rdp_order)
+        out.update(rdp_order=args.rdp_order, rdp=at.rdp, rdp_composition=at.composition)
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    burn = (
+        "none (decaying steps keep growing)"
+        if out["burn_in_steps"] is None
+        else f"{out['burn_in_steps']} steps"
+    )
+    print(
+        f"last_iterate: epsilon = {out['epsilon']:.6g} at delta = {args.delta:g}  (bound {out['bound']}, order "
+        f"{out['order']:g}; only the last iterate released)"
+    )
+    print(f" composition: epsilon = {out['epsilon_composition']:.6g}  (every step charged)")
+    print(f"     burn-in: {burn}")
+    if args.rdp_order is not None:
+        print(
+            f"   RDP at order {args.rdp_order:g}: {out['rdp']:.6g} (composition {out['rdp_composition']:.6g})"
+        )
     return 0
 
 

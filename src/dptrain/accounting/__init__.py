@@ -7,6 +7,7 @@ Accountants are looked up by name in a registry; ``rdp`` and ``pld`` delegate to
 from dptrain.accounting import standard as _standard  # noqa: F401, I001  (registers "rdp", "pld" first)
 from dptrain.accounting import gdp as _gdp  # noqa: F401  (registers "gdp")
 from dptrain.accounting import proactive as _proactive  # noqa: F401  (registers "proactive")
+from dptrain.accounting import last_iterate as _last_iterate  # noqa: F401  (registers "last_iterate")
 from dptrain.accounting.base import (
     Accountant,
     PrivacyReport,
