@@ -40,6 +40,8 @@ _EXPORTS = {
     "RunConfig": "dptrain.config",
     "run_training": "dptrain.run",
     "DPTrainError": "dptrain.errors",
+    "ConvexGLM": "dptrain.last_iterate",
+    "ProjectedNoisySGD": "dptrain.last_iterate",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -23,3 +23,8 @@ class AccountingError(DPTrainError, ValueError):
 
 class BudgetExhausted(DPTrainError):
     """The privacy budget does not allow even one more release."""
+
+
+class RunNotFinished(DPTrainError, RuntimeError):
+    """The last iterate was asked for before all T steps ran (intermediate iterates are not private releases),
+    or a step was asked for after all T steps ran."""

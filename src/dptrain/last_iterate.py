@@ -1,0 +1,531 @@
+"""Projected noisy SGD for convex generalized linear models, releasing only the LAST iterate (seed 003).
+
+Paper: Altschuler & Talwar, "Privacy of Noisy Stochastic Gradient Descent: More Iterations without More Privacy
+Loss" (digest: shared/digests/003_noisy_sgd_privacy.md). The paper's guarantee (Thm 3.1; App. B) is for the
+algorithm of its Sec 1.2 / Sec 3.2 Step 1 (digest 2.1)::
+
+    w_0 in K;  for t = 0..T-1:  w_{t+1} = Proj_K[ w_t - eta_t (G_t + Z_t) ],   Z_t ~ N(0, sigma^2 I)
+    G_t = (1/b) sum_{i in B_t} grad F_i(w_t);     release w_T only
+
+for convex losses F_i that are M-smooth with eta_t <= 2/M (Lemma 2.1; eta_t < 2/M for m-strongly convex F_i,
+Lemma 5.5), whose unregularized part f_i is L-Lipschitz on K (Sec 5.4), and a convex K of diameter D. There is
+no gradient clipping: Lipschitzness bounds the gradient sensitivity sup_w ||grad f_i(w) - grad f_i'(w)|| by 2L
+(replace adjacency, Sec 1.2 "Lipschitzness") or L (remove adjacency, Remark B.2).
+
+This module supplies the losses for which L, M and m are known in closed form (:class:`ConvexGLM`), the
+algorithm (:class:`ProjectedNoisySGD`), and records each step in a :class:`~dptrain.accounting.ledger.Ledger`
+through the contract of :mod:`dptrain.accounting.last_iterate`; the last-iterate accountant turns that ledger
+into epsilon. Nothing here computes epsilon.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from dptrain.accounting.last_iterate import (
+    ADJACENCIES,
+    BATCHINGS,
+    neighboring_for,
+    step_event,
+    step_facts,
+)
+from dptrain.accounting.ledger import Ledger
+from dptrain.errors import ConfigError, RunNotFinished
+from dptrain.noise import add_gaussian_noise
+
+LOSSES = ("logistic", "smoothed_hinge", "squared")
+STATE_FORMAT = "dptrain-last-iterate-state/1"
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The models: convex GLMs with closed-form L, M, m
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _finite_positive(name: str, value: Any) -> float:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, numbers.Real)
+        or not (math.isfinite(value) and value > 0)
+    ):
+        raise ConfigError(f"{name} must be a finite number > 0, got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class ConvexGLM:
+    """A linear model w in R^{d(+1)} (bias optional, as an appended constant feature 1) with a convex loss.
+
+    Features are rescaled per example to norm <= ``feature_norm`` = R by x -> x / max(1, ||x||/R). This is a
+    fixed, data-independent map applied to each example on its own, so neighbouring data sets stay
+    neighbouring and it costs no privacy; it is what makes the Lipschitz constant L of the paper (Sec 1.2,
+    Sec 5.4) hold without gradient clipping. For ``squared`` the labels are clipped to [-label_bound,
+    label_bound] the same way. Binary labels y in {0, 1} are mapped to y' = 2y - 1 in {-1, +1} for
+    ``logistic`` and ``smoothed_hinge``.
+
+    Losses of z = y' w.x~ (classification) or of the residual w.x~ - y (regression), x~ = [x, 1] with a bias:
+
+    * ``logistic``: f(w) = log(1 + exp(-z));
+    * ``smoothed_hinge`` (the quadratically smoothed hinge of Rennie & Srebro, "Loss functions for preference
+      levels", 2005 [external], smoothing parameter 1): l(z) = 0 if z >= 1, (1 - z)^2/2 if 0 < z < 1,
+      1/2 - z if z <= 0;
+    * ``squared``: f(w) = (w.x~ - y)^2 / 2.
+
+    The regularized per-example loss is F_i = f_i + (l2/2)||w||^2 (the bias coordinate is regularized too, so
+    F_i is l2-strongly convex in all coordinates). Per Sec 5.4 of the paper, L is the Lipschitz constant of
+    the UNREGULARIZED f_i (only the gradient sensitivity, in which the regularizer cancels, enters), while M and
+    m are the smoothness and strong convexity of F_i. See :meth:`constants`.
+    """
+
+    loss: str
+    feature_norm: float
+    fit_bias: bool = True
+    l2: float = 0.0
+    label_bound: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.loss not in LOSSES:
+            raise ConfigError(f"loss must be one of {', '.join(LOSSES)}, got {self.loss!r}")
+        _finite_positive("feature_norm", self.feature_norm)
+        _finite_positive("label_bound", self.label_bound)
+        if (
+            isinstance(self.l2, bool)
+            or not isinstance(self.l2, numbers.Real)
+            or not (math.isfinite(self.l2) and self.l2 >= 0)
+        ):
+            raise ConfigError(f"l2 must be a finite number >= 0, got {self.l2!r}")
+        if not isinstance(self.fit_bias, bool):
+            raise ConfigError(f"fit_bias must be true or false, got {self.fit_bias!r}")
+
+    # -- constants ----------------------------------------------------------------------------------------
+    @property
+    def augmented_feature_norm(self) -> float:
+        """R~ = sqrt(R^2 + 1) with a bias (the appended constant feature 1), else R: ||x~|| <= R~."""
+        r = float(self.feature_norm)
+        return math.sqrt(r * r + 1.0) if self.fit_bias else r
+
+    def lipschitz(self, diameter: float, center_norm: float = 0.0) -> float:
+        """L: a bound on ||grad f_i(w)|| over w in K for the UNREGULARIZED loss (paper Sec 5.4, Sec 1.2).
+
+        K is the ball of radius D/2 around a center of norm ``center_norm``. See :meth:`constants`."""
+        return self.constants(diameter, center_norm)["L"]
+
+    def constants(self, diameter: float, center_norm: float = 0.0) -> dict[str, Any]:
+        """L, M, m of the paper (Sec 1.2 definitions; Sec 5.4: L of f_i, M and m of F_i = f_i + (l2/2)||w||^2).
+
+        Every loss is f_i(w) = l(w.x~_i) with a scalar convex l, so grad f_i = l'(.) x~_i and
+        Hess f_i = l''(.) x~_i x~_i^T; with ||x~_i|| <= R~ this gives ||grad f_i|| <= sup|l'| R~ and
+        Hess f_i <= sup l'' R~^2 I. Adding (l2/2)||w||^2 adds l2 I to the Hessian: M = sup l'' R~^2 + l2 and
+        m = l2 (the losses themselves are convex but not strongly convex, inf l'' = 0).
+
+        * logistic, l(z) = log(1 + e^{-z}): |l'(z)| = sigmoid(-z) < 1 and l''(z) = sigmoid(z) sigmoid(-z) <= 1/4,
+          so L = R~, M = R~^2/4 + l2.
+        * smoothed hinge: l'(z) = -clamp(1 - z, 0, 1), so |l'| <= 1, and l'' is 1 on (0, 1) and 0 elsewhere, so
+          L = R~, M = R~^2 + l2.
+        * squared, l(r) = r^2/2 with r = w.x~ - y: grad = r x~ is bounded only on the domain. For w in K,
+          ||w|| <= center_norm + D/2, so |w.x~| <= (center_norm + D/2) R~ and |y| <= label_bound, giving
+          L = ((center_norm + D/2) R~ + label_bound) R~; l'' = 1 so M = R~^2 + l2.
+        """
+        diameter = _finite_positive("diameter", diameter)
+        if not (math.isfinite(center_norm) and center_norm >= 0):
+            raise ConfigError(f"center_norm must be a finite number >= 0, got {center_norm!r}")
+        rt = self.augmented_feature_norm
+        rt2 = float(self.feature_norm) ** 2 + (1.0 if self.fit_bias else 0.0)  # R~^2 without sqrt round-off
+        l2 = float(self.l2)
+        if self.loss == "logistic":
+            lip, smooth = rt, rt2 / 4.0 + l2
+            how = "|l'| <= 1, l'' <= 1/4: L = R~, M = R~^2/4 + l2, m = l2"
+        elif self.loss == "smoothed_hinge":
+            lip, smooth = rt, rt2 + l2
+            how = "|l'| <= 1, l'' <= 1: L = R~, M = R~^2 + l2, m = l2"
+        else:
+            lip = ((center_norm + diameter / 2.0) * rt + float(self.label_bound)) * rt
+            smooth = rt2 + l2
+            how = "|w.x~ - y| <= (||c|| + D/2) R~ + label_bound on K: L = that * R~, M = R~^2 + l2, m = l2"
+        return {
+            "L": lip,
+            "M": smooth,
+            "m": l2,
+            "R_tilde": rt,
+            "derivation": f"{self.loss}: ||x~|| <= R~ = {rt:.6g}; {how} (Altschuler & Talwar Sec 5.4)",
+        }
+
+    # -- features, labels, losses, gradients --------------------------------------------------------------
+    def prepare_features(self, x: torch.Tensor, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+        """Flatten to (N, d), rescale each row to norm <= R (x / max(1, ||x||/R)) and append 1 with a bias.
+
+        A 1-D ``x`` is one example."""
+        x = torch.as_tensor(x).to(dtype)
+        x = x.reshape(x.shape[0], -1) if x.ndim != 1 else x.reshape(1, -1)
+        if not bool(torch.isfinite(x).all()):
+            raise ConfigError("features must be finite (found NaN or infinite values)")
+        norms = torch.linalg.vector_norm(x, dim=1, keepdim=True)
+        x = x / torch.clamp(norms / float(self.feature_norm), min=1.0)
+        if self.fit_bias:
+            x = torch.cat([x, torch.ones(x.shape[0], 1, dtype=dtype)], dim=1)
+        return x
+
+    def prepare_labels(self, y: torch.Tensor, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+        """{0, 1} -> {-1, +1} for the classification losses (anything else refused); clipped for squared."""
+        y = torch.as_tensor(y).reshape(-1)
+        if self.loss == "squared":
+            y = y.to(dtype)
+            if not bool(torch.isfinite(y).all()):
+                raise ConfigError("labels must be finite for loss 'squared'")
+            return y.clamp(-float(self.label_bound), float(self.label_bound))
+        if y.dtype.is_floating_point and not bool(torch.isfinite(y).all()):
+            raise ConfigError(f"labels must be 0 or 1 for loss {self.loss!r} (found NaN or infinite values)")
+        bad = (y != 0) & (y != 1)
+        if bool(bad.any()):
+            found = sorted({float(v) for v in torch.unique(y[bad])[:5].tolist()})
+            raise ConfigError(f"labels must be 0 or 1 for loss {self.loss!r}, found {found}")
+        return 2.0 * y.to(dtype) - 1.0
+
+    def dimension(self, num_features: int) -> int:
+        return int(num_features) + (1 if self.fit_bias else 0)
+
+    def derivative(self, w: torch.Tensor, xt: torch.Tensor, yt: torch.Tensor) -> torch.Tensor:
+        """The scalar factor c_i with grad f_i(w) = c_i x~_i (closed form, one per row; see :meth:`constants`)."""
+        if self.loss == "squared":
+            return xt @ w - yt
+        z = yt * (xt @ w)
+        if self.loss == "logistic":
+            return -yt * torch.sigmoid(-z)
+        return -yt * torch.clamp(1.0 - z, 0.0, 1.0)
+
+    def per_example_gradients(self, w: torch.Tensor, xt: torch.Tensor, yt: torch.Tensor) -> torch.Tensor:
+        """(N, d~) gradients of the UNREGULARIZED losses f_i at w, in closed form (no autograd)."""
+        return self.derivative(w, xt, yt)[:, None] * xt
+
+    def batch_gradient(self, w: torch.Tensor, xt: torch.Tensor, yt: torch.Tensor) -> torch.Tensor:
+        """G = (1/b) sum_i grad F_i(w) = (1/b) sum_i l'(.) x~_i + l2 w (digest 2.1; the regularized loss)."""
+        c = self.derivative(w, xt, yt)
+        return (c @ xt) / xt.shape[0] + float(self.l2) * w
+
+    def per_example_losses(self, w: torch.Tensor, xt: torch.Tensor, yt: torch.Tensor) -> torch.Tensor:
+        """f_i(w) (unregularized), differentiable; for evaluation and checks, never used by the training step."""
+        if self.loss == "squared":
+            return 0.5 * (xt @ w - yt) ** 2
+        z = yt * (xt @ w)
+        if self.loss == "logistic":
+            return torch.nn.functional.softplus(-z)
+        return torch.where(z >= 1, torch.zeros_like(z), torch.where(z > 0, 0.5 * (1 - z) ** 2, 0.5 - z))
+
+    def scores(self, w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """w . x~ for raw features x (the same per-example feature map as in training)."""
+        w = torch.as_tensor(w)
+        return self.prepare_features(x, w.dtype) @ w
+
+    def predict(self, w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """Labels in {0, 1} (sign of w.x~) for the classification losses; w.x~ itself for squared."""
+        s = self.scores(w, x)
+        return s if self.loss == "squared" else (s > 0).to(torch.int64)
+
+
+def accuracy(w: torch.Tensor, glm: ConvexGLM, x: torch.Tensor, y: torch.Tensor) -> float:
+    """Fraction of examples whose predicted {0, 1} label equals y (classification losses only).
+
+    Evaluate on held-out data: accuracy on the training set is a function of the private data and is not
+    covered by the privacy guarantee."""
+    if glm.loss == "squared":
+        raise ConfigError("accuracy needs a classification loss (logistic or smoothed_hinge), got 'squared'")
+    y = torch.as_tensor(y).reshape(-1)
+    if len(y) == 0:
+        raise ConfigError("accuracy needs at least one example")
+    return float((glm.predict(w, x) == y.to(torch.int64)).double().mean())
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The algorithm
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _as_tensors(data: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    if hasattr(data, "x") and hasattr(data, "y"):
+        return torch.as_tensor(data.x), torch.as_tensor(data.y)
+    if isinstance(data, torch.utils.data.TensorDataset):
+        return data.tensors[0], data.tensors[1]
+    if isinstance(data, tuple | list) and len(data) == 2:
+        return torch.as_tensor(data[0]), torch.as_tensor(data[1])
+    raise ConfigError("training data must be an ArrayDataset, a TensorDataset or an (x, y) pair of tensors")
+
+
+def _int_at_least(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise ConfigError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def project_to_ball(w: torch.Tensor, center: torch.Tensor, radius: float) -> torch.Tensor:
+    """Exact Euclidean projection onto {v : ||v - center|| <= radius}: center + (w - center) min(1, r/||w - c||).
+
+    The paper's Pi_K (Sec 1.2; Def 2.13); the ball of radius D/2 has diameter D as Thm 3.1 requires."""
+    diff = w - center
+    norm = float(torch.linalg.vector_norm(diff))
+    if norm <= radius:
+        return w
+    return center + diff * (radius / norm)
+
+
+class ProjectedNoisySGD:
+    """Projected noisy SGD on a convex GLM (Altschuler & Talwar Sec 1.2, Sec 3.2 Step 1; digest 2.1-2.4).
+
+    ``w_0 = center`` (default 0) and K is the Euclidean ball of radius D/2 around it (diameter D). Step t
+    (t = 0..T-1) draws a batch B_t, computes G_t = (1/b) sum_{i in B_t} grad F_i(w_t) in closed form, draws
+    Z_t ~ N(0, sigma^2 I) and sets w_{t+1} = Proj_K[w_t - eta_t (G_t + Z_t)] with
+    eta_t = learning_rate (t + 1)^(-lr_power) (Sec 5.3, Example 5.9: eta_t ~ t^{-c}, c in [0, 1)).
+    sigma is the std of the noise on the AVERAGED batch gradient (the paper's convention, footnote 4).
+
+    Batching: ``random``, a uniformly random size-b subset drawn without replacement, independently at every
+    step (eq 3.1, P[i in B_t] = b/n; digest 8.1); ``cyclic``, Noisy-CGD (Sec 5.2): batch t is block
+    (t mod n/b) of a permutation fixed from the seed before training (data-independent; needs b | n);
+    ``full``: all n examples every step (App. B.1).
+
+    Privacy: each step records one ledger event (see :mod:`dptrain.accounting.last_iterate`) with the facts
+    the last-iterate accountant needs (L, D, M, m, eta, ...). The guarantee covers ONLY the final iterate w_T:
+
+    * covered: convex losses (the GLMs here), exact projection onto K, eta_t <= 2/M (< 2/M if m > 0), the
+      release of w_T alone, and anything computed from w_T (post-processing);
+    * NOT covered: releasing or logging any intermediate iterate, the average iterate (provably less private
+      for Noisy-CGD, Sec 6), per-step losses, a resumable :meth:`state_dict` (it holds an intermediate
+      iterate), non-convex models, gradient clipping (Sec 6), or stopping early and publishing w_t for t < T
+      (digest 8.12). If intermediate iterates of this class do get released, a composition accountant
+      (rdp, pld) on the same ledger still applies: every step is a (sub-sampled) Gaussian mechanism whose
+      averaged gradient has sensitivity Delta/b, because the iterates stay in K where f_i is L-Lipschitz.
+
+    Accordingly :meth:`train` returns only w_T, :meth:`final_model` refuses before the last step, and the
+    callback of :meth:`train` receives only the number of steps taken.
+    """
+
+    def __init__(
+        self,
+        glm: ConvexGLM,
+        data: Any,
+        *,
+        noise_std: float,
+        learning_rate: float,
+        steps: int,
+        batch_size: int | None = None,
+        batching: str = "random",
+        diameter: float,
+        center: Any = None,
+        lr_power: float = 0.0,
+        adjacency: str = "replace",
+        seed: int = 0,
+        dtype: torch.dtype = torch.float64,
+    ):
+        if not isinstance(glm, ConvexGLM):
+            raise ConfigError(f"glm must be a ConvexGLM, got {type(glm).__name__}")
+        self.glm, self.dtype = glm, dtype
+        x, y = _as_tensors(data)
+        if x.shape[0] != torch.as_tensor(y).reshape(-1).shape[0]:
+            raise ConfigError(f"data has {x.shape[0]} feature rows but {torch.as_tensor(y).numel()} labels")
+        self.n = _int_at_least("number of training examples", int(x.shape[0]), 1)
+        self._x = glm.prepare_features(x, dtype)
+        self._y = glm.prepare_labels(y, dtype)
+        self.dim = int(self._x.shape[1])
+
+        if batching not in BATCHINGS:
+            raise ConfigError(f"batching must be one of {', '.join(BATCHINGS)}, got {batching!r}")
+        if adjacency not in ADJACENCIES:
+            raise ConfigError(f"adjacency must be one of {', '.join(ADJACENCIES)}, got {adjacency!r}")
+        if batch_size is None and batching == "full":
+            batch_size = self.n
+        if batch_size is None:
+            raise ConfigError(
+                f"batch_size is required for batching {batching!r} (an integer in [1, n={self.n}])"
+            )
+        b = _int_at_least("batch_size", batch_size, 1)
+        if b > self.n:
+            raise ConfigError(f"batch_size must be in [1, n={self.n}], got {b}")
+        if batching == "full" and b != self.n:
+            raise ConfigError(f"batch_size must equal n={self.n} for batching 'full', got {b}")
+        if batching == "cyclic" and self.n % b:
+            raise ConfigError(f"batch_size must divide n={self.n} for batching 'cyclic' (Sec 5.2), got {b}")
+        self.batch_size, self.batching, self.adjacency = b, batching, adjacency
+        self.steps = _int_at_least("steps", steps, 1)
+        self.noise_std = _finite_positive("noise_std", noise_std)
+        self.diameter = _finite_positive("diameter", diameter)
+        self.learning_rate = _finite_positive("learning_rate", learning_rate)
+        if isinstance(lr_power, bool) or not isinstance(lr_power, numbers.Real) or not 0 <= lr_power < 1:
+            raise ConfigError(f"lr_power must be in [0, 1) (Sec 5.3, Example 5.9), got {lr_power!r}")
+        self.lr_power = float(lr_power)
+        self.seed = _int_at_least("seed", seed, 0)
+
+        if center is None:
+            self.center = torch.zeros(self.dim, dtype=dtype)
+        else:
+            self.center = torch.as_tensor(center).to(dtype).reshape(-1).clone()
+            if self.center.shape[0] != self.dim:
+                raise ConfigError(
+                    f"center must have {self.dim} coordinates (features + bias), got {self.center.shape[0]}"
+                )
+            if not bool(torch.isfinite(self.center).all()):
+                raise ConfigError("center must be finite")
+        consts = glm.constants(self.diameter, float(torch.linalg.vector_norm(self.center)))
+        self.constants = consts
+        self.lipschitz, self.smoothness, self.strong_convexity = consts["L"], consts["M"], consts["m"]
+        self._check_learning_rate()
+
+        self.sensitivity = ADJACENCIES[adjacency] * self.lipschitz  # Delta: 2L replace, L remove (Remark B.2)
+        self._event = step_event(batching, self.n, b, self.noise_std, self.sensitivity)
+        self._facts = step_facts(
+            batching=batching,
+            n=self.n,
+            b=b,
+            noise_std=self.noise_std,
+            lipschitz=self.lipschitz,
+            adjacency=adjacency,
+            diameter=self.diameter,
+            smoothness=self.smoothness,
+            learning_rate=self.learning_rate,
+            lr_power=self.lr_power,
+            strong_convexity=self.strong_convexity,
+            convex=True,
+            projected=True,
+        )
+        self._ledger = Ledger(neighboring=neighboring_for(adjacency))
+        self.generator = torch.Generator().manual_seed(self.seed)
+        # Cyclic order: one permutation fixed before training from the seed alone (data-independent, Sec 5.2).
+        self._order = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed))
+        self._w = self.center.clone()
+        self.steps_taken = 0
+
+    def _check_learning_rate(self) -> None:
+        """eta_t <= eta_0 <= 2/M (Lemma 2.1: the gradient step is a contraction); strictly < 2/M when m > 0
+        (Lemma 5.5, the c-contraction of the strongly convex analysis). lr_power >= 0 keeps eta_t <= eta_0."""
+        bound = 2.0 / self.smoothness
+        strict = self.strong_convexity > 0
+        if self.learning_rate > bound or (strict and self.learning_rate >= bound):
+            interval = f"(0, 2/M) = (0, {bound:.6g})" if strict else f"(0, 2/M] = (0, {bound:.6g}]"
+            raise ConfigError(
+                f"learning_rate must be in {interval} with M = {self.smoothness:.6g} the smoothness of the "
+                f"regularized {self.glm.loss} loss (Lemma {'5.5' if strict else '2.1'}), got {self.learning_rate}"
+            )
+
+    # -- the algorithm ------------------------------------------------------------------------------------
+    def learning_rate_at(self, t: int) -> float:
+        """eta_t = eta_0 (t + 1)^(-lr_power), t = 0..T-1 (Sec 5.3, Example 5.9)."""
+        return self.learning_rate * float(t + 1) ** (-self.lr_power)
+
+    def batch_indices(self, t: int) -> torch.Tensor:
+        """B_t (digest 2.1-2.3). Random batches consume the generator; the other two do not."""
+        if self.batching == "full":
+            return torch.arange(self.n)
+        if self.batching == "cyclic":
+            k = t % (self.n // self.batch_size)
+            return self._order[k * self.batch_size : (k + 1) * self.batch_size]
+        return torch.randperm(self.n, generator=self.generator)[: self.batch_size]
+
+    def step(self) -> None:
+        """One step: w_{t+1} = Proj_K[w_t - eta_t (G_t + Z_t)] (digest 2.1); records one ledger event."""
+        if self.steps_taken >= self.steps:
+            raise RunNotFinished(f"all {self.steps} steps have run; the last iterate is final_model()")
+        t = self.steps_taken
+        idx = self.batch_indices(t)
+        g = self.glm.batch_gradient(self._w, self._x[idx], self._y[idx])
+        noisy = add_gaussian_noise({"g": g}, self.noise_std, self.generator)["g"]
+        w = self._w - self.learning_rate_at(t) * noisy
+        self._w = project_to_ball(w, self.center, self.diameter / 2.0)
+        self._ledger.record(self._event, self._facts)
+        self.steps_taken += 1
+
+    def train(self, callback: Callable[[int], None] | None = None) -> torch.Tensor:
+        """Run all remaining steps and return ONLY the final iterate w_T (a copy).
+
+        ``callback(steps_taken)`` is called after each step with the step count only: no iterate, no loss."""
+        while self.steps_taken < self.steps:
+            self.step()
+            if callback is not None:
+                callback(self.steps_taken)
+        return self.final_model()
+
+    @property
+    def finished(self) -> bool:
+        return self.steps_taken >= self.steps
+
+    @property
+    def ledger(self) -> Ledger:
+        """The releases recorded so far: one event per step (merged into one entry)."""
+        return self._ledger
+
+    def final_model(self) -> torch.Tensor:
+        """The last iterate w_T (a copy). Refuses before all T steps ran: w_t, t < T, is not a private release."""
+        if not self.finished:
+            raise RunNotFinished(
+                f"final_model is available after all {self.steps} steps; {self.steps - self.steps_taken} remain "
+                "(only the last iterate is covered by the privacy guarantee)"
+            )
+        return self._w.clone()
+
+    def predict(self, x: torch.Tensor) -> torch.Tensor:
+        """Predictions of the final iterate w_T (see :meth:`ConvexGLM.predict`)."""
+        return self.glm.predict(self.final_model(), x)
+
+    # -- resume state -------------------------------------------------------------------------------------
+    def _config(self) -> dict[str, Any]:
+        return {
+            "glm": [
+                self.glm.loss,
+                float(self.glm.feature_norm),
+                self.glm.fit_bias,
+                float(self.glm.l2),
+                float(self.glm.label_bound),
+            ],
+            "n": self.n,
+            "dim": self.dim,
+            "batch_size": self.batch_size,
+            "batching": self.batching,
+            "adjacency": self.adjacency,
+            "steps": self.steps,
+            "noise_std": self.noise_std,
+            "learning_rate": self.learning_rate,
+            "lr_power": self.lr_power,
+            "diameter": self.diameter,
+            "seed": self.seed,
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """INTERNAL resume state: the current iterate, RNG state, cyclic order, step count and ledger.
+
+        The iterate inside is an intermediate w_t: it is NOT a private release and must not be published,
+        logged or shared (only w_T is covered by the last-iterate guarantee, digest 8.12). Store it like the
+        private training data itself, and delete it once the run has finished."""
+        return {
+            "format": STATE_FORMAT,
+            "config": self._config(),
+            "center": self.center.clone(),
+            "iterate": self._w.clone(),
+            "generator": self.generator.get_state(),
+            "order": self._order.clone(),
+            "steps_taken": self.steps_taken,
+            "ledger": self._ledger.to_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue a run from :meth:`state_dict`; refuses state from a run with other settings."""
+        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+            raise ConfigError(f"not a {STATE_FORMAT} state")
+        if state["config"] != self._config():
+            diff = sorted(k for k in self._config() if state["config"].get(k) != self._config()[k])
+            raise ConfigError(f"resume state is from a run with different settings: {', '.join(diff)}")
+        center = torch.as_tensor(state["center"]).to(self.dtype)
+        if not torch.equal(center, self.center):
+            raise ConfigError("resume state is from a run with a different center")
+        taken = _int_at_least("steps_taken", state["steps_taken"], 0)
+        if taken > self.steps:
+            raise ConfigError(f"resume state has {taken} steps taken, more than steps={self.steps}")
+        ledger = Ledger.from_dict(state["ledger"])
+        if ledger.releases != taken:
+            raise ConfigError(f"resume state ledger records {ledger.releases} releases for {taken} steps")
+        self._w = torch.as_tensor(state["iterate"]).to(self.dtype).clone()
+        self.generator.set_state(state["generator"])
+        self._order = torch.as_tensor(state["order"]).clone()
+        self.steps_taken = taken
+        self._ledger = ledger
