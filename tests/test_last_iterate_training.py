@@ -347,3 +347,28 @@ def test_training_separates_a_gaussian_mixture():
         assert acc > 0.85, (loss, acc)
     with pytest.raises(ConfigError):
         accuracy(w, ConvexGLM("squared", 8.0), split.test.x, split.test.y)
+
+
+def test_cli_trains_projected_noisy_sgd_and_certifies_the_last_iterate(tmp_path, capsys):
+    import json
+
+    from dptrain.cli import main
+
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(
+        '[data]\nname = "synthetic"\noptions = { n = 600, dim = 8, num_classes = 2, separation = 4.0 }\n'
+        '[privacy]\ntarget_epsilon = 2.0\ndelta = 1e-5\naccountant = "last_iterate"\n'
+        '[training]\nalgorithm = "projected_noisy_sgd"\nsteps = 3000\nbatch_size = 10\nlearning_rate = 1.0\n'
+        '[convex]\nloss = "logistic"\nfeature_norm = 1.0\nl2 = 0.01\ndiameter = 4.0\n'
+    )
+    out = tmp_path / "run"
+    assert main(["train", "--config", str(cfg), "--out", str(out), "--no-progress", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["epsilon"] <= 2.0 + 1e-9 and summary["epsilon"] < summary["epsilon_composition"]
+    assert summary["test_accuracy"] > 0.8 and summary["steps"] == 3000
+    assert (out / "model.pt").exists() and not (out / "checkpoint.pt").exists()  # only the last iterate
+    assert main(["train", "--config", str(cfg), "--out", str(out), "--no-progress"]) == 2  # no overwrite
+    bad = tmp_path / "bad.toml"
+    bad.write_text(cfg.read_text().replace("learning_rate = 1.0", "learning_rate = 50.0"))
+    assert main(["train", "--config", str(bad), "--out", str(tmp_path / "r2"), "--no-progress"]) == 2
+    assert "2/M" in capsys.readouterr().err

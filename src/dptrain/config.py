@@ -23,6 +23,7 @@ class DataConfig:
     name: str = "fashion-mnist"
     path: str | None = None
     options: dict = field(default_factory=dict)  # loader options (test_fraction, n, dim, ...)
+    classes: list | None = None  # keep only these labels, relabelled 0..k-1 in this order (e.g. [2, 4])
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,24 @@ class TrainingConfig:
     weight_decay: float = 0.0
     grad_sampler: str = "auto"
     eval_every: int | None = None  # steps between evaluations/checkpoints; default: once per epoch
+    algorithm: str = "dpsgd"  # dpsgd | projected_noisy_sgd (convex GLMs, last iterate only: see [convex])
+
+
+@dataclass(frozen=True)
+class ConvexConfig:
+    """Projected noisy SGD on a convex GLM (seed 003); used when training.algorithm = "projected_noisy_sgd"."""
+
+    loss: str = "logistic"  # logistic | smoothed_hinge | squared
+    feature_norm: float = 1.0  # R: each example is rescaled to norm <= R (no privacy cost)
+    fit_bias: bool = True
+    l2: float = 0.0
+    diameter: float = 10.0  # D: the iterates stay in an L2 ball of this diameter around 0
+    noise_std: float | None = (
+        None  # sigma on the averaged gradient (paper's footnote 4), or privacy.target_epsilon
+    )
+    batching: str = "random"  # random | cyclic | full
+    lr_power: float = 0.0  # eta_t = learning_rate (t+1)^(-p)
+    adjacency: str = "replace"  # replace (Delta = 2L) | remove (Delta = L)
 
 
 @dataclass(frozen=True)
@@ -64,6 +83,7 @@ class RunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
+    convex: ConvexConfig = field(default_factory=ConvexConfig)
 
     @property
     def steps_or_epochs(self) -> dict:
@@ -71,7 +91,14 @@ class RunConfig:
         return {"steps": t.steps} if t.steps is not None else {"epochs": t.epochs}
 
 
-SECTIONS = {"data": DataConfig, "model": ModelConfig, "privacy": PrivacyConfig, "training": TrainingConfig}
+SECTIONS = {
+    "data": DataConfig,
+    "model": ModelConfig,
+    "privacy": PrivacyConfig,
+    "training": TrainingConfig,
+    "convex": ConvexConfig,
+}
+ALGORITHMS = ("dpsgd", "projected_noisy_sgd")
 OPTIMIZERS = ("sgd", "adam")
 
 
@@ -80,7 +107,14 @@ OPTIMIZERS = ("sgd", "adam")
 
 def _type_name(tp) -> str:
     args = [a for a in typing.get_args(tp) if a is not type(None)] or [tp]
-    names = {int: "an integer", float: "a number", str: "a string", dict: "a table", bool: "true/false"}
+    names = {
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        dict: "a table",
+        bool: "true/false",
+        list: "a list",
+    }
     return " or ".join(names.get(a, getattr(a, "__name__", str(a))) for a in args)
 
 
@@ -93,7 +127,7 @@ def _coerce(key: str, value: Any, tp) -> Any:
             return float(value)
         if a is int and isinstance(value, int) and not isinstance(value, bool):
             return value
-        if a in (str, dict, bool) and isinstance(value, a):
+        if a in (str, dict, bool, list) and isinstance(value, a):
             return value
     raise ConfigError(f"{key} must be {_type_name(tp)}, got {value!r}")
 
@@ -188,6 +222,19 @@ def validate(cfg: RunConfig) -> None:
 
     p, t = cfg.privacy, cfg.training
     _need(cfg.seed >= 0, "seed", "an integer >= 0", cfg.seed)
+    _need(t.algorithm in ALGORITHMS, "training.algorithm", f"one of {', '.join(ALGORITHMS)}", t.algorithm)
+    if cfg.data.classes is not None:
+        _need(
+            len(cfg.data.classes) >= 2
+            and all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in cfg.data.classes)
+            and len(set(cfg.data.classes)) == len(cfg.data.classes),
+            "data.classes",
+            "a list of at least 2 distinct labels (integers >= 0)",
+            cfg.data.classes,
+        )
+    if t.algorithm == "projected_noisy_sgd":
+        _validate_convex(cfg)
+        return
     _need(cfg.data.name in DATASET_NAMES, "data.name", f"one of {', '.join(DATASET_NAMES)}", cfg.data.name)
     _need(cfg.model.name in MODEL_NAMES, "model.name", f"one of {', '.join(MODEL_NAMES)}", cfg.model.name)
     if (p.noise_multiplier is None) == (p.target_epsilon is None):
@@ -268,6 +315,73 @@ def validate(cfg: RunConfig) -> None:
     )
     if t.eval_every is not None:
         _need(t.eval_every >= 1, "training.eval_every", "an integer >= 1", t.eval_every)
+
+
+def _validate_convex(cfg: RunConfig) -> None:
+    from dptrain.last_iterate import LOSSES
+
+    p, t, cv = cfg.privacy, cfg.training, cfg.convex
+    if p.noise_multiplier is not None:
+        raise ConfigError(
+            "privacy.noise_multiplier is for DP-SGD; projected noisy SGD takes convex.noise_std "
+            "(or privacy.target_epsilon)"
+        )
+    if (cv.noise_std is None) == (p.target_epsilon is None):
+        raise ConfigError("set exactly one of convex.noise_std and privacy.target_epsilon")
+    if cv.noise_std is not None:
+        _need(
+            _finite(cv.noise_std) and cv.noise_std > 0,
+            "convex.noise_std",
+            "a finite number > 0",
+            cv.noise_std,
+        )
+    if p.target_epsilon is not None:
+        _need(
+            _finite(p.target_epsilon) and p.target_epsilon > 0,
+            "privacy.target_epsilon",
+            "a finite number > 0",
+            p.target_epsilon,
+        )
+    _need(0 < p.delta < 1, "privacy.delta", "in (0, 1)", p.delta)
+    _need(cv.loss in LOSSES, "convex.loss", f"one of {', '.join(LOSSES)}", cv.loss)
+    _need(
+        _finite(cv.feature_norm) and cv.feature_norm > 0,
+        "convex.feature_norm",
+        "a number > 0",
+        cv.feature_norm,
+    )
+    _need(_finite(cv.diameter) and cv.diameter > 0, "convex.diameter", "a number > 0", cv.diameter)
+    _need(cv.l2 >= 0, "convex.l2", "a number >= 0", cv.l2)
+    _need(
+        cv.batching in ("random", "cyclic", "full"),
+        "convex.batching",
+        "one of random, cyclic, full",
+        cv.batching,
+    )
+    _need(cv.adjacency in ("replace", "remove"), "convex.adjacency", "one of replace, remove", cv.adjacency)
+    _need(0 <= cv.lr_power < 1, "convex.lr_power", "in [0, 1)", cv.lr_power)
+    _need(
+        p.accountant in ("last_iterate", "rdp"),
+        "privacy.accountant",
+        '"last_iterate" or "rdp" for projected noisy SGD',
+        p.accountant,
+    )
+    _need(t.batch_size >= 1, "training.batch_size", "an integer >= 1", t.batch_size)
+    _need(
+        _finite(t.learning_rate) and t.learning_rate > 0,
+        "training.learning_rate",
+        "a number > 0",
+        t.learning_rate,
+    )
+    if t.steps is not None:
+        _need(t.steps >= 1, "training.steps", "an integer >= 1", t.steps)
+    else:
+        _need(
+            _finite(t.epochs) and t.epochs > 0,
+            "training.epochs",
+            "a number > 0 (or set training.steps)",
+            t.epochs,
+        )
 
 
 # --- writing ----------------------------------------------------------------------------------------------

@@ -589,3 +589,29 @@ def load_dataset(name: str, path: str | None = None, *, seed: int = 0, **options
     if path is None:
         raise DataError("dataset 'npz' needs a path to an .npz file with arrays 'x' and 'y'")
     return load_npz(path, seed=seed, **options)
+
+
+def select_classes(split: DataSplit, classes: list[int]) -> DataSplit:
+    """Keep only the examples whose label is in ``classes``, relabelled 0..k-1 in the given order (e.g. a binary
+    task [2, 4] from Fashion-MNIST). A per-example filter chosen before seeing the data: no privacy cost."""
+
+    def pick(ds: ArrayDataset) -> ArrayDataset:
+        keep = torch.zeros(len(ds.y), dtype=torch.bool)
+        y = torch.full_like(ds.y, -1)
+        for new, c in enumerate(classes):
+            if not 0 <= c < ds.num_classes:
+                raise DataError(
+                    f"data.classes: label {c} does not exist in {ds.name} (labels 0..{ds.num_classes - 1})"
+                )
+            mask = ds.y == c
+            keep |= mask
+            y[mask] = new
+        if not keep.any():
+            raise DataError(f"data.classes {classes} selects no example of {ds.name}")
+        return ArrayDataset(ds.x[keep], y[keep], len(classes), ds.name)
+
+    return DataSplit(
+        pick(split.train),
+        pick(split.test),
+        f"{split.description}, classes {classes} relabelled 0..{len(classes) - 1}",
+    )

@@ -450,6 +450,12 @@ class ProjectedNoisySGD:
     def finished(self) -> bool:
         return self.steps_taken >= self.steps
 
+    def planned_ledger(self) -> Ledger:
+        """The ledger this run will have after all its steps (for calibrating sigma before training)."""
+        ledger = Ledger(neighboring=self._ledger.neighboring)
+        ledger.record(self._event, self._facts, self.steps)
+        return ledger
+
     @property
     def ledger(self) -> Ledger:
         """The releases recorded so far: one event per step (merged into one entry)."""

@@ -11,6 +11,7 @@ Files are replaced atomically, so an interrupted run never leaves a half-written
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -23,7 +24,7 @@ import torch
 from dptrain.accounting.ledger import Ledger, write_json_atomic
 from dptrain.accounting.proactive import increasing_sample_sizes
 from dptrain.config import RunConfig, config_to_toml, load_config
-from dptrain.data import DataSplit, load_dataset
+from dptrain.data import DataSplit, load_dataset, select_classes
 from dptrain.engine import Budget, PrivateTrainer, make_private, make_private_with_epsilon
 from dptrain.errors import ConfigError, DataError
 from dptrain.models import build_model
@@ -54,11 +55,17 @@ def build_optimizer(cfg: RunConfig, model: torch.nn.Module) -> torch.optim.Optim
     return torch.optim.Adam(model.parameters(), lr=t.learning_rate, weight_decay=t.weight_decay)
 
 
+def load_data(cfg: RunConfig) -> DataSplit:
+    """The run's data: the loader, then the class selection of data.classes if any."""
+    data = load_dataset(cfg.data.name, cfg.data.path, seed=cfg.seed, **cfg.data.options)
+    return data if cfg.data.classes is None else select_classes(data, list(cfg.data.classes))
+
+
 def build_job(cfg: RunConfig, noise_multiplier: float | None = None) -> Job:
     """Data, model, optimizer and private trainer for ``cfg``. ``noise_multiplier`` overrides calibration
     (a resumed run keeps the sigma it was calibrated with)."""
     torch.manual_seed(cfg.seed)
-    data = load_dataset(cfg.data.name, cfg.data.path, seed=cfg.seed, **cfg.data.options)
+    data = load_data(cfg)
     model = build_model(cfg.model.name, data.train.input_shape, data.train.num_classes, **cfg.model.options)
     optimizer = build_optimizer(cfg, model)
     p, t = cfg.privacy, cfg.training
@@ -161,6 +168,14 @@ def run_training(
     and recorded in the summary."""
     out = Path(out)
     start = time.perf_counter()
+    algorithm = (cfg if cfg is not None else load_config(out / CONFIG)).training.algorithm
+    if algorithm == "projected_noisy_sgd":
+        if resume or stop_after is not None or plan is not None:
+            raise ConfigError(
+                "projected noisy SGD runs cannot be resumed, cut with --stop-after or planned yet; "
+                "run them whole (only the last iterate is released)"
+            )
+        return run_projected(cfg, out, progress)
     if resume:
         cfg = load_config(out / CONFIG)
         state = load_checkpoint(out / CHECKPOINT)
@@ -283,14 +298,33 @@ def format_report(summary: dict) -> str:
     rows = [
         ("privacy", f"epsilon = {summary['epsilon']:.4f}{target} at delta = {summary['delta']:g}{cert}"),
         ("accountant", summary["accountant"]),
+        *(
+            [
+                (
+                    "composition",
+                    f"epsilon = {summary['epsilon_composition']:.4f} if every step were charged "
+                    f"(burn-in {summary['burn_in_steps']} steps)",
+                )
+            ]
+            if "epsilon_composition" in summary
+            else []
+        ),
         ("test accuracy", f"{summary['test_accuracy']:.4f}"),
         ("steps", f"{summary['steps']} of {summary['planned_steps']} ({summary['epochs']:.2f} epochs)"),
-        ("noise multiplier", f"{summary['noise_multiplier']:.4f}"),
+        (
+            "noise multiplier" if "noise_std" not in summary else "noise std (on averaged gradient)",
+            f"{summary['noise_multiplier']:.4f}",
+        ),
         (
             "sampling rate",
             f"{summary['sampling_rate']:.6g} ({summary['sampling']}, expected batch {summary['batch_size']})",
         ),
-        ("clip norm", f"{summary['max_grad_norm']:g}"),
+        ("clip norm", f"{summary['max_grad_norm']:g}")
+        if summary["max_grad_norm"] is not None
+        else (
+            "Lipschitz / diameter",
+            f"L = {summary.get('lipschitz', 0):.4g}, D = {summary.get('diameter', 0):g}",
+        ),
         ("data", summary["dataset"]),
         ("model", f"{summary['model']} (per-example gradients: {summary['grad_sampler']})"),
         ("wall time", f"{summary['wall_time_s']:.1f} s"),
@@ -298,3 +332,88 @@ def format_report(summary: dict) -> str:
     ]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def run_projected(cfg: RunConfig, out: Path, progress: bool = True) -> dict:
+    """Projected noisy SGD on a convex GLM (seed 003), certified by the last-iterate accountant. Only the final
+    iterate is written (``model.pt``, the release); no intermediate iterate is logged or checkpointed."""
+    from dptrain.accounting import calibrate_noise
+    from dptrain.accounting.last_iterate import last_iterate_report, setting_from_ledger
+    from dptrain.last_iterate import ConvexGLM, ProjectedNoisySGD, accuracy
+
+    if (out / LEDGER).exists() or (out / "model.pt").exists():
+        raise ConfigError(f"output directory {out} already holds a run; choose another --out")
+    start = time.perf_counter()
+    p, t, cv = cfg.privacy, cfg.training, cfg.convex
+    data = load_data(cfg)
+    glm = ConvexGLM(cv.loss, cv.feature_norm, fit_bias=cv.fit_bias, l2=cv.l2)
+    n = len(data.train)
+    b = n if cv.batching == "full" else t.batch_size
+    steps = t.steps if t.steps is not None else max(1, round(t.epochs * n / b))
+
+    def trainer(sigma: float) -> ProjectedNoisySGD:
+        return ProjectedNoisySGD(
+            glm,
+            (data.train.x, data.train.y),
+            noise_std=sigma,
+            learning_rate=t.learning_rate,
+            steps=steps,
+            batch_size=b,
+            batching=cv.batching,
+            diameter=cv.diameter,
+            lr_power=cv.lr_power,
+            adjacency=cv.adjacency,
+            seed=cfg.seed,
+        )
+
+    sigma = cv.noise_std
+    if sigma is None:
+        sigma = calibrate_noise(
+            p.target_epsilon, p.delta, lambda s: trainer(s).planned_ledger(), p.accountant
+        )
+    run = trainer(sigma)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / CONFIG).write_text(config_to_toml(cfg))
+    bar = _Progress(steps, 0, progress)
+    try:
+        w = run.train(callback=lambda _: bar.update(math.nan, None))
+    finally:
+        bar.close()
+    torch.save({"weights": w, "glm": dataclasses.asdict(glm)}, out / "model.pt")
+    run.ledger.save(out / LEDGER)
+    li = last_iterate_report(setting_from_ledger(run.ledger), p.delta)
+    test_accuracy = accuracy(w, glm, data.test.x, data.test.y)
+    row = {"step": steps, "test_accuracy": test_accuracy, "epsilon": li["epsilon"], "delta": p.delta}
+    with open(out / METRICS, "a") as f:
+        f.write(json.dumps(row) + "\n")
+    summary = {
+        "epsilon": li["epsilon"],
+        "delta": p.delta,
+        "accountant": "last_iterate",
+        "certified": True,
+        "epsilon_composition": li["epsilon_composition"],
+        "burn_in_steps": li["burn_in_steps"],
+        "test_accuracy": test_accuracy,
+        "steps": steps,
+        "planned_steps": steps,
+        "finished": True,
+        "epochs": steps * b / n,
+        "noise_multiplier": run.noise_std,
+        "noise_std": run.noise_std,
+        "sampling_rate": b / n,
+        "sampling": cv.batching,
+        "max_grad_norm": None,
+        "batch_size": b,
+        "target_epsilon": p.target_epsilon,
+        "dataset": data.description,
+        "train_size": n,
+        "model": f"{cv.loss} GLM (projected noisy SGD, last iterate)",
+        "grad_sampler": "closed form",
+        "lipschitz": run.lipschitz,
+        "smoothness": run.smoothness,
+        "diameter": cv.diameter,
+        "wall_time_s": time.perf_counter() - start,
+        "out": str(out),
+    }
+    write_json_atomic(out / SUMMARY, summary)
+    return summary
