@@ -212,30 +212,62 @@ def _finite(v) -> bool:
 
 
 def validate(cfg: RunConfig) -> None:
-    """Range checks that do not need the data (those that do are made when the run is built)."""
-    from dptrain.accounting import accountant_names
-    from dptrain.batch_selection import SAMPLING_NAMES
-    from dptrain.clipping import CLIPPING_NAMES
+    """Range checks that do not need the data (those that do are made when the run is built): the keys every
+    run uses, then those of its algorithm."""
     from dptrain.data import DATASET_NAMES
-    from dptrain.models import MODEL_NAMES
-    from dptrain.per_example import GRAD_SAMPLERS
 
     p, t = cfg.privacy, cfg.training
     _need(cfg.seed >= 0, "seed", "an integer >= 0", cfg.seed)
     _need(t.algorithm in ALGORITHMS, "training.algorithm", f"one of {', '.join(ALGORITHMS)}", t.algorithm)
+    _need(cfg.data.name in DATASET_NAMES, "data.name", f"one of {', '.join(DATASET_NAMES)}", cfg.data.name)
     if cfg.data.classes is not None:
+        labels = cfg.data.classes
         _need(
-            len(cfg.data.classes) >= 2
-            and all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in cfg.data.classes)
-            and len(set(cfg.data.classes)) == len(cfg.data.classes),
+            len(labels) >= 2
+            and len(set(labels)) == len(labels)
+            and all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in labels),
             "data.classes",
             "a list of at least 2 distinct labels (integers >= 0)",
-            cfg.data.classes,
+            labels,
         )
+    if p.target_epsilon is not None:
+        _need(
+            _finite(p.target_epsilon) and p.target_epsilon > 0,
+            "privacy.target_epsilon",
+            "a finite number > 0",
+            p.target_epsilon,
+        )
+    _need(0 < p.delta < 1, "privacy.delta", "in (0, 1)", p.delta)
+    if t.steps is not None:
+        _need(t.steps >= 1, "training.steps", "an integer >= 1", t.steps)
+    else:
+        _need(
+            _finite(t.epochs) and t.epochs > 0,
+            "training.epochs",
+            "a number > 0 (or set training.steps)",
+            t.epochs,
+        )
+    _need(t.batch_size >= 1, "training.batch_size", "an integer >= 1", t.batch_size)
+    _need(
+        _finite(t.learning_rate) and t.learning_rate > 0,
+        "training.learning_rate",
+        "a number > 0",
+        t.learning_rate,
+    )
     if t.algorithm == "projected_noisy_sgd":
         _validate_convex(cfg)
-        return
-    _need(cfg.data.name in DATASET_NAMES, "data.name", f"one of {', '.join(DATASET_NAMES)}", cfg.data.name)
+    else:
+        _validate_dpsgd(cfg)
+
+
+def _validate_dpsgd(cfg: RunConfig) -> None:
+    from dptrain.accounting import accountant_names
+    from dptrain.batch_selection import SAMPLING_NAMES
+    from dptrain.clipping import CLIPPING_NAMES
+    from dptrain.models import MODEL_NAMES
+    from dptrain.per_example import GRAD_SAMPLERS
+
+    p, t = cfg.privacy, cfg.training
     _need(cfg.model.name in MODEL_NAMES, "model.name", f"one of {', '.join(MODEL_NAMES)}", cfg.model.name)
     if (p.noise_multiplier is None) == (p.target_epsilon is None):
         raise ConfigError("set exactly one of privacy.noise_multiplier and privacy.target_epsilon")
@@ -246,14 +278,6 @@ def validate(cfg: RunConfig) -> None:
             "a finite number >= 0",
             p.noise_multiplier,
         )
-    if p.target_epsilon is not None:
-        _need(
-            _finite(p.target_epsilon) and p.target_epsilon > 0,
-            "privacy.target_epsilon",
-            "a finite number > 0",
-            p.target_epsilon,
-        )
-    _need(0 < p.delta < 1, "privacy.delta", "in (0, 1)", p.delta)
     _need(
         _finite(p.max_grad_norm) and p.max_grad_norm > 0,
         "privacy.max_grad_norm",
@@ -268,16 +292,6 @@ def validate(cfg: RunConfig) -> None:
     )
     _need(p.sampling in SAMPLING_NAMES, "privacy.sampling", f"one of {', '.join(SAMPLING_NAMES)}", p.sampling)
     _need(p.clipping in CLIPPING_NAMES, "privacy.clipping", f"one of {', '.join(CLIPPING_NAMES)}", p.clipping)
-    if t.steps is not None:
-        _need(t.steps >= 1, "training.steps", "an integer >= 1", t.steps)
-    else:
-        _need(
-            _finite(t.epochs) and t.epochs > 0,
-            "training.epochs",
-            "a number > 0 (or set training.steps)",
-            t.epochs,
-        )
-    _need(t.batch_size >= 1, "training.batch_size", "an integer >= 1", t.batch_size)
     _need(
         _finite(t.batch_growth) and t.batch_growth >= 0,
         "training.batch_growth",
@@ -299,12 +313,6 @@ def validate(cfg: RunConfig) -> None:
             t.max_physical_batch_size,
         )
     _need(t.optimizer in OPTIMIZERS, "training.optimizer", f"one of {', '.join(OPTIMIZERS)}", t.optimizer)
-    _need(
-        _finite(t.learning_rate) and t.learning_rate > 0,
-        "training.learning_rate",
-        "a number > 0",
-        t.learning_rate,
-    )
     _need(0 <= t.momentum < 1, "training.momentum", "in [0, 1)", t.momentum)
     _need(t.weight_decay >= 0, "training.weight_decay", "a number >= 0", t.weight_decay)
     _need(
@@ -320,7 +328,7 @@ def validate(cfg: RunConfig) -> None:
 def _validate_convex(cfg: RunConfig) -> None:
     from dptrain.last_iterate import LOSSES
 
-    p, t, cv = cfg.privacy, cfg.training, cfg.convex
+    p, cv = cfg.privacy, cfg.convex
     if p.noise_multiplier is not None:
         raise ConfigError(
             "privacy.noise_multiplier is for DP-SGD; projected noisy SGD takes convex.noise_std "
@@ -335,14 +343,6 @@ def _validate_convex(cfg: RunConfig) -> None:
             "a finite number > 0",
             cv.noise_std,
         )
-    if p.target_epsilon is not None:
-        _need(
-            _finite(p.target_epsilon) and p.target_epsilon > 0,
-            "privacy.target_epsilon",
-            "a finite number > 0",
-            p.target_epsilon,
-        )
-    _need(0 < p.delta < 1, "privacy.delta", "in (0, 1)", p.delta)
     _need(cv.loss in LOSSES, "convex.loss", f"one of {', '.join(LOSSES)}", cv.loss)
     _need(
         _finite(cv.feature_norm) and cv.feature_norm > 0,
@@ -366,22 +366,6 @@ def _validate_convex(cfg: RunConfig) -> None:
         '"last_iterate" or "rdp" for projected noisy SGD',
         p.accountant,
     )
-    _need(t.batch_size >= 1, "training.batch_size", "an integer >= 1", t.batch_size)
-    _need(
-        _finite(t.learning_rate) and t.learning_rate > 0,
-        "training.learning_rate",
-        "a number > 0",
-        t.learning_rate,
-    )
-    if t.steps is not None:
-        _need(t.steps >= 1, "training.steps", "an integer >= 1", t.steps)
-    else:
-        _need(
-            _finite(t.epochs) and t.epochs > 0,
-            "training.epochs",
-            "a number > 0 (or set training.steps)",
-            t.epochs,
-        )
 
 
 # --- writing ----------------------------------------------------------------------------------------------

@@ -12,7 +12,10 @@ from dptrain.errors import ConfigError
 __all__ = ["REPRODUCTIONS", "run_reproduction"]
 
 #: name -> module with ``run(out_dir, quick=False) -> Path``.
-REPRODUCTIONS: dict[str, str] = {"proactive": "dptrain.reproduce.proactive"}
+REPRODUCTIONS: dict[str, str] = {
+    "proactive": "dptrain.reproduce.proactive",
+    "last-iterate": "dptrain.reproduce.last_iterate",
+}
 
 
 def run_reproduction(name: str, out_dir: str | Path, quick: bool = False) -> Path:
