@@ -227,7 +227,7 @@ def cmd_account(args) -> int:
 
 
 def _account_last_iterate(args) -> int:
-    from dptrain.accounting.last_iterate import Setting, last_iterate_report, rdp_bound
+    from dptrain.accounting.last_iterate import NOT_CERTIFIED, Setting, last_iterate_report, rdp_bound
 
     needed = ("lipschitz", "diameter", "smoothness", "learning_rate", "dataset_size", "noise_std")
     missing = [f"--{k.replace('_', '-')}" for k in needed if getattr(args, k) is None]
@@ -261,6 +261,8 @@ def _account_last_iterate(args) -> int:
         "epsilon_composition": r["epsilon_composition"],
         "delta": args.delta,
         "accountant": "last_iterate",
+        "certified": False,
+        "note": NOT_CERTIFIED,
         "burn_in_steps": r["burn_in_steps"],
         "order": r["order"],
         "bound": r["bound"],
@@ -283,6 +285,7 @@ def _account_last_iterate(args) -> int:
         f"{out['order']:g}; only the last iterate released)"
     )
     print(f" composition: epsilon = {out['epsilon_composition']:.6g}  (every step charged)")
+    print(f"  NOT CERTIFIED: {NOT_CERTIFIED}")
     print(f"     burn-in: {burn}")
     if args.rdp_order is not None:
         print(

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from scipy import optimize
 
-from dptrain.accounting.base import certified_epsilon, check_delta, check_epsilon
+from dptrain.accounting.base import certified_epsilon, check_delta, check_epsilon, epsilon
 from dptrain.accounting.ledger import Ledger, dpsgd_ledger
 from dptrain.errors import AccountingError
 
@@ -25,13 +25,17 @@ def calibrate_noise(
     ledger_for_sigma: Callable[[float], Ledger],
     accountant: str = "rdp",
     rtol: float = 1e-6,
+    require_certified: bool = True,
 ) -> float:
-    """Smallest sigma (to relative tolerance ``rtol``) with epsilon(ledger_for_sigma(sigma)) <= target."""
+    """Smallest sigma (to relative tolerance ``rtol``) with epsilon(ledger_for_sigma(sigma)) <= target.
+    ``require_certified=False`` also accepts accountants whose answer is not a proven bound (for exploration only:
+    a budget enforced this way is not a guarantee)."""
     target_epsilon, delta = check_epsilon(target_epsilon), check_delta(delta)
+    spend = certified_epsilon if require_certified else epsilon
 
     def eps(sigma: float) -> float:
         try:
-            return certified_epsilon(ledger_for_sigma(sigma), delta, accountant).epsilon
+            return spend(ledger_for_sigma(sigma), delta, accountant).epsilon
         except AccountingError as e:
             if "no finite epsilon" in str(e):
                 return math.inf

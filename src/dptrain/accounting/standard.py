@@ -34,7 +34,7 @@ def _compose(accountant, ledger: Ledger, name: str):
 
 
 @contextlib.contextmanager
-def _quiet_absl():
+def quiet_absl():
     """dp_accounting logs a warning (through absl) each time a fractional RDP order fails to converge and
     is dropped from the minimum over orders. Dropping an order can only make epsilon larger (a valid
     bound), so the messages carry no risk; they would flood a progress bar."""
@@ -81,7 +81,7 @@ class RdpAccountant:
         acc = rdp_privacy_accountant.RdpAccountant(
             RDP_ORDERS, neighboring_relation=ledger.neighboring_relation
         )
-        with _quiet_absl():
+        with quiet_absl():
             _compose(acc, ledger, self.name)
             eps, order = acc.get_epsilon_and_optimal_order(delta)
         if not math.isfinite(eps):
