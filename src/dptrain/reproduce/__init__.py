@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import importlib
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 from dptrain.errors import ConfigError
 
-__all__ = ["REPRODUCTIONS", "run_reproduction"]
+__all__ = ["REPRODUCTIONS", "json_default", "md_table", "run_reproduction"]
 
 #: name -> module with ``run(out_dir, quick=False) -> Path``.
 REPRODUCTIONS: dict[str, str] = {
@@ -25,3 +28,19 @@ def run_reproduction(name: str, out_dir: str | Path, quick: bool = False) -> Pat
         raise ConfigError(f"unknown reproduction {name!r}; accepted: {', '.join(sorted(REPRODUCTIONS))}")
     module = importlib.import_module(REPRODUCTIONS[name])
     return Path(module.run(out_dir, quick=quick))
+
+
+def md_table(head: list[str], rows: list[list[Any]]) -> str:
+    """A markdown table (the reports' one table format)."""
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def json_default(o: Any) -> Any:
+    """``json.dumps(default=...)`` for numpy scalars and arrays in the reports' JSON."""
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    raise TypeError(f"not JSON serializable: {type(o).__name__}")

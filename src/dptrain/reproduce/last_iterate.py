@@ -54,6 +54,7 @@ from dptrain.accounting.last_iterate import (
     step_facts,
 )
 from dptrain.accounting.ledger import Ledger
+from dptrain.reproduce import json_default, md_table
 
 __all__ = ["REFERENCE", "run"]
 
@@ -94,12 +95,6 @@ TRAINING = {
     "epsilon": 1.0,
     "delta": DELTA,
 }
-
-
-def _md_table(head: list[str], rows: list[list[Any]]) -> str:
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
-    return "\n".join(lines)
 
 
 def _sig4(x: float) -> float:
@@ -326,7 +321,7 @@ def _section_a_md(cv: dict[str, Any], header: str) -> str:
             f"**{s['label']}** (c = {s['contraction']:g}; burn-in reported by `last_iterate_report`: "
             f"**{s['burn_in_steps']:,} steps**; plateau RDP at order 8 = {s['plateau_rdp']:.5e} with window "
             f"{s['plateau_window']:,}):",
-            _md_table(
+            md_table(
                 [
                     "T",
                     "RDP(8), last iterate",
@@ -349,7 +344,7 @@ def _section_a_md(cv: dict[str, Any], header: str) -> str:
         "of (B.2), T S_alpha(b/n, b sigma/(2L)), or T alpha (2L)^2/(2 n^2 sigma^2) for full batch). Window "
         "'composition' means the composition branch is the minimum. See `epsilon_vs_T.png`.",
         "**Reference checks** (digest 7; 4 significant digits):",
-        _md_table(
+        md_table(
             ["check", "expected", "got", "result"],
             [
                 [c["name"], f"{c['expected']:.6g}", f"{c['got']:.6g}", "PASS" if c["passed"] else "FAIL"]
@@ -828,7 +823,7 @@ def _why(exp: dict[str, Any]) -> str:
 
 def _section_b_md(exp: dict[str, Any], header: str) -> str:
     c = exp["constants"]
-    table = _md_table(
+    table = md_table(
         [
             "certification",
             "T (steps)",
@@ -895,7 +890,7 @@ def _section_b_md(exp: dict[str, Any], header: str) -> str:
         "(c) at work).",
         table,
         "Non-private reference (same model, eta, b and projection):",
-        _md_table(["run", "test accuracy"], ref_rows),
+        md_table(["run", "test accuracy"], ref_rows),
         _verdict(exp),
         _why(exp),
         "**Only the last iterate is released**: `ProjectedNoisySGD.train()` returns w_T alone, and every accuracy "
@@ -915,7 +910,7 @@ def _section_b_md(exp: dict[str, Any], header: str) -> str:
         parts += [
             "Diameter sweep (100 epochs, last-iterate certifications; same eta, b, l2; the non-private column is "
             "projected SGD with sigma = 1e-12 for 20 epochs in the same ball):",
-            _md_table(
+            md_table(
                 ["D", "certification", "sigma", "test accuracy", "non-private, same D"],
                 [
                     [
@@ -970,7 +965,7 @@ def _section_c_md(exp: dict[str, Any], header: str) -> str:
             "ledger holds). The released w_1 = Proj_K[-eta (G + Z)] is N(0, eta^2 sigma^2) under one dataset and "
             "the mixture with probability q of the shift eta L/b under the other; threshold events give a lower "
             "bound on the true delta(eps) (Def 2.2):",
-            _md_table(
+            md_table(
                 [
                     "sigma",
                     "b sigma/L",
@@ -1000,14 +995,6 @@ def _section_c_md(exp: dict[str, Any], header: str) -> str:
 
 
 # --- driver -------------------------------------------------------------------------------------------------
-
-
-def _json_default(o: Any) -> Any:
-    if isinstance(o, np.generic):
-        return o.item()
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    raise TypeError(f"not JSON serializable: {type(o).__name__}")
 
 
 def run(out_dir: str | Path, quick: bool = False) -> Path:
@@ -1063,5 +1050,5 @@ def run(out_dir: str | Path, quick: bool = False) -> Path:
         "curves": cv,
         "training": exp,
     }
-    (out / DATA_JSON).write_text(json.dumps(payload, indent=1, default=_json_default))
+    (out / DATA_JSON).write_text(json.dumps(payload, indent=1, default=json_default))
     return report

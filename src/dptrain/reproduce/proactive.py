@@ -39,6 +39,7 @@ from dptrain.accounting.gdp import gdp_epsilon, mu_uniform_clt
 from dptrain.accounting.proactive import dp_calculator_simple, plan_proactive
 from dptrain.engine import make_private
 from dptrain.errors import AccountingError
+from dptrain.reproduce import json_default, md_table
 
 __all__ = ["OWN_SETTINGS", "PAPER_TABLES", "run"]
 
@@ -152,12 +153,6 @@ def tables_9_11() -> list[dict[str, Any]]:
     return rows
 
 
-def _md_table(head: list[str], rows: list[list[Any]]) -> str:
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
-    return "\n".join(lines)
-
-
 def _section_a_md(rows: list[dict[str, Any]]) -> str:
     table = []
     for r in rows:
@@ -182,7 +177,7 @@ def _section_a_md(rows: list[dict[str, Any]]) -> str:
                     f"{diff:+d}" if isinstance(diff, int) else f"{diff:+.4f}",
                 ]
             )
-    certified = _md_table(
+    certified = md_table(
         [
             "setting",
             "gamma (paper iteration)",
@@ -207,7 +202,7 @@ def _section_a_md(rows: list[dict[str, Any]]) -> str:
             for r in rows
         ],
     )
-    asym = _md_table(
+    asym = md_table(
         ["setting", "s_max_asym", "T = kN/s_max_asym", "paper eps_fDP", "ours", "ours with mu x sqrt(2)"],
         [
             [
@@ -223,7 +218,7 @@ def _section_a_md(rows: list[dict[str, Any]]) -> str:
     )
     return "\n\n".join(
         [
-            _md_table(["setting", "quantity", "paper", "ours", "ours - paper"], table),
+            md_table(["setting", "quantity", "paper", "ours", "ours - paper"], table),
             'eps_target, s_max and s_max_asym come from `dp_calculator_simple(sigma, N, k, gamma_mode="paper")` '
             "(App. D.4: delta = 1/N, the paper's gamma iteration from 2 with its signed stop rule, which returns "
             "the first iterate). eps_fDP is the CLT Gaussian-DP accountant with uniform subsampling, eq. (65) + "
@@ -322,7 +317,7 @@ def ratio_rows() -> list[dict[str, Any]]:
 
 
 def _section_b_md(rows: list[dict[str, Any]]) -> str:
-    table = _md_table(
+    table = md_table(
         [
             "setting",
             "sigma",
@@ -597,7 +592,7 @@ def _section_c_md(exp: dict[str, Any]) -> str:
     ]
     for convention in ("mean", "sum"):
         summ = exp["summary"][convention]
-        table = _md_table(
+        table = md_table(
             [
                 "s",
                 "T = ceil(kN/s)",
@@ -655,7 +650,7 @@ def _section_c_md(exp: dict[str, Any]) -> str:
     )
     parts += [
         "References (same model, schedule and k; the paper's LIBSVM reference is 93%):",
-        _md_table(["run", "test accuracy"], ref_rows),
+        md_table(["run", "test accuracy"], ref_rows),
         'The certified eps is `trainer.epsilon(1/N, "proactive")` (Thm B.4 on the run\'s ledger) and the PLD '
         'eps `trainer.epsilon(1/N, "pld")`; both depend only on (s, T), identical across seeds and '
         "conventions. See `accuracy_vs_s.png`.",
@@ -786,14 +781,6 @@ def _utility_verdict(d: dict[str, Any], exp: dict[str, Any]) -> str:
 # --- driver -----------------------------------------------------------------------------------------------
 
 
-def _json_default(o: Any) -> Any:
-    if isinstance(o, np.generic):
-        return o.item()
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    raise TypeError(f"not JSON serializable: {type(o).__name__}")
-
-
 def run(out_dir: str | Path, quick: bool = False) -> Path:
     """Run the reproduction into ``out_dir`` (created if needed); returns the path of ``proactive.md``.
     ``quick`` keeps (a) and (b) complete and shrinks (c) to N = 2000, k = 2, one seed, s in {5, s_max} and
@@ -862,5 +849,5 @@ def run(out_dir: str | Path, quick: bool = False) -> Path:
         "logistic": exp,
         "utility_graph": {**ug["graph"].to_dict(), "s": ug["s"], "largest_sigma": ug["largest_sigma"]},
     }
-    (out / DATA_JSON).write_text(json.dumps(payload, indent=1, default=_json_default))
+    (out / DATA_JSON).write_text(json.dumps(payload, indent=1, default=json_default))
     return report
