@@ -54,7 +54,7 @@ from dptrain.accounting.last_iterate import (
     step_facts,
 )
 from dptrain.accounting.ledger import Ledger
-from dptrain.reproduce import json_default, md_table
+from dptrain.reproduce import json_default, md_table, single_thread
 
 __all__ = ["REFERENCE", "run"]
 
@@ -1013,15 +1013,11 @@ def run(out_dir: str | Path, quick: bool = False) -> Path:
     _plot_curves(cv, out / "epsilon_vs_T.png")
     timings["a"] = time.perf_counter() - t0
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # a 785-parameter model: intra-op threads only add overhead
-    try:
+    with single_thread():  # a 785-parameter model
         t0 = time.perf_counter()
         exp = training_experiment(quick)
         _plot_training(exp, out / "training.png")
         timings["b"] = time.perf_counter() - t0
-    finally:
-        torch.set_num_threads(threads)
     timings["total"] = time.perf_counter() - start
 
     mode = "QUICK mode (reduced grid and experiment; not the reported results)" if quick else "full run"

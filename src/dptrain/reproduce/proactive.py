@@ -39,7 +39,7 @@ from dptrain.accounting.gdp import gdp_epsilon, mu_uniform_clt
 from dptrain.accounting.proactive import dp_calculator_simple, plan_proactive
 from dptrain.engine import make_private
 from dptrain.errors import AccountingError
-from dptrain.reproduce import json_default, md_table
+from dptrain.reproduce import json_default, md_table, single_thread
 
 __all__ = ["OWN_SETTINGS", "PAPER_TABLES", "run"]
 
@@ -799,11 +799,7 @@ def run(out_dir: str | Path, quick: bool = False) -> Path:
     rows_b = ratio_rows()
     timings["b"] = time.perf_counter() - t0
 
-    # The per-step work is tiny (a 1570-parameter model), so intra-op threads only add synchronisation cost
-    # (measured: 0.4 ms/step on one thread vs several ms with two on a loaded 2-core machine). Restored after.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with single_thread():  # a 1570-parameter model
         t0 = time.perf_counter()
         exp = logistic_experiment(quick)
         _plot_accuracy(exp, out / "accuracy_vs_s.png")
@@ -811,8 +807,6 @@ def run(out_dir: str | Path, quick: bool = False) -> Path:
         t0 = time.perf_counter()
         ug = utility_graph_section(quick, out)
         timings["d"] = time.perf_counter() - t0
-    finally:
-        torch.set_num_threads(threads)
     timings["total"] = time.perf_counter() - start
 
     mode = "QUICK mode (reduced section (c)/(d); not the reported experiment)" if quick else "full run"
