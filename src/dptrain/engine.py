@@ -28,7 +28,7 @@ from dptrain.accounting import (
 )
 from dptrain.batch_selection import BatchSampler, make_sampler
 from dptrain.clipping import Clipping, ClipStats, make_clipping
-from dptrain.errors import BudgetExhausted, ConfigError
+from dptrain.errors import BudgetExhausted, ConfigError, DataError
 from dptrain.models import check_private_compatible
 from dptrain.noise import add_gaussian_noise
 from dptrain.per_example import LossFn, cross_entropy_per_example, make_grad_sampler, trainable_parameters
@@ -58,6 +58,11 @@ def auto_physical_batch_size(params: dict[str, torch.Tensor]) -> int:
     """Largest chunk whose materialized per-example gradients fit in PER_EXAMPLE_GRADIENT_MEMORY."""
     per_example = sum(p.numel() * p.element_size() for p in params.values())
     return max(1, PER_EXAMPLE_GRADIENT_MEMORY // max(1, per_example))
+
+
+def _dpsgd_steps(ledger: Ledger) -> int:
+    """DP-SGD steps in a ledger (a ledger may also hold other releases, e.g. a private feature mean)."""
+    return sum(e.count for e in ledger.entries if e.facts.get("mechanism") == "dpsgd")
 
 
 def _as_tensors(data) -> tuple[torch.Tensor, torch.Tensor]:
@@ -119,7 +124,7 @@ class PrivateTrainer:
         self._check_optimizer()
         self.generator = torch.Generator().manual_seed(seed)
         self.ledger = ledger if ledger is not None else Ledger()
-        self.steps = self.ledger.releases
+        self.steps = _dpsgd_steps(self.ledger)
         self._allowed_steps: int | None = None
 
     def _check_optimizer(self) -> None:
@@ -278,6 +283,10 @@ class PrivateTrainer:
         torch.set_rng_state(state["torch_rng"])
         self.ledger = Ledger.from_dict(state["ledger"])
         self.steps = int(state["steps"])
+        if self.steps != _dpsgd_steps(self.ledger):
+            raise DataError(
+                f"checkpoint is inconsistent: {self.steps} steps but its ledger records {_dpsgd_steps(self.ledger)}"
+            )
         self.noise_multiplier = float(state["noise_multiplier"])
         self._allowed_steps = None
 

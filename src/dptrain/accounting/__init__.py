@@ -8,6 +8,7 @@ from dptrain.accounting import standard as _standard  # noqa: F401, I001  (regis
 from dptrain.accounting import gdp as _gdp  # noqa: F401  (registers "gdp")
 from dptrain.accounting import proactive as _proactive  # noqa: F401  (registers "proactive")
 from dptrain.accounting import last_iterate as _last_iterate  # noqa: F401  (registers "last_iterate")
+from dptrain.accounting import composition as _composition  # noqa: F401  (registers "composition")
 from dptrain.accounting.base import (
     Accountant,
     PrivacyReport,
@@ -17,7 +18,13 @@ from dptrain.accounting.base import (
     get_accountant,
     register_accountant,
 )
-from dptrain.accounting.calibration import calibrate_dpsgd_noise, calibrate_noise, max_releases
+from dptrain.accounting.calibration import (
+    calibrate_dpsgd_noise,
+    calibrate_noise,
+    gaussian_mechanism_epsilon,
+    gaussian_mechanism_noise,
+    max_releases,
+)
 from dptrain.accounting.ledger import Ledger, LedgerEntry, dpsgd_ledger, gaussian_step_event, step_facts
 
 __all__ = [
@@ -31,6 +38,8 @@ __all__ = [
     "certified_epsilon",
     "dpsgd_ledger",
     "epsilon",
+    "gaussian_mechanism_epsilon",
+    "gaussian_mechanism_noise",
     "gaussian_step_event",
     "get_accountant",
     "max_releases",

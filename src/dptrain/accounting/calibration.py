@@ -112,3 +112,56 @@ def _bisect(fits: Callable[[int], bool], good: int, bad: int) -> int:
         else:
             bad = mid
     return good
+
+
+# --- the Gaussian mechanism released once -------------------------------------------------------------------
+
+
+def gaussian_mechanism_delta(noise_multiplier: float, target_epsilon: float) -> float:
+    """Exact delta(epsilon) of one Gaussian mechanism with std = ``noise_multiplier`` x L2 sensitivity:
+    Phi(1/(2 s) - eps s) - e^eps Phi(-1/(2 s) - eps s) (Balle & Wang 2018, Theorem 8). dp_accounting's
+    GaussianPrivacyLoss evaluates exactly this hockey-stick divergence (tested against the formula)."""
+    from dp_accounting.pld.privacy_loss_mechanism import GaussianPrivacyLoss
+
+    if not (noise_multiplier > 0 and math.isfinite(noise_multiplier)):
+        raise AccountingError(f"noise multiplier must be a finite number > 0, got {noise_multiplier}")
+    return float(GaussianPrivacyLoss(noise_multiplier, sensitivity=1.0).get_delta_for_epsilon(target_epsilon))
+
+
+def gaussian_mechanism_epsilon(noise_multiplier: float, delta: float) -> float:
+    """Smallest epsilon at which one Gaussian mechanism is (epsilon, delta)-DP (exact, Balle & Wang Thm 8)."""
+    delta = check_delta(delta)
+    if gaussian_mechanism_delta(noise_multiplier, 0.0) <= delta:
+        return 0.0
+    hi = 1.0
+    while gaussian_mechanism_delta(noise_multiplier, hi) > delta:
+        hi *= 2
+    eps = optimize.brentq(
+        lambda e: gaussian_mechanism_delta(noise_multiplier, e) - delta, 0.0, hi, xtol=1e-14
+    )
+    step = max(eps * 1e-12, 1e-15)
+    while gaussian_mechanism_delta(noise_multiplier, eps) > delta:  # land on the certified side of the root
+        eps += step
+        step *= 2
+    return float(eps)
+
+
+def gaussian_mechanism_noise(target_epsilon: float, delta: float) -> float:
+    """The analytic Gaussian mechanism (Balle & Wang 2018, Theorem 8 and Algorithm 1): the smallest noise
+    multiplier sigma (std / L2 sensitivity) with which ONE Gaussian release is (epsilon, delta)-DP.
+    The classical sqrt(2 ln(1.25/delta))/epsilon is larger, and is valid only for epsilon < 1."""
+    target_epsilon, delta = check_epsilon(target_epsilon), check_delta(delta)
+    gap = lambda s: gaussian_mechanism_delta(s, target_epsilon) - delta  # noqa: E731  (decreasing in s)
+    lo, hi = 1e-3, 1.0
+    while gap(hi) > 0:
+        lo, hi = hi, hi * 2
+        if hi > 1e9:
+            raise AccountingError(
+                f"epsilon={target_epsilon} at delta={delta} needs a noise multiplier above 1e9"
+            )
+    sigma = optimize.brentq(gap, lo, hi, xtol=1e-14, rtol=1e-12) if gap(lo) > 0 else lo
+    step = max(sigma * 1e-12, 1e-15)
+    while gap(sigma) > 0:  # Brent lands within tolerance on either side: step to the certified side
+        sigma += step
+        step *= 2
+    return float(sigma)
