@@ -49,6 +49,8 @@ CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
 # Digits pixels are 0..16, scaled to [0, 1] by /16. Round, data-independent constants chosen once.
 DIGITS_MEAN, DIGITS_STD = 0.3, 0.4
+#: Loader option ``pixels`` of the image data sets: public standardization, or values in [0, 1].
+PIXEL_SCALINGS = ("standardized", "raw")
 
 IDX_FILES = {
     "train_images": "train-images-idx3-ubyte",
@@ -220,7 +222,7 @@ def _load_idx_pair(directory: Path, images_stem: str, labels_stem: str) -> tuple
 
 
 def _load_idx_dataset(
-    directory: str | os.PathLike, name: str, title: str, mean: float, std: float
+    directory: str | os.PathLike, name: str, title: str, mean: float, std: float, pixels: str = "standardized"
 ) -> DataSplit:
     directory = Path(directory)
     if not directory.is_dir():
@@ -230,27 +232,36 @@ def _load_idx_dataset(
     for split in ("train", "test"):
         images, labels = _load_idx_pair(directory, IDX_FILES[f"{split}_images"], IDX_FILES[f"{split}_labels"])
         # Fixed public constants: see the module docstring for why nothing is measured on the data.
-        x = (images.astype(np.float32) / 255.0 - mean) / std
+        x = images.astype(np.float32) / 255.0
+        if _check_pixels(pixels) == "standardized":
+            x = (x - mean) / std
         parts[split] = _dataset(x[:, None, :, :], labels, 10, name)
     description = f"{title} from {directory} ({len(parts['train'])} train / {len(parts['test'])} test)"
     return DataSplit(parts["train"], parts["test"], description)
 
 
-def load_fashion_mnist(directory: str | os.PathLike | None = None) -> DataSplit:
-    """Fashion-MNIST from IDX files (default directory ``/usr/share/datasets/fashion-mnist``)."""
+def _check_pixels(pixels: str) -> str:
+    if pixels not in PIXEL_SCALINGS:
+        raise DataError(f"pixels must be one of {', '.join(PIXEL_SCALINGS)}, got {pixels!r}")
+    return pixels
+
+
+def load_fashion_mnist(directory: str | os.PathLike | None = None, pixels: str = "standardized") -> DataSplit:
+    """Fashion-MNIST from IDX files (default directory ``/usr/share/datasets/fashion-mnist``). ``pixels``:
+    "standardized" (public mean/std) or "raw" (values in [0, 1], as seed 004 feeds its linear models)."""
     if directory is None:
         directory = DEFAULT_FASHION_MNIST_DIR
     return _load_idx_dataset(
-        directory, "fashion-mnist", "Fashion-MNIST", FASHION_MNIST_MEAN, FASHION_MNIST_STD
+        directory, "fashion-mnist", "Fashion-MNIST", FASHION_MNIST_MEAN, FASHION_MNIST_STD, pixels
     )
 
 
-def load_mnist(directory: str | os.PathLike | None) -> DataSplit:
+def load_mnist(directory: str | os.PathLike | None, pixels: str = "standardized") -> DataSplit:
     """MNIST from IDX files in ``directory`` (required: nothing can be downloaded here)."""
     if directory is None:
         expected = ", ".join(f"{stem}[.gz]" for stem in IDX_FILES.values())
         raise DataError(f"MNIST cannot be downloaded here: pass the directory holding {expected}")
-    return _load_idx_dataset(directory, "mnist", "MNIST", MNIST_MEAN, MNIST_STD)
+    return _load_idx_dataset(directory, "mnist", "MNIST", MNIST_MEAN, MNIST_STD, pixels)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -560,8 +571,8 @@ def load_dataset(name: str, path: str | None = None, *, seed: int = 0, **options
     synthetic take no path. ``seed`` drives the train/test split where the dataset has none.
     """
     accepted_options: dict[str, tuple[str, ...]] = {
-        "fashion-mnist": (),
-        "mnist": (),
+        "fashion-mnist": ("pixels",),
+        "mnist": ("pixels",),
         "cifar10": (),
         "digits": ("test_fraction",),
         "synthetic": ("n", "dim", "num_classes", "separation", "test_fraction"),
@@ -577,9 +588,9 @@ def load_dataset(name: str, path: str | None = None, *, seed: int = 0, **options
         raise DataError(f"dataset {name!r} takes no path, got {path!r}")
 
     if name == "fashion-mnist":
-        return load_fashion_mnist(path)
+        return load_fashion_mnist(path, **options)
     if name == "mnist":
-        return load_mnist(path)
+        return load_mnist(path, **options)
     if name == "cifar10":
         return load_cifar10(path)
     if name == "digits":

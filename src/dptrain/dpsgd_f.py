@@ -424,6 +424,7 @@ def make_private_dpsgd_f(
     quantile_tail: int | None = None,
     lipschitz: float = SOFTMAX_LIPSCHITZ,
     seed: int = 0,
+    noise_multiplier: float | None = None,
     **options,
 ) -> DPSGDFRun:
     """DPSGD-F in one call: preprocess ``data`` privately (``kind``), then DP-SGD on the linear ``model`` with the
@@ -432,7 +433,7 @@ def make_private_dpsgd_f(
     are kept; for Alg. 2 it is rebuilt for the bias-free augmented model. ``kind="none"`` is plain DP-SGD on
     C_F-normalized features (the paper's DPSGD baseline). ``lipschitz`` is G of the loss in the scores (Alg. 2's
     clip norm sqrt(2) G tau; default: softmax cross-entropy's sqrt(2); 1 for the hinge loss). Options go to :func:`dptrain.engine.make_private`."""
-    from dptrain.engine import _as_tensors, make_private_with_epsilon
+    from dptrain.engine import _as_tensors, make_private, make_private_with_epsilon
 
     x, y = _as_tensors(data)
     prep = prepare(
@@ -450,6 +451,20 @@ def make_private_dpsgd_f(
     if prep.model is not model:
         optimizer = type(optimizer)(prep.model.parameters(), **optimizer.defaults)
     settings = {"max_grad_norm": max_grad_norm, "accountant": accountant, **prep.settings}
+    if noise_multiplier is not None:
+        trainer = make_private(
+            prep.model,
+            optimizer,
+            (prep.preprocessing.transform(x), y),
+            noise_multiplier=noise_multiplier,
+            batch_size=batch_size,
+            delta=target_delta,
+            ledger=prep.ledger,
+            seed=seed,
+            **settings,
+            **options,
+        )
+        return DPSGDFRun(trainer, prep.preprocessing)
     trainer = make_private_with_epsilon(
         prep.model,
         optimizer,
@@ -465,3 +480,38 @@ def make_private_dpsgd_f(
         **options,
     )
     return DPSGDFRun(trainer, prep.preprocessing)
+
+
+def pipeline_noise(
+    kind: str,
+    target_epsilon: float,
+    delta: float,
+    sampling_rate: float,
+    steps: int,
+    eps_f: float | None = None,
+    accountant: str = "pld",
+) -> float:
+    """The DP-SGD noise multiplier with which ``kind``'s preprocessing (``none`` or ``private_mean``) followed by
+    ``steps`` Poisson-sampled steps is (target_epsilon, delta)-DP by ``accountant``: the calibration
+    :func:`make_private_dpsgd_f` runs, without data (the releases' distributions do not depend on it)."""
+    import dp_accounting as dpa
+
+    from dptrain.accounting import calibrate_noise, gaussian_step_event, step_facts
+
+    prefix = Ledger()
+    if kind == "private_mean":
+        if eps_f is None or not 0 < eps_f < target_epsilon:
+            raise ConfigError(
+                f"eps_f must be in (0, {target_epsilon:g}) for kind 'private_mean', got {eps_f}"
+            )
+        prefix.record(
+            dpa.GaussianDpEvent(gaussian_mechanism_noise(eps_f, delta)), {"mechanism": "private_mean"}
+        )
+    elif kind != "none":
+        raise ConfigError(f"pipeline_noise covers kinds none and private_mean, not {kind!r}")
+
+    def ledger_for(sigma: float) -> Ledger:
+        event = gaussian_step_event(sigma, "poisson", sampling_rate=sampling_rate)
+        return prefix.extended(event, step_facts("poisson", sigma, sampling_rate), steps)
+
+    return calibrate_noise(target_epsilon, delta, ledger_for, accountant)
