@@ -42,6 +42,8 @@ _EXPORTS = {
     "DPTrainError": "dptrain.errors",
     "ConvexGLM": "dptrain.last_iterate",
     "ProjectedNoisySGD": "dptrain.last_iterate",
+    "make_private_dpsgd_f": "dptrain.dpsgd_f",
+    "FeaturePreprocessing": "dptrain.dpsgd_f",
 }
 
 __all__ = sorted(_EXPORTS)

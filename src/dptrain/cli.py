@@ -112,10 +112,17 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--json", action="store_true")
 
     c = sub.add_parser("calibrate", help="smallest noise multiplier meeting an (epsilon, delta) budget")
+    c.add_argument(
+        "--mechanism",
+        default="dpsgd",
+        choices=["dpsgd", "gaussian"],
+        help="dpsgd: T (sub)sampled steps (default); gaussian: ONE Gaussian release of L2 sensitivity 1, analytic "
+        "calibration (Balle & Wang 2018), e.g. a private mean",
+    )
     c.add_argument("--epsilon", type=_float, required=True)
     c.add_argument("--delta", type=_float, required=True)
-    c.add_argument("--sampling-rate", type=_float, required=True)
-    g = c.add_mutually_exclusive_group(required=True)
+    c.add_argument("--sampling-rate", type=_float)
+    g = c.add_mutually_exclusive_group()
     g.add_argument("--steps", type=_positive_int)
     g.add_argument("--epochs", type=_float)
     c.add_argument("--sampling", default="poisson", choices=["poisson", "full"])
@@ -298,6 +305,10 @@ def cmd_calibrate(args) -> int:
     from dptrain.accounting import calibrate_dpsgd_noise, epsilon
     from dptrain.accounting.ledger import dpsgd_ledger
 
+    if args.mechanism == "gaussian":
+        return _calibrate_gaussian(args)
+    if args.sampling_rate is None or (args.steps is None and args.epochs is None):
+        raise ConfigError("calibrate --mechanism dpsgd needs --sampling-rate and one of --steps / --epochs")
     _check_common(args)
     _check(args.epsilon > 0, "--epsilon", "a number > 0", args.epsilon)
     if args.epochs is not None:
@@ -329,6 +340,50 @@ def cmd_calibrate(args) -> int:
         print(
             f"noise multiplier = {sigma:.6f}  ({steps} steps at sampling rate {args.sampling_rate:g}: "
             f"epsilon = {spent.epsilon:.6g} <= {args.epsilon:g} at delta = {args.delta:g}, {args.accountant})"
+        )
+    return 0
+
+
+def _calibrate_gaussian(args) -> int:
+    from dptrain.accounting import gaussian_mechanism_epsilon, gaussian_mechanism_noise
+    from dptrain.accounting.calibration import gaussian_mechanism_delta
+
+    given = [
+        f
+        for f, v in (
+            ("--sampling-rate", args.sampling_rate),
+            ("--steps", args.steps),
+            ("--epochs", args.epochs),
+        )
+        if v is not None
+    ]
+    if given:
+        raise ConfigError(f"calibrate --mechanism gaussian takes --epsilon and --delta only, not {given[0]}")
+    _check(args.epsilon > 0, "--epsilon", "a number > 0", args.epsilon)
+    _check(0 < args.delta < 1, "--delta", "in (0, 1)", args.delta)
+    sigma = gaussian_mechanism_noise(args.epsilon, args.delta)
+    spent = gaussian_mechanism_epsilon(sigma, args.delta)
+    if gaussian_mechanism_delta(sigma, args.epsilon) <= args.delta:  # both certified; drop float noise above target
+        spent = min(spent, args.epsilon)
+    classical = math.sqrt(2 * math.log(1.25 / args.delta)) / args.epsilon
+    out = {
+        "mechanism": "gaussian",
+        "noise_multiplier": sigma,
+        "epsilon": spent,
+        "target_epsilon": args.epsilon,
+        "delta": args.delta,
+        "classical_noise_multiplier": classical if args.epsilon < 1 else None,
+        "calibration": "analytic Gaussian mechanism (Balle & Wang 2018, Thm 8)",
+    }
+    if args.json:
+        print(json.dumps(out))
+    else:
+        extra = (
+            f"; the classical sqrt(2 ln(1.25/delta))/eps gives {classical:.4f}" if args.epsilon < 1 else ""
+        )
+        print(
+            f"noise multiplier = {sigma:.6f}  (one Gaussian release of L2 sensitivity 1 is ({out['epsilon']:.6g}, "
+            f"{args.delta:g})-DP, analytic calibration{extra})"
         )
     return 0
 

@@ -77,6 +77,16 @@ class ConvexConfig:
 
 
 @dataclass(frozen=True)
+class PreprocessingConfig:
+    """Private feature preprocessing before DP-SGD on a linear model (seed 004, DPSGD-F; docs/dpsgd_f.md)."""
+
+    kind: str = "none"  # none | private_mean (Alg. 3) | dpsgd_f_theory (Alg. 2)
+    feature_norm: float | None = None  # C_F: every example is rescaled to this norm (no privacy cost)
+    eps_f: float | None = None  # private_mean: the share of privacy.target_epsilon spent on the mean
+    quantile_tail: int | None = None  # dpsgd_f_theory: points left above tau (default (100/eps) ln n)
+
+
+@dataclass(frozen=True)
 class RunConfig:
     seed: int = 0
     data: DataConfig = field(default_factory=DataConfig)
@@ -84,6 +94,7 @@ class RunConfig:
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
     convex: ConvexConfig = field(default_factory=ConvexConfig)
+    preprocessing: PreprocessingConfig = field(default_factory=PreprocessingConfig)
 
     @property
     def steps_or_epochs(self) -> dict:
@@ -97,6 +108,7 @@ SECTIONS = {
     "privacy": PrivacyConfig,
     "training": TrainingConfig,
     "convex": ConvexConfig,
+    "preprocessing": PreprocessingConfig,
 }
 ALGORITHMS = ("dpsgd", "projected_noisy_sgd")
 OPTIMIZERS = ("sgd", "adam")
@@ -258,6 +270,73 @@ def validate(cfg: RunConfig) -> None:
         _validate_convex(cfg)
     else:
         _validate_dpsgd(cfg)
+        _validate_preprocessing(cfg)
+
+
+def _validate_preprocessing(cfg: RunConfig) -> None:
+    from dptrain.dpsgd_f import KINDS
+
+    pre, p = cfg.preprocessing, cfg.privacy
+    _need(pre.kind in KINDS, "preprocessing.kind", f"one of {', '.join(KINDS)}", pre.kind)
+    if pre.feature_norm is not None:
+        _need(
+            _finite(pre.feature_norm) and pre.feature_norm > 0,
+            "preprocessing.feature_norm",
+            "a finite number > 0 (C_F)",
+            pre.feature_norm,
+        )
+    if pre.kind == "none":
+        for key in ("eps_f", "quantile_tail"):
+            if getattr(pre, key) is not None:
+                raise ConfigError(
+                    f"preprocessing.{key} needs preprocessing.kind = private_mean or dpsgd_f_theory"
+                )
+        return
+    if pre.feature_norm is None:
+        raise ConfigError(f"preprocessing.kind = {pre.kind!r} needs preprocessing.feature_norm (C_F > 0)")
+    if cfg.model.name != "logistic":
+        raise ConfigError(
+            f'preprocessing.kind = {pre.kind!r} needs a linear model (model.name = "logistic"): the bias is '
+            f"mapped back through the linear map; got model.name = {cfg.model.name!r}"
+        )
+    if pre.kind == "private_mean":
+        _need(
+            pre.eps_f is not None and _finite(pre.eps_f) and pre.eps_f > 0,
+            "preprocessing.eps_f",
+            "a number > 0",
+            pre.eps_f,
+        )
+        if p.target_epsilon is not None:
+            _need(
+                pre.eps_f < p.target_epsilon,
+                "preprocessing.eps_f",
+                f"smaller than privacy.target_epsilon = {p.target_epsilon:g}",
+                pre.eps_f,
+            )
+        _need(
+            p.accountant in ("rdp", "pld"),
+            "privacy.accountant",
+            '"pld" or "rdp" with a private mean (they compose the Gaussian mean with the steps; the paper uses pld)',
+            p.accountant,
+        )
+    else:
+        if pre.eps_f is not None:
+            raise ConfigError(
+                "preprocessing.eps_f is for kind private_mean; dpsgd_f_theory splits the budget in thirds"
+            )
+        if p.target_epsilon is None:
+            raise ConfigError(
+                "preprocessing.kind = 'dpsgd_f_theory' needs privacy.target_epsilon (split in thirds)"
+            )
+        _need(
+            p.accountant == "composition",
+            "privacy.accountant",
+            '"composition" for dpsgd_f_theory (its three phases are certified by basic composition, Alg. 2)',
+            p.accountant,
+        )
+        if pre.quantile_tail is not None:
+            _need(pre.quantile_tail >= 0, "preprocessing.quantile_tail", "an integer >= 0", pre.quantile_tail)
+    _need(p.sampling == "poisson", "privacy.sampling", '"poisson" with preprocessing', p.sampling)
 
 
 def _validate_dpsgd(cfg: RunConfig) -> None:
@@ -329,6 +408,11 @@ def _validate_convex(cfg: RunConfig) -> None:
     from dptrain.last_iterate import LOSSES
 
     p, cv = cfg.privacy, cfg.convex
+    if cfg.preprocessing != PreprocessingConfig():
+        raise ConfigError(
+            '[preprocessing] is for DP-SGD (training.algorithm = "dpsgd"); projected noisy SGD normalizes with '
+            "convex.feature_norm"
+        )
     if p.noise_multiplier is not None:
         raise ConfigError(
             "privacy.noise_multiplier is for DP-SGD; projected noisy SGD takes convex.noise_std "

@@ -5,7 +5,9 @@ Writes into the output directory:
 - ``metrics.jsonl``: one JSON line per evaluation (step, epoch, test accuracy, epsilon, loss),
 - ``ledger.json``: the privacy ledger (also inside every checkpoint),
 - ``checkpoint.pt``: internal state to resume (model, optimizer, RNG states, ledger),
-- ``summary.json``: the final privacy/utility report.
+- ``summary.json``: the final privacy/utility report;
+- with ``[preprocessing]`` (seed 004): ``preprocessing.json`` (the released mean / tau) and ``model.pt`` (the
+  linear model mapped back to raw examples).
 Files are replaced atomically, so an interrupted run never leaves a half-written file.
 """
 
@@ -24,26 +26,32 @@ import torch
 from dptrain.accounting.ledger import Ledger, write_json_atomic
 from dptrain.accounting.proactive import increasing_sample_sizes
 from dptrain.config import RunConfig, config_to_toml, load_config
-from dptrain.data import DataSplit, load_dataset, select_classes
+from dptrain.data import ArrayDataset, DataSplit, load_dataset, select_classes
+from dptrain.dpsgd_f import FeaturePreprocessing, prepare
 from dptrain.engine import Budget, PrivateTrainer, make_private, make_private_with_epsilon
 from dptrain.errors import ConfigError, DataError
 from dptrain.models import build_model
 
-CHECKPOINT, LEDGER, CONFIG, METRICS, SUMMARY = (
+CHECKPOINT, LEDGER, CONFIG, METRICS, SUMMARY, PREPROCESSING = (
     "checkpoint.pt",
     "ledger.json",
     "config.toml",
     "metrics.jsonl",
     "summary.json",
+    "preprocessing.json",
 )
 
 
 @dataclass
 class Job:
     cfg: RunConfig
-    data: DataSplit
+    data: DataSplit  # what the trainer sees (after any feature preprocessing)
     trainer: PrivateTrainer
     total_steps: int
+    preprocessing: FeaturePreprocessing | None = None
+    raw_test: ArrayDataset | None = (
+        None  # the test set before preprocessing (for the returned raw-feature model)
+    )
 
 
 def build_optimizer(cfg: RunConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
@@ -61,19 +69,58 @@ def load_data(cfg: RunConfig) -> DataSplit:
     return data if cfg.data.classes is None else select_classes(data, list(cfg.data.classes))
 
 
-def build_job(cfg: RunConfig, noise_multiplier: float | None = None) -> Job:
+def _preprocess(cfg: RunConfig, data: DataSplit, model: torch.nn.Module, fitted: FeaturePreprocessing | None):
+    """Seed 004's preprocessing stage (docs/dpsgd_f.md): fit it on the training set (recording its releases in a
+    ledger) or reuse a fitted one (resume), and return the transformed data the trainer sees."""
+    pre = cfg.preprocessing
+    prepared = prepare(
+        model,
+        data.train.x,
+        kind=pre.kind,
+        feature_norm=pre.feature_norm,
+        delta=cfg.privacy.delta,
+        eps_f=pre.eps_f,
+        epsilon=cfg.privacy.target_epsilon,
+        quantile_tail=pre.quantile_tail,
+        seed=cfg.seed,
+        fitted=fitted,
+    )
+    tf = prepared.preprocessing.transform
+
+    def part(ds: ArrayDataset) -> ArrayDataset:
+        return ArrayDataset(tf(ds.x), ds.y, ds.num_classes, ds.name)
+
+    what = (
+        f"{pre.kind} preprocessing" if pre.kind != "none" else f"features normalized to {pre.feature_norm:g}"
+    )
+    return prepared, DataSplit(part(data.train), part(data.test), f"{data.description}, {what}")
+
+
+def build_job(
+    cfg: RunConfig, noise_multiplier: float | None = None, fitted: FeaturePreprocessing | None = None
+) -> Job:
     """Data, model, optimizer and private trainer for ``cfg``. ``noise_multiplier`` overrides calibration
-    (a resumed run keeps the sigma it was calibrated with)."""
+    (a resumed run keeps the sigma it was calibrated with); ``fitted`` is the released preprocessing of a run being
+    resumed (never fitted, i.e. released, twice)."""
     torch.manual_seed(cfg.seed)
     data = load_data(cfg)
     model = build_model(cfg.model.name, data.train.input_shape, data.train.num_classes, **cfg.model.options)
-    optimizer = build_optimizer(cfg, model)
     p, t = cfg.privacy, cfg.training
+    prepared, raw_test = None, None
+    if cfg.preprocessing.kind != "none" or cfg.preprocessing.feature_norm is not None:
+        raw_test = data.test
+        prepared, data = _preprocess(cfg, data, model, fitted)
+        model = prepared.model
+    optimizer = build_optimizer(cfg, model)
+    settings = {"max_grad_norm": p.max_grad_norm, "accountant": p.accountant}
+    if prepared is not None:
+        settings.update(prepared.settings)
+        if fitted is None:
+            settings["ledger"] = prepared.ledger
     common = dict(
-        max_grad_norm=p.max_grad_norm,
+        **settings,
         batch_size=t.batch_size,
         sampling=p.sampling,
-        accountant=p.accountant,
         clipping=p.clipping,
         max_physical_batch_size=t.max_physical_batch_size,
         grad_sampler=t.grad_sampler,
@@ -111,7 +158,14 @@ def build_job(cfg: RunConfig, noise_multiplier: float | None = None) -> Job:
             **cfg.steps_or_epochs,
             **common,
         )
-    return Job(cfg, data, trainer, trainer.steps_for(**cfg.steps_or_epochs))
+    return Job(
+        cfg,
+        data,
+        trainer,
+        trainer.steps_for(**cfg.steps_or_epochs),
+        None if prepared is None else prepared.preprocessing,
+        raw_test,
+    )
 
 
 def _save_checkpoint(out: Path, trainer: PrivateTrainer) -> None:
@@ -179,7 +233,7 @@ def run_training(
     if resume:
         cfg = load_config(out / CONFIG)
         state = load_checkpoint(out / CHECKPOINT)
-        job = build_job(cfg, noise_multiplier=state["noise_multiplier"])
+        job = build_job(cfg, noise_multiplier=state["noise_multiplier"], fitted=_load_preprocessing(out, cfg))
         job.trainer.load_state_dict(state)
         previous = _read_summary_time(out)
     else:
@@ -200,6 +254,8 @@ def run_training(
         out.mkdir(parents=True, exist_ok=True)
         if plan is not None:
             write_json_atomic(out / "plan.json", plan)
+        if job.preprocessing is not None:  # released statistics (private mean, tau): part of the output
+            write_json_atomic(out / PREPROCESSING, job.preprocessing.to_dict())
         (out / CONFIG).write_text(config_to_toml(cfg))
         previous = 0.0
     trainer, cfg = job.trainer, job.cfg
@@ -233,9 +289,39 @@ def run_training(
     summary = _summary(
         job, out, _evaluate_and_log(out, job, math.nan), previous + time.perf_counter() - start, finished
     )
+    if job.preprocessing is not None:
+        summary.update(_save_raw_model(out, job))
     write_json_atomic(out / SUMMARY, summary)
     trainer.close()
     return summary
+
+
+def _load_preprocessing(out: Path, cfg: RunConfig) -> FeaturePreprocessing | None:
+    if cfg.preprocessing.kind == "none" and cfg.preprocessing.feature_norm is None:
+        return None
+    try:
+        return FeaturePreprocessing.from_dict(json.loads((out / PREPROCESSING).read_text()))
+    except FileNotFoundError:
+        raise DataError(
+            f"{out / PREPROCESSING} is missing: the run's released preprocessing is needed to resume it"
+        ) from None
+    except (ValueError, KeyError, TypeError) as e:
+        raise DataError(f"{out / PREPROCESSING} is corrupt ({type(e).__name__})") from None
+
+
+def _save_raw_model(out: Path, job: Job) -> dict:
+    """The returned model of a preprocessing run: the trained linear map with the bias mapped back, so it applies
+    to raw examples (normalized inside). Written as ``model.pt``; its test accuracy on the raw test set is
+    reported beside the trainer's (they agree: docs/dpsgd_f.md)."""
+    prep = job.preprocessing
+    model = prep.raw_model(job.trainer.model)
+    torch.save({"state_dict": model.state_dict(), "preprocessing": prep.to_dict()}, out / "model.pt")
+    with torch.no_grad():
+        acc = float((model(job.raw_test.x).argmax(1) == job.raw_test.y).float().mean())
+    return {
+        "preprocessing": {k: v for k, v in prep.to_dict().items() if k != "mean"},
+        "test_accuracy_raw_model": acc,
+    }
 
 
 def _read_summary_time(out: Path) -> float:
@@ -310,6 +396,7 @@ def format_report(summary: dict) -> str:
             else []
         ),
         ("test accuracy", f"{summary['test_accuracy']:.4f}"),
+        *([_preprocessing_row(summary)] if "preprocessing" in summary else []),
         ("steps", f"{summary['steps']} of {summary['planned_steps']} ({summary['epochs']:.2f} epochs)"),
         (
             "noise multiplier" if "noise_std" not in summary else "noise std (on averaged gradient)",
@@ -332,6 +419,19 @@ def format_report(summary: dict) -> str:
     ]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def _preprocessing_row(summary: dict) -> tuple[str, str]:
+    pre = summary["preprocessing"]
+    text = f"{pre['kind']}, features normalized to C_F = {pre['feature_norm']:g}"
+    if pre.get("noise_multiplier") is not None:
+        text += f", private mean sigma_F = {pre['noise_multiplier']:.4g}"
+    if pre.get("eps_f") is not None:
+        text += f" (eps_F = {pre['eps_f']:g})"
+    if pre.get("tau") is not None:
+        text += f", tau = {pre['tau']:.4g}"
+    text += f"; model.pt on raw examples: test accuracy {summary['test_accuracy_raw_model']:.4f}"
+    return "preprocessing", text
 
 
 def run_projected(cfg: RunConfig, out: Path, progress: bool = True) -> dict:

@@ -83,8 +83,8 @@ PAPER_TABLE2 = {
 #: {0.02, 0.05, 0.1, 0.15, 0.2}: 1400 / 7000 configurations per cell; ours fits in about an hour on 2 cores).
 GRID = {
     "feature_norm": (1.0, 10.0, 100.0),
-    "batch_size": (1024, 4096, 16384),
-    "learning_rate": (0.25, 1.0, 4.0, 16.0),
+    "batch_size": (2048, 8192),
+    "learning_rate": (1.0, 4.0, 16.0),
     "epochs": (20, 80),
     "eps_f": (0.02, 0.05),
 }
