@@ -152,7 +152,7 @@ def test_calibrate_round_trips_through_account(capsys):
         ),
         (
             ["calibrate", "--epsilon", "1", "--delta", "1e-5", "--sampling-rate", "0.1"],
-            "one of the arguments --steps --epochs is required",
+            "needs --sampling-rate and one of --steps / --epochs",
         ),
         (
             [

@@ -586,8 +586,23 @@ def test_load_dataset_unknown_name():
 def test_load_dataset_unknown_option():
     with pytest.raises(DataError, match="unknown option.*batch_size.*accepted: n, dim"):
         load_dataset("synthetic", batch_size=3)
-    with pytest.raises(DataError, match="unknown option.*test_fraction.*accepted: none"):
+    with pytest.raises(DataError, match="unknown option.*test_fraction.*accepted: pixels"):
         load_dataset("mnist", "/tmp", test_fraction=0.1)
+    with pytest.raises(DataError, match="unknown option.*test_fraction.*accepted: none"):
+        load_dataset("cifar10", "/tmp", test_fraction=0.1)
+
+
+def test_idx_pixels_option(tmp_path):
+    """pixels = "raw" gives values in [0, 1]; the default standardizes with the public constants."""
+    from dptrain.data import FASHION_MNIST_MEAN, FASHION_MNIST_STD
+
+    write_tiny_mnist(tmp_path)
+    raw = load_dataset("fashion-mnist", str(tmp_path), pixels="raw")
+    std = load_dataset("fashion-mnist", str(tmp_path))
+    assert 0.0 <= float(raw.train.x.min()) < 0.01 and 0.99 < float(raw.train.x.max()) <= 1.0
+    assert torch.allclose(std.train.x, (raw.train.x - FASHION_MNIST_MEAN) / FASHION_MNIST_STD)
+    with pytest.raises(DataError, match="pixels must be one of standardized, raw"):
+        load_dataset("fashion-mnist", str(tmp_path), pixels="centered")
 
 
 def test_load_dataset_dispatch(tmp_path):
