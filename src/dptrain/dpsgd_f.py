@@ -451,34 +451,23 @@ def make_private_dpsgd_f(
     if prep.model is not model:
         optimizer = type(optimizer)(prep.model.parameters(), **optimizer.defaults)
     settings = {"max_grad_norm": max_grad_norm, "accountant": accountant, **prep.settings}
+    common = dict(batch_size=batch_size, ledger=prep.ledger, seed=seed, **settings, **options)
+    data = (prep.preprocessing.transform(x), y)
     if noise_multiplier is not None:
         trainer = make_private(
+            prep.model, optimizer, data, noise_multiplier=noise_multiplier, delta=target_delta, **common
+        )
+    else:
+        trainer = make_private_with_epsilon(
             prep.model,
             optimizer,
-            (prep.preprocessing.transform(x), y),
-            noise_multiplier=noise_multiplier,
-            batch_size=batch_size,
-            delta=target_delta,
-            ledger=prep.ledger,
-            seed=seed,
-            **settings,
-            **options,
+            data,
+            target_epsilon=target_epsilon,
+            target_delta=target_delta,
+            epochs=epochs,
+            steps=steps,
+            **common,
         )
-        return DPSGDFRun(trainer, prep.preprocessing)
-    trainer = make_private_with_epsilon(
-        prep.model,
-        optimizer,
-        (prep.preprocessing.transform(x), y),
-        target_epsilon=target_epsilon,
-        target_delta=target_delta,
-        epochs=epochs,
-        steps=steps,
-        batch_size=batch_size,
-        ledger=prep.ledger,
-        seed=seed,
-        **settings,
-        **options,
-    )
     return DPSGDFRun(trainer, prep.preprocessing)
 
 
