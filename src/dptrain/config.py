@@ -444,13 +444,21 @@ def _validate_convex(cfg: RunConfig) -> None:
     )
     _need(cv.adjacency in ("replace", "remove"), "convex.adjacency", "one of replace, remove", cv.adjacency)
     _need(0 <= cv.lr_power < 1, "convex.lr_power", "in [0, 1)", cv.lr_power)
-    _need(
-        p.accountant == "rdp",
-        "privacy.accountant",
-        '"rdp" for projected noisy SGD (the last-iterate bound is reported beside it but is not certified: '
-        "docs/last_iterate.md)",
-        p.accountant,
-    )
+    if cv.batching == "random":
+        _need(
+            p.accountant == "rdp",
+            "privacy.accountant",
+            '"rdp" for projected noisy SGD with random batches (the last-iterate bound is reported beside it but '
+            "is not certified for random batches: docs/last_iterate.md)",
+            p.accountant,
+        )
+    else:
+        _need(
+            p.accountant in ("rdp", "last_iterate"),
+            "privacy.accountant",
+            '"rdp" or "last_iterate" for projected noisy SGD',
+            p.accountant,
+        )
 
 
 # --- writing ----------------------------------------------------------------------------------------------
