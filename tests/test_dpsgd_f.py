@@ -402,3 +402,17 @@ def test_logistic_uses_closed_form_gradients():
     assert torch.allclose(g[weight], torch.einsum("nk,nd->nkd", r, x), atol=1e-6)
     assert torch.allclose(g[bias], r, atol=1e-6)
     assert FeaturePreprocessing("none", 1.0).transform(x).shape == (16, 7)
+
+
+def test_quantile_tie_break_on_atoms():
+    """Distances with two values only (App. A's data): without jitter no threshold has a count near the target rank
+    and the output spreads over [max, upper]; with the per-example jitter it sits just above the largest value."""
+    rng = np.random.default_rng(5)
+    values = np.repeat([0.5, 1.0], 500)
+    rank, eps, upper, step = 1000 - 60, 1.0, 4.0, 4.0 / 1000**2
+    plain = [exponential_quantile(values, rank, eps, upper, step, rng) for _ in range(50)]
+    broken = [
+        exponential_quantile(values, rank, eps, upper, step, rng, tie_break=upper / 1000) for _ in range(50)
+    ]
+    assert np.median(plain) > 2.0  # anywhere on the plateau [1, 4]
+    assert max(broken) < 1.0 + upper / 1000 + 1e-9 and min(broken) >= 0.5

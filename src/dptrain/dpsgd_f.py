@@ -23,7 +23,8 @@ Two pipelines, both recorded in one privacy ledger together with the DP-SGD step
        instance-optimal estimator, which the paper does not restate; so Theorem 1's diameter-only error does
        not formally carry over: docs/dpsgd_f.md);
     2. tau = a private quantile of the distances ||x_i - mu_hat|| by the exponential mechanism over a grid of
-       step alpha = R/n^2 (App. B.2 with Dick et al. 2023), target rank n - (100/eps) ln n, then tau + alpha;
+       step alpha = R/n^2 (App. B.2 with Dick et al. 2023), target rank n - (100/eps) ln n, then tau + alpha
+       (deviation: ties are broken by U[0, R/n) jitter per distance, see :func:`exponential_quantile`);
     3. x'_i = (x_i - mu_hat, tau) (Lemma 5), clipped to norm sqrt(2) tau (Lemma 7);
     4. DP-SGD without bias and with clip norm sqrt(2) G tau, G = sqrt(2) the Lipschitz constant of softmax
        cross-entropy in the scores (so no gradient is clipped: Sec. 5, step 5);
@@ -83,7 +84,13 @@ def private_mean(
 
 
 def exponential_quantile(
-    values: np.ndarray, rank: float, epsilon: float, upper: float, grid_step: float, rng: np.random.Generator
+    values: np.ndarray,
+    rank: float,
+    epsilon: float,
+    upper: float,
+    grid_step: float,
+    rng: np.random.Generator,
+    tie_break: float = 0.0,
 ) -> float:
     """The exponential mechanism (McSherry & Talwar 2007) over the grid {0, a, 2a, ..., upper}, a = grid_step:
     P[t] ~ exp(epsilon u(t) / 2) with u(t) = -|#{i : v_i <= t} - rank|. Adding or removing one value changes u
@@ -92,10 +99,19 @@ def exponential_quantile(
     exp-utility), then a grid point uniformly inside it.
 
     With probability >= 1 - zeta the output's rank error exceeds the best grid point's by at most
-    2 ln(N / zeta) / epsilon, N the number of grid points (:func:`quantile_rank_error`)."""
+    2 ln(N / zeta) / epsilon, N the number of grid points (:func:`quantile_rank_error`).
+
+    ``tie_break`` > 0 adds independent U[0, tie_break) noise to every value first. Without it, data with atoms
+    (e.g. all distances equal to two values) may have no threshold whose count is near ``rank``; the best utility
+    is then reached on a long plateau up to ``upper``, and the output lands anywhere on it. The jitter is drawn per
+    example and independently of the data, so adding or removing one value still changes every count by at most
+    1: the mechanism stays epsilon-DP."""
     if not (epsilon > 0 and grid_step > 0 and upper >= 0):
         raise ConfigError("the private quantile needs epsilon > 0, a grid step > 0 and an upper end >= 0")
-    v = np.sort(np.clip(np.asarray(values, dtype=np.float64), 0.0, upper))
+    v = np.asarray(values, dtype=np.float64)
+    if tie_break > 0:
+        v = v + rng.uniform(0.0, tie_break, size=v.shape)
+    v = np.sort(np.clip(v, 0.0, upper))
     last = int(math.floor(upper / grid_step))  # grid points k = 0..last
     # Interval j holds the grid points t with exactly j values <= t: k from first[j] to first[j+1] - 1.
     first = np.concatenate(([0], np.ceil(v / grid_step - 1e-12).astype(np.int64), [last + 1]))
@@ -153,13 +169,19 @@ class FeaturePreprocessing:
         trained model on preprocessed ones (exactly for ``private_mean``; for ``dpsgd_f_theory`` the scores of a
         clipped row differ by a positive factor, so the predicted class is the same)."""
         layer = linear_layer(model, self.kind)
-        weight = layer.weight.detach().clone()
-        bias = torch.zeros(weight.shape[0]) if layer.bias is None else layer.bias.detach().clone()
+        weight = (
+            layer.weight.detach().double()
+        )  # float64 for the mapping: W mu_hat can be large (offset data)
+        bias = (
+            torch.zeros(weight.shape[0], dtype=torch.float64)
+            if layer.bias is None
+            else layer.bias.detach().double()
+        )
         if self.tau is not None:  # Alg. 2 step 6: w = theta[:d], b = tau theta[d] (+ the mean term below)
             weight, bias = weight[:, :-1].clone(), bias + self.tau * weight[:, -1]
         if self.mean is not None:  # Alg. 3 return line: b = b' - W' mu_hat (digest 4)
-            bias = bias - weight @ self.mean
-        return RawFeatureLinear(weight, bias, self.feature_norm)
+            bias = bias - weight @ self.mean.double()
+        return RawFeatureLinear(weight.float(), bias.float(), self.feature_norm)
 
     def to_dict(self) -> dict:
         return {
@@ -299,7 +321,7 @@ def fit_preprocessing(
     step = upper / n**2  # alpha = R / n^2 (App. B.2)
     distances = (z - mean).norm(dim=1).numpy()
     rng = np.random.default_rng(int(torch.randint(0, 2**62, (1,), generator=generator)))
-    tau = exponential_quantile(distances, n - tail, eps3, upper, step, rng) + step
+    tau = exponential_quantile(distances, n - tail, eps3, upper, step, rng, tie_break=upper / n) + step
     ledger.record(
         dpa.UnsupportedDpEvent(),  # pure eps-DP: certified by the composition accountant, refused by rdp/pld
         {
@@ -402,8 +424,13 @@ class DPSGDFRun:
 
     @torch.no_grad()
     def evaluate(self, x: torch.Tensor, y: torch.Tensor) -> float:
-        """Accuracy of :meth:`raw_model` on raw held-out examples."""
-        return float((self.raw_model()(x).argmax(1) == y).float().mean())
+        """Accuracy of :meth:`raw_model` on raw held-out examples (a classifier with one score per class)."""
+        model = self.raw_model()
+        if model.linear.out_features < 2:
+            raise ModelError(
+                "evaluate() needs one output per class; score a one-output model with raw_model()"
+            )
+        return float((model(x).argmax(1) == y).float().mean())
 
 
 def make_private_dpsgd_f(

@@ -358,6 +358,8 @@ def make_private_with_epsilon(
 
     trainer.noise_multiplier = calibrate_noise(target_epsilon, target_delta, ledger_for, accountant)
     trainer.budget = Budget(target_epsilon, target_delta)
-    # Sanity: the planned run is within budget according to the accountant that will certify it.
+    # Sanity: the planned run is within budget according to the accountant that will certify it ...
     certified_epsilon(ledger_for(trainer.noise_multiplier), target_delta, accountant)
+    # ... so it may take exactly its planned steps (no search for the last step the budget would allow).
+    trainer._allowed_steps = trainer.steps + total
     return trainer

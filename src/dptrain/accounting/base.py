@@ -7,7 +7,9 @@ guesses: an event it does not cover is a refusal, not a number.
 
 from __future__ import annotations
 
+import json
 import math
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -79,9 +81,25 @@ def check_epsilon(epsilon: float) -> float:
     return float(epsilon)
 
 
+#: Reports by (ledger content, delta, accountant). An accountant's answer is a function of the ledger's content
+#: (events and facts) only, so a grid that rebuilds identical ledgers (calibration, budget checks) reuses them.
+_REPORTS: OrderedDict[tuple, PrivacyReport] = OrderedDict()
+_REPORTS_MAX = 4096
+
+
 def epsilon(ledger: Ledger, delta: float, accountant: str = "rdp") -> PrivacyReport:
-    """Epsilon spent by ``ledger`` at ``delta`` according to the named accountant."""
-    return get_accountant(accountant).report(ledger, check_delta(delta))
+    """Epsilon spent by ``ledger`` at ``delta`` according to the named accountant (memoized by content)."""
+    delta = check_delta(delta)
+    acc = get_accountant(accountant)
+    key = (json.dumps(ledger.to_dict(), sort_keys=True), delta, accountant, id(acc))
+    if key in _REPORTS:
+        _REPORTS.move_to_end(key)
+        return _REPORTS[key]
+    report = acc.report(ledger, delta)
+    _REPORTS[key] = report
+    if len(_REPORTS) > _REPORTS_MAX:
+        _REPORTS.popitem(last=False)
+    return report
 
 
 def certified_epsilon(ledger: Ledger, delta: float, accountant: str = "rdp") -> PrivacyReport:
