@@ -19,6 +19,7 @@ __all__ = ["REPRODUCTIONS", "json_default", "md_table", "run_reproduction"]
 REPRODUCTIONS: dict[str, str] = {
     "proactive": "dptrain.reproduce.proactive",
     "last-iterate": "dptrain.reproduce.last_iterate",
+    "dpsgd-f-counterexample": "dptrain.reproduce.dpsgd_f_counterexample",
     "dpsgd-f": "dptrain.reproduce.dpsgd_f",
 }
 
