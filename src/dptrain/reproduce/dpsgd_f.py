@@ -216,7 +216,7 @@ def _train(task: dict) -> dict:
             accountant="pld",
             seed=task["seed"],
         )
-        run.trainer.train(epochs=task["epochs"])
+        run.trainer.train(steps=task["steps"])  # exactly the steps the noise was calibrated for
         acc = run.evaluate(data.test.x, data.test.y)
         spent = run.trainer.epsilon(accountant="pld").epsilon
     return {**task, "accuracy": acc, "epsilon_spent": spent, "seconds": time.perf_counter() - start}
