@@ -171,3 +171,18 @@ def test_max_releases_is_the_exact_boundary():
     # A ledger already over budget allows nothing.
     over = dpsgd_ledger(sigma, q, 10**5)
     assert max_releases(lambda m: over.extended(event, facts, m), target, DELTA) == 0
+
+
+def test_reports_are_memoized_by_what_the_accountant_reads():
+    """epsilon() caches reports by ledger content; facts an accountant does not read (rdp/pld read none) do not
+    split the cache, while a different event does not hit it."""
+    import dptrain.accounting.base as base
+    from dptrain.accounting import dpsgd_ledger, epsilon
+
+    a = dpsgd_ledger(1.3, 0.01, 500, clip_norm=1.0)
+    b = dpsgd_ledger(1.3, 0.01, 500, clip_norm=7.0)  # same events, another fact
+    c = dpsgd_ledger(1.31, 0.01, 500, clip_norm=1.0)
+    first = epsilon(a, 1e-5, "pld")
+    assert epsilon(b, 1e-5, "pld") is first
+    assert epsilon(c, 1e-5, "pld").epsilon < first.epsilon
+    assert base._content_key(a, None) != base._content_key(b, None)  # accountants that read facts see them

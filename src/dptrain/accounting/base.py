@@ -41,6 +41,8 @@ class PrivacyReport:
 class Accountant(Protocol):
     name: str
     description: str
+    #: Optional: the ledger facts the accountant reads (None or absent: it may read any). Used to memoize reports.
+    facts_used: tuple[str, ...] | None
 
     def report(self, ledger: Ledger, delta: float) -> PrivacyReport:
         """Epsilon at ``delta`` for ``ledger``; raises AccountingError if it cannot be certified."""
@@ -87,11 +89,21 @@ _REPORTS: OrderedDict[tuple, PrivacyReport] = OrderedDict()
 _REPORTS_MAX = 4096
 
 
+def _content_key(ledger: Ledger, facts_used: tuple[str, ...] | None) -> str:
+    """The ledger as the accountant sees it: events, counts, adjacency and the facts it reads (all if it does not
+    declare ``facts_used``)."""
+    data = ledger.to_dict()
+    if facts_used is not None:
+        for e in data["entries"]:
+            e["facts"] = {k: v for k, v in e["facts"].items() if k in facts_used}
+    return json.dumps(data, sort_keys=True)
+
+
 def epsilon(ledger: Ledger, delta: float, accountant: str = "rdp") -> PrivacyReport:
     """Epsilon spent by ``ledger`` at ``delta`` according to the named accountant (memoized by content)."""
     delta = check_delta(delta)
     acc = get_accountant(accountant)
-    key = (json.dumps(ledger.to_dict(), sort_keys=True), delta, accountant, id(acc))
+    key = (_content_key(ledger, getattr(acc, "facts_used", None)), delta, accountant, id(acc))
     if key in _REPORTS:
         _REPORTS.move_to_end(key)
         return _REPORTS[key]

@@ -86,6 +86,7 @@ def _entry_mu(event: dpa.DpEvent, count: int, neighboring: str) -> tuple[float, 
 
 class GdpAccountant:
     name = "gdp"
+    facts_used = ()  # events and adjacency only
     description = "Gaussian DP (Dong-Roth-Su); CLT approximation for subsampled steps"
 
     def report(self, ledger: Ledger, delta: float) -> PrivacyReport:

@@ -75,6 +75,7 @@ RDP_ORDERS = tuple(sorted(set(rdp_privacy_accountant.DEFAULT_RDP_ORDERS) | set(_
 
 class RdpAccountant:
     name = "rdp"
+    facts_used = ()  # events and adjacency only
     description = "Renyi DP of the subsampled Gaussian (dp_accounting RdpAccountant)"
 
     def report(self, ledger: Ledger, delta: float) -> PrivacyReport:
@@ -93,6 +94,7 @@ class RdpAccountant:
 
 class PldAccountant:
     name = "pld"
+    facts_used = ()  # events and adjacency only
     description = "privacy loss distributions, pessimistic discretization (dp_accounting PLDAccountant)"
 
     def __init__(self, value_discretization_interval: float = 1e-4):
