@@ -177,11 +177,13 @@ def test_reports_are_memoized_by_what_the_accountant_reads():
     """epsilon() caches reports by ledger content; facts an accountant does not read (rdp/pld read none) do not
     split the cache, while a different event does not hit it."""
     import dptrain.accounting.base as base
-    from dptrain.accounting import dpsgd_ledger, epsilon
+    from dptrain.accounting import Ledger, epsilon, gaussian_step_event
 
-    a = dpsgd_ledger(1.3, 0.01, 500, clip_norm=1.0)
-    b = dpsgd_ledger(1.3, 0.01, 500, clip_norm=7.0)  # same events, another fact
-    c = dpsgd_ledger(1.31, 0.01, 500, clip_norm=1.0)
+    def ledger(sigma, clip):
+        event = gaussian_step_event(sigma, "poisson", sampling_rate=0.01)
+        return Ledger().extended(event, {"mechanism": "dpsgd", "clip_norm": clip}, 500)
+
+    a, b, c = ledger(1.3, 1.0), ledger(1.3, 7.0), ledger(1.31, 1.0)  # b: same events, another fact
     first = epsilon(a, 1e-5, "pld")
     assert epsilon(b, 1e-5, "pld") is first
     assert epsilon(c, 1e-5, "pld").epsilon < first.epsilon
