@@ -10,15 +10,22 @@ from dptrain.accounting import proactive as _proactive  # noqa: F401  (registers
 from dptrain.accounting import last_iterate as _last_iterate  # noqa: F401  (registers "last_iterate")
 from dptrain.accounting import composition as _composition  # noqa: F401  (registers "composition")
 from dptrain.accounting.base import (
+    AUTO,
     Accountant,
     PrivacyReport,
     accountant_names,
+    all_reports,
     certified_epsilon,
+    check_accountant,
+    check_noise_multiplier,
     epsilon,
     get_accountant,
     register_accountant,
+    tightest,
 )
 from dptrain.accounting.calibration import (
+    Calibration,
+    calibrate,
     calibrate_dpsgd_noise,
     calibrate_noise,
     gaussian_mechanism_epsilon,
@@ -26,9 +33,17 @@ from dptrain.accounting.calibration import (
     max_releases,
 )
 from dptrain.accounting.ledger import Ledger, LedgerEntry, dpsgd_ledger, gaussian_step_event, step_facts
+from dptrain.accounting.run_numbers import steps_for_epochs
 
 __all__ = [
+    "AUTO",
     "Accountant",
+    "Calibration",
+    "all_reports",
+    "calibrate",
+    "check_accountant",
+    "check_noise_multiplier",
+    "tightest",
     "Ledger",
     "LedgerEntry",
     "PrivacyReport",
@@ -45,4 +60,5 @@ __all__ = [
     "max_releases",
     "register_accountant",
     "step_facts",
+    "steps_for_epochs",
 ]

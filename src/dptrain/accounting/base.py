@@ -8,13 +8,16 @@ guesses: an event it does not cover is a refusal, not a number.
 from __future__ import annotations
 
 import json
-import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from dptrain.accounting.checks import check_delta, check_epsilon, check_noise_multiplier  # noqa: F401
 from dptrain.accounting.ledger import Ledger
-from dptrain.errors import AccountingError
+from dptrain.errors import AccountingError, ConfigError
+
+#: The accountant name that means "every registered accountant; report the tightest certified one".
+AUTO = "auto"
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,13 @@ def accountant_names() -> tuple[str, ...]:
     return tuple(_REGISTRY)
 
 
+def check_accountant(name: str, key: str = "accountant") -> str:
+    """``name`` if it is ``auto`` or a registered accountant, else a one-line ConfigError naming ``key``."""
+    if name != AUTO and name not in _REGISTRY:
+        raise ConfigError(f"{key} must be one of {', '.join((AUTO, *_REGISTRY))}, got {name!r}")
+    return name
+
+
 def get_accountant(name: str) -> Accountant:
     try:
         return _REGISTRY[name]
@@ -69,18 +79,6 @@ def get_accountant(name: str) -> Accountant:
         raise AccountingError(
             f"unknown accountant {name!r}; accepted: {', '.join(accountant_names())}"
         ) from None
-
-
-def check_delta(delta: float) -> float:
-    if not (isinstance(delta, int | float) and 0 < delta < 1 and math.isfinite(delta)):
-        raise AccountingError(f"delta must be in (0, 1), got {delta}")
-    return float(delta)
-
-
-def check_epsilon(epsilon: float) -> float:
-    if not (isinstance(epsilon, int | float) and epsilon > 0 and math.isfinite(epsilon)):
-        raise AccountingError(f"epsilon must be a finite number > 0, got {epsilon}")
-    return float(epsilon)
 
 
 #: Reports by (ledger content, delta, accountant). An accountant's answer is a function of the ledger's content
@@ -99,9 +97,36 @@ def _content_key(ledger: Ledger, facts_used: tuple[str, ...] | None) -> str:
     return json.dumps(data, sort_keys=True)
 
 
-def epsilon(ledger: Ledger, delta: float, accountant: str = "rdp") -> PrivacyReport:
-    """Epsilon spent by ``ledger`` at ``delta`` according to the named accountant (memoized by content)."""
+def all_reports(ledger: Ledger, delta: float) -> tuple[dict[str, PrivacyReport], dict[str, str]]:
+    """Every registered accountant's report on ``ledger`` (name -> report) and its refusals (name -> why)."""
+    reports, refusals = {}, {}
+    for name in accountant_names():
+        try:
+            reports[name] = epsilon(ledger, delta, name)
+        except AccountingError as e:
+            refusals[name] = str(e)
+    return reports, refusals
+
+
+def tightest(reports: dict[str, PrivacyReport]) -> PrivacyReport | None:
+    """The certified report with the smallest epsilon (None if no report is certified)."""
+    certified = [r for r in reports.values() if r.certified]
+    return min(certified, key=lambda r: r.epsilon) if certified else None
+
+
+def epsilon(ledger: Ledger, delta: float, accountant: str = AUTO) -> PrivacyReport:
+    """Epsilon spent by ``ledger`` at ``delta`` according to the named accountant (memoized by content).
+
+    ``auto`` asks every registered accountant and returns the tightest certified answer (each one is a proven
+    upper bound on the same mechanism's privacy loss, so their minimum is one too)."""
     delta = check_delta(delta)
+    if accountant == AUTO:
+        reports, refusals = all_reports(ledger, delta)
+        best = tightest(reports)
+        if best is None:
+            why = "; ".join(f"{k}: {v}" for k, v in refusals.items()) or "only approximations"
+            raise AccountingError(f"no accountant certifies this ledger ({why})")
+        return best
     acc = get_accountant(accountant)
     key = (_content_key(ledger, getattr(acc, "facts_used", None)), delta, accountant, id(acc))
     if key in _REPORTS:
@@ -114,7 +139,7 @@ def epsilon(ledger: Ledger, delta: float, accountant: str = "rdp") -> PrivacyRep
     return report
 
 
-def certified_epsilon(ledger: Ledger, delta: float, accountant: str = "rdp") -> PrivacyReport:
+def certified_epsilon(ledger: Ledger, delta: float, accountant: str = AUTO) -> PrivacyReport:
     """Like :func:`epsilon`, but refuses accountants whose answer for this ledger is not a proven bound."""
     report = epsilon(ledger, delta, accountant)
     if not report.certified:

@@ -9,14 +9,64 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from scipy import optimize
 
-from dptrain.accounting.base import certified_epsilon, check_delta, check_epsilon, epsilon
+from dptrain.accounting.base import (
+    AUTO,
+    accountant_names,
+    certified_epsilon,
+    check_accountant,
+    check_delta,
+    check_epsilon,
+    epsilon,
+)
 from dptrain.accounting.ledger import Ledger, dpsgd_ledger
 from dptrain.errors import AccountingError
 
 SIGMA_MIN, SIGMA_MAX = 1e-2, 1e4
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The smallest noise multiplier meeting a budget, and the accountant that certifies it."""
+
+    noise_multiplier: float
+    accountant: str
+    #: with ``auto``: the sigma each other certified accountant would need, and why the rest refused
+    others: dict[str, float] = field(default_factory=dict)
+    refused: dict[str, str] = field(default_factory=dict)
+
+
+def calibrate(
+    target_epsilon: float,
+    delta: float,
+    ledger_for_sigma: Callable[[float], Ledger],
+    accountant: str = AUTO,
+) -> Calibration:
+    """Smallest sigma with which ``accountant`` certifies ``ledger_for_sigma(sigma)`` within the budget. ``auto``:
+    calibrate with every registered accountant that certifies this kind of ledger and keep the smallest sigma
+    (each is a proven bound, so the smallest sigma any of them certifies is certified). ``rdp`` goes first: its
+    sigma brackets the others' search."""
+    check_accountant(accountant)
+    if accountant != AUTO:
+        return Calibration(calibrate_noise(target_epsilon, delta, ledger_for_sigma, accountant), accountant)
+    names = sorted(accountant_names(), key=lambda n: n != "rdp")
+    found, refused, start = {}, {}, 1.0
+    for name in names:
+        try:
+            found[name] = calibrate_noise(target_epsilon, delta, ledger_for_sigma, name, start=start)
+            if name == "rdp":
+                start = found[name]
+        except AccountingError as e:
+            refused[name] = str(e)
+    if not found:
+        raise AccountingError(
+            "no accountant can certify this budget: " + "; ".join(f"{k}: {v}" for k, v in refused.items())
+        )
+    best = min(found, key=found.get)
+    return Calibration(found[best], best, {k: v for k, v in found.items() if k != best}, refused)
 
 
 def calibrate_noise(
@@ -26,10 +76,14 @@ def calibrate_noise(
     accountant: str = "rdp",
     rtol: float = 1e-6,
     require_certified: bool = True,
+    start: float = 1.0,
 ) -> float:
     """Smallest sigma (to relative tolerance ``rtol``) with epsilon(ledger_for_sigma(sigma)) <= target.
     ``require_certified=False`` also accepts accountants whose answer is not a proven bound (for exploration only:
-    a budget enforced this way is not a guarantee)."""
+    a budget enforced this way is not a guarantee). ``start``: where the bracket search begins (a nearby sigma,
+    e.g. another accountant's, saves evaluations). ``auto``: see :func:`calibrate`."""
+    if accountant == AUTO:
+        return calibrate(target_epsilon, delta, ledger_for_sigma).noise_multiplier
     target_epsilon, delta = check_epsilon(target_epsilon), check_delta(delta)
     spend = certified_epsilon if require_certified else epsilon
 
@@ -41,7 +95,7 @@ def calibrate_noise(
                 return math.inf
             raise
 
-    hi = 1.0
+    hi = start
     while eps(hi) > target_epsilon:
         lo, hi = hi, hi * 2
         if hi > SIGMA_MAX:
@@ -69,7 +123,7 @@ def calibrate_dpsgd_noise(
     delta: float,
     sampling_rate: float,
     steps: int,
-    accountant: str = "rdp",
+    accountant: str = AUTO,
     sampling: str = "poisson",
     **facts,
 ) -> float:
@@ -83,7 +137,7 @@ def max_releases(
     ledger_after: Callable[[int], Ledger],
     target_epsilon: float,
     delta: float,
-    accountant: str = "rdp",
+    accountant: str = AUTO,
     limit: int = 10**9,
 ) -> int:
     """Largest n <= limit such that ``ledger_after(n)`` (the ledger after n more releases) stays within the

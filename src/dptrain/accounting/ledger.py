@@ -11,7 +11,6 @@ This module imports numpy/dp_accounting only (never torch), like the rest of dpt
 from __future__ import annotations
 
 import json
-import math
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -21,6 +20,7 @@ import attr
 import dp_accounting as dpa
 from dp_accounting import dp_event as dp_event_module
 
+from dptrain.accounting.checks import check_noise_multiplier
 from dptrain.errors import AccountingError, DataError
 
 LEDGER_FORMAT = "dptrain-ledger/1"
@@ -139,6 +139,18 @@ class Ledger:
             new.record(event, facts, count)
         return new
 
+    def is_prefix_of(self, other: Ledger) -> bool:
+        """True when ``other`` is this ledger followed by zero or more further releases."""
+        if self.neighboring != other.neighboring or len(self.entries) > len(other.entries):
+            return False
+        for i, (mine, theirs) in enumerate(zip(self.entries, other.entries, strict=False)):
+            if mine.event != theirs.event or mine.facts != theirs.facts:
+                return False
+            last = i == len(self.entries) - 1
+            if mine.count > theirs.count or (not last and mine.count != theirs.count):
+                return False
+        return True
+
     def copy(self) -> Ledger:
         return Ledger([LedgerEntry(e.event, e.count, dict(e.facts)) for e in self.entries], self.neighboring)
 
@@ -226,8 +238,7 @@ def gaussian_step_event(
     ``noise_multiplier`` is sigma: the Gaussian's standard deviation divided by the L2 sensitivity of the
     released sum (the clip norm under add/remove-one adjacency).
     """
-    if not (noise_multiplier >= 0 and math.isfinite(noise_multiplier)):
-        raise AccountingError(f"noise multiplier must be a finite number >= 0, got {noise_multiplier}")
+    check_noise_multiplier(noise_multiplier)
     gaussian = dpa.GaussianDpEvent(noise_multiplier)
     if sampling == "poisson":
         if sampling_rate is None or not 0 < sampling_rate <= 1:
