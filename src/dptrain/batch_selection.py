@@ -1,11 +1,13 @@
 """Batch selection: which examples take part in a step. The scheme is part of every ledger event,
 because which accountant applies (and how much the sampling amplifies privacy) depends on it.
 
-Every sampler draws from an explicit ``torch.Generator`` so a run is reproducible and resumable.
+Every sampler draws from the run's secret "sampling" stream (:mod:`dptrain.randomness`), so which examples a
+step used cannot be recomputed from anything a run shares, and a checkpoint resumes the same draws.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -13,6 +15,7 @@ import torch
 
 from dptrain.accounting.ledger import gaussian_step_event, step_facts
 from dptrain.errors import ConfigError
+from dptrain.randomness import Stream
 
 SAMPLING_NAMES = ("poisson", "full")
 
@@ -38,7 +41,7 @@ class BatchSampler(Protocol):
         """The data-independent normalizer of step ``step``'s noisy gradient sum."""
         ...
 
-    def sample(self, generator: torch.Generator, step: int) -> torch.Tensor:
+    def sample(self, stream: Stream, step: int) -> torch.Tensor:
         """Indices of the examples in logical batch number ``step``."""
         ...
 
@@ -75,8 +78,11 @@ class PoissonSampling:
     def expected_batch_size_at(self, step: int) -> float:
         return self.rate_at(step) * self.dataset_size
 
-    def sample(self, generator: torch.Generator, step: int) -> torch.Tensor:
-        mask = torch.rand(self.dataset_size, generator=generator) < self.rate_at(step)
+    def sample(self, stream: Stream, step: int) -> torch.Tensor:
+        # u < q' with u on the grid k 2^-53 and q' = floor(q 2^53) 2^-53 <= q: each example joins with probability
+        # exactly q' <= q, never more than the rate the ledger records.
+        threshold = math.floor(self.rate_at(step) * 2.0**53) * 2.0**-53
+        mask = stream.uniform((self.dataset_size,), torch.float64) < threshold
         return mask.nonzero().squeeze(1)
 
     def release(self, noise_multiplier: float, step: int, **facts) -> tuple:
@@ -131,7 +137,7 @@ class FullBatch:
     def expected_batch_size_at(self, step: int) -> float:
         return float(self.dataset_size)
 
-    def sample(self, generator: torch.Generator, step: int) -> torch.Tensor:
+    def sample(self, stream: Stream, step: int) -> torch.Tensor:
         return torch.arange(self.dataset_size)
 
     def release(self, noise_multiplier: float, step: int, **facts) -> tuple:

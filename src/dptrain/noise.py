@@ -1,21 +1,17 @@
 """Noise: Gaussian N(0, sigma^2 C^2) added once per logical step to the sum of clipped gradients.
 
-Note: torch's generator is a Mersenne Twister, not a cryptographically secure source; like most research
-DP libraries we accept that (floating-point attacks on the Gaussian sampler are also out of scope).
+The noise comes from the run's secret "noise" stream (:mod:`dptrain.randomness`): torch's generator seeded from
+operating-system entropy by default, or AES-256-CTR with a hardened sampler (``privacy.secure_noise = true``,
+:mod:`dptrain.secure_random`).
 """
 
 from __future__ import annotations
 
 import torch
 
+from dptrain.randomness import Stream
 
-def add_gaussian_noise(
-    summed: dict[str, torch.Tensor], std: float, generator: torch.Generator
-) -> dict[str, torch.Tensor]:
+
+def add_gaussian_noise(summed: dict[str, torch.Tensor], std: float, stream: Stream) -> dict[str, torch.Tensor]:
     """Return ``summed`` plus independent N(0, std^2) noise in every coordinate."""
-    if std == 0:
-        return summed
-    return {
-        n: s + std * torch.randn(s.shape, generator=generator, dtype=s.dtype, device=s.device)
-        for n, s in summed.items()
-    }
+    return {n: stream.add_gaussian(s, std) for n, s in summed.items()}
