@@ -485,7 +485,7 @@ def test_load_npz_split(tmp_path):
     x = np.arange(100 * 3, dtype=np.float64).reshape(100, 3)
     y = np.arange(100) % 3
     np.savez(path, x=x, y=y)
-    split = load_npz(path, test_fraction=0.2, seed=1)
+    split = load_npz(path, num_classes=3, test_fraction=0.2, seed=1)
     assert len(split.train) + len(split.test) == 100
     assert 18 <= len(split.test) <= 22
     assert split.train.x.dtype == torch.float32 and split.train.y.dtype == torch.int64
@@ -494,7 +494,7 @@ def test_load_npz_split(tmp_path):
     for ds in (split.train, split.test):
         rows = (ds.x[:, 0] / 3).long()
         assert torch.equal(rows % 3, ds.y)
-    assert torch.equal(load_npz(path, seed=1).test.x, split.test.x)
+    assert torch.equal(load_npz(path, num_classes=3, seed=1).test.x, split.test.x)
     assert str(path) in split.description
 
 
@@ -504,23 +504,35 @@ def test_load_npz_with_test_set(tmp_path):
     np.savez_compressed(
         path, x=x, y=np.array([0, 1, 2, 0, 1, 2]), x_test=np.ones((2, 2, 4, 4)), y_test=np.array([4.0, 0.0])
     )
-    split = load_npz(path)
+    split = load_npz(path, num_classes=5)
     assert split.train.x.shape == (6, 2, 4, 4) and split.test.x.shape == (2, 2, 4, 4)
-    assert split.train.num_classes == split.test.num_classes == 5  # max over train and test
+    assert split.train.num_classes == split.test.num_classes == 5  # from the config, not from the labels
     assert split.test.y.tolist() == [4, 0]
+
+
+def test_npz_class_count_is_public_metadata_not_read_from_labels(tmp_path):
+    # The class count comes from the config: a huge private label is refused, not turned into a 10^9-class model.
+    path = tmp_path / "data.npz"
+    np.savez(path, x=np.zeros((4, 2)), y=np.array([0, 1, 10**9, 1]))
+    with pytest.raises(DataError, match="num_classes"):
+        load_npz(path)
+    with pytest.raises(DataError, match=r"1 label\(s\) >= num_classes = 3"):
+        load_npz(path, num_classes=3)
+    np.savez(path, x=np.zeros((4, 2)), y=np.array([0, 1, 0, 1]))
+    assert load_npz(path, num_classes=7, test_fraction=0.5).train.num_classes == 7
 
 
 def test_load_npz_missing_key(tmp_path):
     path = tmp_path / "data.npz"
     np.savez(path, features=np.zeros((4, 2)), y=np.zeros(4))
     with pytest.raises(DataError, match=f"{path}.*missing array 'x'.*found features, y"):
-        load_npz(path)
+        load_npz(path, num_classes=2)
 
 
 def test_load_npz_missing_file(tmp_path):
     path = tmp_path / "absent.npz"
     with pytest.raises(DataError, match=f"{path}.*not found"):
-        load_npz(path)
+        load_npz(path, num_classes=2)
 
 
 def test_load_npz_corrupt(tmp_path):
@@ -528,17 +540,17 @@ def test_load_npz_corrupt(tmp_path):
     np.savez(path, x=np.zeros((10, 2)), y=np.arange(10) % 2)
     path.write_bytes(path.read_bytes()[:100])
     with pytest.raises(DataError, match=f"{path}.*not a valid .npz"):
-        load_npz(path)
+        load_npz(path, num_classes=2)
     path.write_bytes(b"plain text, not an archive")
     with pytest.raises(DataError, match=f"{path}.*not a valid .npz"):
-        load_npz(path)
+        load_npz(path, num_classes=2)
 
 
 def test_load_npz_single_npy(tmp_path):
     path = tmp_path / "data.npy"
     np.save(path, np.zeros((4, 2)))
     with pytest.raises(DataError, match=f"{path}.*single .npy"):
-        load_npz(path)
+        load_npz(path, num_classes=2)
 
 
 @pytest.mark.parametrize(
@@ -550,7 +562,6 @@ def test_load_npz_single_npy(tmp_path):
         ({"x": np.zeros((4, 2)), "y": np.array(["a", "b", "a", "b"])}, "integer class labels"),
         ({"x": np.zeros(4), "y": np.array([0, 1, 0, 1])}, "at least 2 dims"),
         ({"x": np.full((4, 2), np.nan), "y": np.array([0, 1, 0, 1])}, "NaN"),
-        ({"x": np.zeros((4, 2)), "y": np.zeros(4, int)}, "at least 2 classes"),
         ({"x": np.zeros((4, 2)), "y": np.array([0, 1, 0, 1]), "x_test": np.zeros((2, 2))}, "together"),
         (
             {"x": np.zeros((4, 2)), "y": [0, 1, 0, 1], "x_test": np.zeros((2, 3)), "y_test": [0, 1]},
@@ -562,7 +573,7 @@ def test_load_npz_bad_content(tmp_path, arrays, match):
     path = tmp_path / "data.npz"
     np.savez(path, **arrays)
     with pytest.raises(DataError, match=match) as info:
-        load_npz(path)
+        load_npz(path, num_classes=2)
     assert str(path) in str(info.value)
 
 
@@ -570,7 +581,7 @@ def test_load_npz_refuses_object_arrays(tmp_path):
     path = tmp_path / "data.npz"
     np.savez(path, x=np.array([[1], [2]], dtype=object), y=np.array([0, 1]))
     with pytest.raises(DataError, match=str(path)):
-        load_npz(path)
+        load_npz(path, num_classes=2)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -615,7 +626,7 @@ def test_load_dataset_dispatch(tmp_path):
     write_tiny_cifar(tmp_path / "cifar")
     assert load_dataset("cifar10", str(tmp_path / "cifar")).train.input_shape == (3, 32, 32)
     np.savez(tmp_path / "d.npz", x=np.zeros((10, 2)), y=np.arange(10) % 2)
-    assert load_dataset("npz", str(tmp_path / "d.npz"), test_fraction=0.4).train.num_classes == 2
+    assert load_dataset("npz", str(tmp_path / "d.npz"), test_fraction=0.4, num_classes=2).train.num_classes == 2
     with pytest.raises(DataError, match="needs a path"):
         load_dataset("npz")
     with pytest.raises(DataError, match="takes no path"):

@@ -26,6 +26,7 @@ from dptrain.dpsgd_f import (
 )
 from dptrain.errors import AccountingError, ConfigError, ModelError
 from dptrain.models import build_model
+from dptrain.randomness import TorchStream
 from dptrain.run import run_training
 
 DELTA = 1e-5
@@ -201,8 +202,8 @@ def test_lemma5_identity():
 
 def test_quantile_rank_error_statistical():
     """The exponential mechanism misses the target rank by more than 2 ln(N/zeta)/eps with probability <= zeta."""
-    rng = np.random.default_rng(0)
-    values = rng.uniform(0, 1, size=400)
+    values = np.random.default_rng(0).uniform(0, 1, size=400)
+    rng = TorchStream(0)
     eps, zeta, step = 0.5, 0.1, 1e-4
     grid_points = int(1 / step) + 1
     bound = quantile_rank_error(eps, grid_points, zeta)
@@ -226,7 +227,7 @@ def test_quantile_rank_error_statistical():
 
 def test_quantile_exact_distribution_small_case():
     """Two values on a 5-point grid: the output distribution is the exponential mechanism's."""
-    values, eps, rng = np.array([0.1, 0.3]), 1.0, np.random.default_rng(3)
+    values, eps, rng = np.array([0.1, 0.3]), 1.0, TorchStream(3)
     grid = np.arange(5) * 0.1  # 0, .1, .2, .3, .4
     util = -np.abs(np.array([(values <= t + 1e-12).sum() for t in grid]) - 1)
     expected = np.exp(eps * util / 2) / np.exp(eps * util / 2).sum()
@@ -311,6 +312,8 @@ def test_bad_inputs_one_line_errors(data, tmp_path, capsys):
             'preprocessing.kind="dpsgd_f_theory"',
             "--set",
             "preprocessing.feature_norm=1.0",
+            "--set",
+            'privacy.accountant="rdp"',
         ],
         "preprocessing.kind": ["--set", 'preprocessing.kind="center"'],
         "preprocessing.colour": ["--set", "preprocessing.colour=1"],
@@ -344,6 +347,7 @@ def _cfg(*extra):
 
 def test_train_private_mean_run_and_resume(tmp_path):
     cfg = _cfg(
+        "seed=3",  # reproducible, so that the cut-and-resumed run can be compared with the whole one
         'preprocessing.kind="private_mean"',
         "preprocessing.feature_norm=1.0",
         "preprocessing.eps_f=0.1",
@@ -407,7 +411,7 @@ def test_logistic_uses_closed_form_gradients():
 def test_quantile_tie_break_on_atoms():
     """Distances with two values only (App. A's data): without jitter no threshold has a count near the target rank
     and the output spreads over [max, upper]; with the per-example jitter it sits just above the largest value."""
-    rng = np.random.default_rng(5)
+    rng = TorchStream(5)
     values = np.repeat([0.5, 1.0], 500)
     rank, eps, upper, step = 1000 - 60, 1.0, 4.0, 4.0 / 1000**2
     plain = [exponential_quantile(values, rank, eps, upper, step, rng) for _ in range(50)]

@@ -14,6 +14,7 @@ from dptrain.errors import BudgetExhausted, ConfigError, ModelError
 from dptrain.models import build_model
 from dptrain.noise import add_gaussian_noise
 from dptrain.per_example import PerExampleGrads
+from dptrain.randomness import TorchStream
 
 
 def _grads(b=64, seed=0, scale=1.0):
@@ -48,7 +49,7 @@ def test_clipping_leaves_small_gradients_alone():
 def test_noise_has_the_configured_standard_deviation():
     # 400k draws: the sample std has relative standard error 1/sqrt(2n) ~ 0.11%; we allow 1% (~9 s.e.).
     std = 2.5
-    noisy = add_gaussian_noise({"a": torch.zeros(400_000)}, std, torch.Generator().manual_seed(0))["a"]
+    noisy = add_gaussian_noise({"a": torch.zeros(400_000)}, std, TorchStream(0))["a"]
     assert float(noisy.std()) == pytest.approx(std, rel=0.01)
     assert abs(float(noisy.mean())) < 5 * std / math.sqrt(400_000)
 
@@ -156,12 +157,19 @@ def test_an_empty_poisson_batch_still_releases_pure_noise():
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
     data = (torch.randn(n, 3), torch.randint(0, 2, (n,)))
     trainer = make_private(
-        model, opt, data, noise_multiplier=1.0, max_grad_norm=1.0, batch_size=0.01 * n, seed=1
+        model,
+        opt,
+        data,
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
+        batch_size=0.01 * n,
+        seed=1,
+        report_not_private=True,
     )
     sizes, updates = [], []
     for _ in range(20):
         before = model.weight.detach().clone()
-        sizes.append(trainer.step().batch_size)
+        sizes.append(trainer.step().not_private["batch_size"])
         updates.append(float((model.weight.detach() - before).abs().sum()))
     assert 0 in sizes and trainer.ledger.releases == 20
     assert all(u > 0 for u, s in zip(updates, sizes, strict=True) if s == 0)  # noise moved the model anyway

@@ -22,13 +22,20 @@ CLIPPING_NAMES = ("flat", "per_layer")
 
 @dataclass
 class ClipStats:
+    """Statistics of a batch's per-example gradients. Computed from private data: NOT private, never written to a
+    run's outputs unless the user asks for non-private statistics."""
+
     examples: int
     clipped: int  # examples whose gradient norm exceeded the bound
-    norm_sum: float  # sum of pre-clipping per-example norms (for the mean)
+    norm_sum: float  # sum of pre-clipping per-example norms (for the mean; non-finite norms excluded)
+    non_finite: int = 0  # examples whose gradient held NaN or inf: they contribute zero
 
     def merge(self, other: ClipStats) -> ClipStats:
         return ClipStats(
-            self.examples + other.examples, self.clipped + other.clipped, self.norm_sum + other.norm_sum
+            self.examples + other.examples,
+            self.clipped + other.clipped,
+            self.norm_sum + other.norm_sum,
+            self.non_finite + other.non_finite,
         )
 
 
@@ -41,6 +48,19 @@ class Clipping(Protocol):
 def per_example_norms(grads: PerExampleGrads) -> torch.Tensor:
     """L2 norm over all parameters of each example's gradient."""
     return torch.sqrt(sum(grads.sq_norms().values()))
+
+
+def drop_non_finite(grads: PerExampleGrads, sq: dict[str, torch.Tensor]):
+    """Examples whose gradient holds NaN or inf contribute exactly zero (a rule applied to each example alone, so
+    the sum keeps its sensitivity: scaling a NaN by a clip factor would put NaN into everyone's release).
+    Returns (grads, squared norms with those examples at 0, how many were dropped)."""
+    total = sum(sq.values())
+    bad = ~torch.isfinite(total)
+    count = int(bad.sum())
+    if not count:
+        return grads, sq, 0
+    zero = torch.zeros((), dtype=total.dtype)
+    return grads.zero_examples(bad), {n: torch.where(bad, zero, v) for n, v in sq.items()}, count
 
 
 def _factors(norms: torch.Tensor, bound: float) -> torch.Tensor:
@@ -63,9 +83,10 @@ class FlatClipping:
         return self.max_grad_norm
 
     def clip_and_sum(self, grads):
-        norms = per_example_norms(grads)
+        grads, sq, dropped = drop_non_finite(grads, grads.sq_norms())
+        norms = torch.sqrt(sum(sq.values()))
         factors = _factors(norms, self.max_grad_norm)
-        stats = ClipStats(len(norms), int((norms > self.max_grad_norm).sum()), float(norms.sum()))
+        stats = ClipStats(len(norms), int((norms > self.max_grad_norm).sum()), float(norms.sum()), dropped)
         return grads.weighted_sum(factors), stats
 
 
@@ -84,13 +105,13 @@ class PerLayerClipping:
         return self.max_grad_norm
 
     def clip_and_sum(self, grads):
-        sq = grads.sq_norms()
+        grads, sq, dropped = drop_non_finite(grads, grads.sq_norms())
         bound = self.max_grad_norm / math.sqrt(len(sq))
         norms = {n: v.sqrt() for n, v in sq.items()}
         clipped = torch.stack([v > bound for v in norms.values()]).any(0)
         total = torch.sqrt(sum(sq.values()))
         summed = grads.weighted_sum({n: _factors(v, bound) for n, v in norms.items()})
-        return summed, ClipStats(len(total), int(clipped.sum()), float(total.sum()))
+        return summed, ClipStats(len(total), int(clipped.sum()), float(total.sum()), dropped)
 
 
 def make_clipping(name: str, max_grad_norm: float) -> Clipping:

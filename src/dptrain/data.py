@@ -90,6 +90,26 @@ class ArrayDataset:
         return tuple(self.x.shape[1:])
 
 
+def as_tensors(data) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x, y) of training data given as an :class:`ArrayDataset`, a ``TensorDataset`` or an (x, y) pair, with one
+    label per example (a one-line DataError otherwise)."""
+    if hasattr(data, "x") and hasattr(data, "y"):
+        x, y = data.x, data.y
+    elif isinstance(data, torch.utils.data.TensorDataset):
+        x, y = data.tensors[:2]
+    elif isinstance(data, tuple | list) and len(data) == 2:
+        x, y = data
+    else:
+        raise DataError("training data must be an ArrayDataset, a TensorDataset or an (x, y) pair of tensors")
+    x, y = torch.as_tensor(x), torch.as_tensor(y)
+    if x.dim() == 0 or y.dim() == 0 or x.shape[0] != y.shape[0]:
+        raise DataError(
+            f"training data must hold one label per example: x has shape {list(x.shape)}, y has shape "
+            f"{list(y.shape)}"
+        )
+    return x, y
+
+
 @dataclass
 class DataSplit:
     train: ArrayDataset
@@ -503,13 +523,23 @@ def _read_npz(path: Path) -> dict[str, np.ndarray]:
         raise DataError(f"{path}: not a valid .npz archive ({_one_line(exc)})") from exc
 
 
-def load_npz(path: str | os.PathLike, test_fraction: float = 0.2, seed: int = 0) -> DataSplit:
-    """A user's ``.npz`` with arrays ``x`` (N x ...) and ``y`` (N integer labels).
+def load_npz(
+    path: str | os.PathLike, num_classes: int | None = None, test_fraction: float = 0.2, seed: int = 0
+) -> DataSplit:
+    """A user's ``.npz`` with arrays ``x`` (N x ...) and ``y`` (N integer labels in [0, num_classes)).
 
-    With ``x_test`` and ``y_test`` also present they form the test set; otherwise the examples
-    are split by ``seed`` (stratified, ``test_fraction`` to test). Object arrays are refused.
+    ``num_classes`` is public metadata and must be given: reading it from the labels would publish a statistic
+    of the private data (the largest label) in the model's shape. With ``x_test`` and ``y_test`` also present they
+    form the test set; otherwise the examples are split by ``seed`` (stratified, ``test_fraction`` to test).
+    Object arrays are refused.
     """
     path = Path(path)
+    if num_classes is None:
+        raise DataError(
+            "npz data needs data.options.num_classes (public metadata: the number of classes is not read from the "
+            "private labels)"
+        )
+    num_classes = _check_int("num_classes", num_classes, 2)
     test_fraction = _check_fraction(test_fraction)
     seed = _check_int("seed", seed, 0)
     arrays = _read_npz(path)
@@ -538,9 +568,12 @@ def load_npz(path: str | os.PathLike, test_fraction: float = 0.2, seed: int = 0)
             f"'x' examples have shape {checked[0][0].shape[1:]}"
         )
 
-    num_classes = int(max(y.max() for _, y in checked)) + 1
-    if num_classes < 2:
-        raise DataError(f"{path}: labels must cover at least 2 classes (all labels are 0)")
+    for (_, y), key in zip(checked, ("y", "y_test"), strict=False):
+        if (y >= num_classes).any():
+            raise DataError(
+                f"{path}: '{key}' holds {int((y >= num_classes).sum())} label(s) >= num_classes = {num_classes}; "
+                "labels must be in [0, num_classes)"
+            )
     if len(checked) == 2:
         (x_train, y_train), (x_test, y_test) = checked
         how = "given test set"
@@ -576,7 +609,7 @@ def load_dataset(name: str, path: str | None = None, *, seed: int = 0, **options
         "cifar10": (),
         "digits": ("test_fraction",),
         "synthetic": ("n", "dim", "num_classes", "separation", "test_fraction"),
-        "npz": ("test_fraction",),
+        "npz": ("num_classes", "test_fraction"),
     }
     if name not in accepted_options:
         raise DataError(f"unknown dataset {name!r} (accepted: {', '.join(DATASET_NAMES)})")

@@ -41,7 +41,9 @@ import torch
 from torch import nn
 
 from dptrain.accounting import Ledger, gaussian_mechanism_noise
+from dptrain.data import as_tensors
 from dptrain.errors import ConfigError, ModelError
+from dptrain.randomness import Randomness, Stream
 
 KINDS = ("none", "private_mean", "dpsgd_f_theory")
 #: ||grad of softmax cross-entropy w.r.t. the scores||_2 = ||p - e_y||_2 <= sqrt(2): the G of Sec. 2 / Sec. 5.
@@ -72,15 +74,11 @@ def clip_rows(x: torch.Tensor, bound: float) -> torch.Tensor:
 # --- the two private statistics ---------------------------------------------------------------------------
 
 
-def private_mean(
-    x: torch.Tensor, noise_multiplier: float, sensitivity: float, generator: torch.Generator
-) -> torch.Tensor:
-    """(sum_i x_i + N(0, (noise_multiplier * sensitivity)^2 I)) / n, for rows of norm <= ``sensitivity``."""
+def private_mean(x: torch.Tensor, noise_multiplier: float, sensitivity: float, stream: Stream) -> torch.Tensor:
+    """(sum_i x_i + N(0, (noise_multiplier * sensitivity)^2 I)) / n, for rows of norm <= ``sensitivity``; the noise
+    comes from the run's secret "preprocessing" stream."""
     x = flatten(x).to(torch.float64)
-    noise = torch.randn(x.shape[1], generator=generator, dtype=torch.float64) * (
-        noise_multiplier * sensitivity
-    )
-    return ((x.sum(0) + noise) / len(x)).to(torch.float32)
+    return (stream.add_gaussian(x.sum(0), noise_multiplier * sensitivity) / len(x)).to(torch.float32)
 
 
 def exponential_quantile(
@@ -89,7 +87,7 @@ def exponential_quantile(
     epsilon: float,
     upper: float,
     grid_step: float,
-    rng: np.random.Generator,
+    stream: Stream,
     tie_break: float = 0.0,
 ) -> float:
     """The exponential mechanism (McSherry & Talwar 2007) over the grid {0, a, 2a, ..., upper}, a = grid_step:
@@ -105,12 +103,14 @@ def exponential_quantile(
     (e.g. all distances equal to two values) may have no threshold whose count is near ``rank``; the best utility
     is then reached on a long plateau up to ``upper``, and the output lands anywhere on it. The jitter is drawn per
     example and independently of the data, so adding or removing one value still changes every count by at most
-    1: the mechanism stays epsilon-DP."""
+    1: the mechanism stays epsilon-DP.
+
+    Every draw comes from ``stream`` (the run's secret "preprocessing" stream)."""
     if not (epsilon > 0 and grid_step > 0 and upper >= 0):
         raise ConfigError("the private quantile needs epsilon > 0, a grid step > 0 and an upper end >= 0")
     v = np.asarray(values, dtype=np.float64)
     if tie_break > 0:
-        v = v + rng.uniform(0.0, tie_break, size=v.shape)
+        v = v + tie_break * stream.uniform(v.shape).numpy()
     v = np.sort(np.clip(v, 0.0, upper))
     last = int(math.floor(upper / grid_step))  # grid points k = 0..last
     # Interval j holds the grid points t with exactly j values <= t: k from first[j] to first[j+1] - 1.
@@ -120,9 +120,11 @@ def exponential_quantile(
     counts = np.arange(len(points))
     with np.errstate(divide="ignore"):
         logw = np.log(points.astype(np.float64)) - 0.5 * epsilon * np.abs(counts - rank)
-    g = logw + rng.gumbel(size=len(logw))  # Gumbel-max: an exact draw from the normalized weights
+    # Gumbel-max: -log(-log U) are standard Gumbel variables, and the argmax is a draw from the normalized weights.
+    with np.errstate(divide="ignore"):
+        g = logw - np.log(-np.log(stream.uniform((len(logw),)).numpy()))
     j = int(np.argmax(np.where(points > 0, g, -np.inf)))
-    k = int(rng.integers(first[j], first[j + 1]))
+    k = stream.integers(int(first[j]), int(first[j + 1]))
     return k * grid_step
 
 
@@ -253,7 +255,7 @@ def fit_preprocessing(
     eps_f: float | None = None,
     epsilon: float | None = None,
     quantile_tail: int | None = None,
-    seed: int = 0,
+    stream: Stream,
 ) -> FeaturePreprocessing:
     """Fit ``kind`` on the training examples ``x``, recording every private release in ``ledger``.
 
@@ -274,14 +276,13 @@ def fit_preprocessing(
         )
     z = normalize_features(x, feature_norm)
     n = len(z)
-    generator = torch.Generator().manual_seed(10_007 * seed + 1)  # not the trainer's stream
     if kind == "private_mean":
         if eps_f is None or not eps_f > 0:
             raise ConfigError(
                 f"preprocessing.eps_f must be a number > 0 for kind 'private_mean', got {eps_f}"
             )
         sigma_f = gaussian_mechanism_noise(eps_f, delta)
-        mean = private_mean(z, sigma_f, feature_norm, generator)
+        mean = private_mean(z, sigma_f, feature_norm, stream)
         ledger.record(
             dpa.GaussianDpEvent(sigma_f),
             {
@@ -299,7 +300,7 @@ def fit_preprocessing(
         )
     eps3, delta3 = epsilon / 3, delta / 3
     sigma_m = gaussian_mechanism_noise(eps3, delta3)
-    mean = private_mean(z, sigma_m, feature_norm, generator)
+    mean = private_mean(z, sigma_m, feature_norm, stream)
     mean = mean * min(1.0, feature_norm / max(float(mean.norm()), 1e-30))  # mu_hat in B(C_F): post-processing
     ledger.record(
         dpa.GaussianDpEvent(sigma_m),
@@ -320,8 +321,7 @@ def fit_preprocessing(
     upper = 2.0 * feature_norm  # ||x - mu_hat|| <= ||x|| + ||mu_hat|| <= 2 C_F
     step = upper / n**2  # alpha = R / n^2 (App. B.2)
     distances = (z - mean).norm(dim=1).numpy()
-    rng = np.random.default_rng(int(torch.randint(0, 2**62, (1,), generator=generator)))
-    tau = exponential_quantile(distances, n - tail, eps3, upper, step, rng, tie_break=upper / n) + step
+    tau = exponential_quantile(distances, n - tail, eps3, upper, step, stream, tie_break=upper / n) + step
     ledger.record(
         dpa.UnsupportedDpEvent(),  # pure eps-DP: certified by the composition accountant, refused by rdp/pld
         {
@@ -376,12 +376,13 @@ def prepare(
     eps_f: float | None = None,
     epsilon: float | None = None,
     quantile_tail: int | None = None,
-    seed: int = 0,
+    randomness: Randomness,
     fitted: FeaturePreprocessing | None = None,
     lipschitz: float = SOFTMAX_LIPSCHITZ,
 ) -> Prepared:
     """Fit the preprocessing (or reuse ``fitted``, e.g. on resume: nothing is released twice) and return what
-    the DP-SGD phase runs on. Checks first, before anything is released."""
+    the DP-SGD phase runs on. Checks first, before anything is released. The private releases draw from
+    ``randomness``'s secret "preprocessing" stream."""
     if kind in ("private_mean", "dpsgd_f_theory"):
         linear_layer(model, kind)
     if kind == "private_mean" and eps_f is not None and epsilon is not None and not eps_f < epsilon:
@@ -402,7 +403,7 @@ def prepare(
         eps_f=eps_f,
         epsilon=epsilon,
         quantile_tail=quantile_tail,
-        seed=seed,
+        stream=randomness.stream("preprocessing"),
     )
     settings: dict = {}
     if prep.kind == "dpsgd_f_theory":
@@ -450,7 +451,8 @@ def make_private_dpsgd_f(
     accountant: str = "pld",
     quantile_tail: int | None = None,
     lipschitz: float = SOFTMAX_LIPSCHITZ,
-    seed: int = 0,
+    seed: int | None = None,
+    secure_noise: bool = False,
     noise_multiplier: float | None = None,
     **options,
 ) -> DPSGDFRun:
@@ -460,9 +462,10 @@ def make_private_dpsgd_f(
     are kept; for Alg. 2 it is rebuilt for the bias-free augmented model. ``kind="none"`` is plain DP-SGD on
     C_F-normalized features (the paper's DPSGD baseline). ``lipschitz`` is G of the loss in the scores (Alg. 2's
     clip norm sqrt(2) G tau; default: softmax cross-entropy's sqrt(2); 1 for the hinge loss). Options go to :func:`dptrain.engine.make_private`."""
-    from dptrain.engine import _as_tensors, make_private, make_private_with_epsilon
+    from dptrain.engine import make_private, make_private_with_epsilon
 
-    x, y = _as_tensors(data)
+    x, y = as_tensors(data)
+    randomness = Randomness(seed, secure=secure_noise)
     prep = prepare(
         model,
         x,
@@ -472,13 +475,13 @@ def make_private_dpsgd_f(
         eps_f=eps_f,
         epsilon=target_epsilon,
         quantile_tail=quantile_tail,
-        seed=seed,
+        randomness=randomness,
         lipschitz=lipschitz,
     )
     if prep.model is not model:
         optimizer = type(optimizer)(prep.model.parameters(), **optimizer.defaults)
     settings = {"max_grad_norm": max_grad_norm, "accountant": accountant, **prep.settings}
-    common = dict(batch_size=batch_size, ledger=prep.ledger, seed=seed, **settings, **options)
+    common = dict(batch_size=batch_size, ledger=prep.ledger, randomness=randomness, **settings, **options)
     data = (prep.preprocessing.transform(x), y)
     if noise_multiplier is not None:
         trainer = make_private(

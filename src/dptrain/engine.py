@@ -7,39 +7,58 @@
 The optimizer sees only the privatized (noisy, normalized) gradient, so any torch optimizer (SGD,
 momentum, Adam, ...) is post-processing. The engine never computes epsilon itself: it records
 events in its ledger and asks an accountant.
+
+A step is atomic: SIGINT/SIGTERM wait until it ends (:mod:`dptrain.interrupts`), and an exception before the
+release is recorded rolls the random streams back, so a retried or resumed step is the step an uninterrupted
+run would have taken. Sampling and noise come from the run's secret streams (:mod:`dptrain.randomness`).
 """
 
 from __future__ import annotations
 
-import math
+import contextlib
+import dataclasses
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from dptrain import independence
 from dptrain.accounting import (
+    AUTO,
     Ledger,
     PrivacyReport,
-    calibrate_noise,
-    certified_epsilon,
+    calibrate,
+    check_accountant,
+    check_noise_multiplier,
     epsilon,
     max_releases,
+    steps_for_epochs,
 )
+from dptrain.accounting.checks import check_delta
 from dptrain.batch_selection import BatchSampler, make_sampler
 from dptrain.clipping import Clipping, ClipStats, make_clipping
-from dptrain.errors import BudgetExhausted, ConfigError, DataError
+from dptrain.data import as_tensors
+from dptrain.errors import BudgetExhausted, ConfigError, DataError, NonFiniteError
+from dptrain.interrupts import deferred_signals
 from dptrain.models import check_private_compatible
 from dptrain.noise import add_gaussian_noise
-from dptrain.per_example import LossFn, cross_entropy_per_example, make_grad_sampler, trainable_parameters
+from dptrain.per_example import (
+    LossFn,
+    PerExampleGrads,
+    cross_entropy_per_example,
+    make_grad_sampler,
+    trainable_parameters,
+)
+from dptrain.randomness import Randomness
 
 
 @dataclass
 class StepResult:
     step: int  # number of steps released so far (this one included)
-    batch_size: int  # actual (random, private) size of the logical batch
-    loss: float  # mean loss over the batch: computed from private data, for monitoring only
-    clip_stats: ClipStats
+    #: Only with ``report_not_private=True``: statistics of the private batch (its realized size, mean loss, clip
+    #: statistics). They are NOT private: keep them out of anything you share.
+    not_private: dict | None = None
 
 
 @dataclass
@@ -60,20 +79,31 @@ def auto_physical_batch_size(params: dict[str, torch.Tensor]) -> int:
     return max(1, PER_EXAMPLE_GRADIENT_MEMORY // max(1, per_example))
 
 
-def _dpsgd_steps(ledger: Ledger) -> int:
+def dpsgd_steps(ledger: Ledger) -> int:
     """DP-SGD steps in a ledger (a ledger may also hold other releases, e.g. a private feature mean)."""
     return sum(e.count for e in ledger.entries if e.facts.get("mechanism") == "dpsgd")
 
 
-def _as_tensors(data) -> tuple[torch.Tensor, torch.Tensor]:
-    if hasattr(data, "x") and hasattr(data, "y"):
-        return data.x, data.y
-    if isinstance(data, torch.utils.data.TensorDataset):
-        x, y = data.tensors[:2]
-        return x, y
-    if isinstance(data, tuple | list) and len(data) == 2:
-        return data[0], data[1]
-    raise ConfigError("training data must be an ArrayDataset, a TensorDataset or an (x, y) pair of tensors")
+def _all_finite(tensors) -> bool:
+    return all(bool(torch.isfinite(t).all()) for t in tensors)
+
+
+def clipped_sum(chunks, clipping: Clipping, params: dict[str, torch.Tensor], with_loss: bool = False):
+    """The clipping stage over a logical batch: (sum of clipped per-example gradients by parameter name, clip
+    statistics, sum of the losses if ``with_loss`` else 0). ``chunks`` yields (PerExampleGrads, losses) per
+    physical chunk."""
+    summed = {n: torch.zeros_like(p, memory_format=torch.contiguous_format) for n, p in params.items()}
+    stats, loss_sum = ClipStats(0, 0, 0.0), 0.0
+    for grads, losses in chunks:
+        clipped, chunk_stats = clipping.clip_and_sum(grads)
+        if not bool(torch.isfinite(losses).all()):
+            chunk_stats = dataclasses.replace(chunk_stats, non_finite=max(chunk_stats.non_finite, 1))
+        for n in summed:
+            summed[n] += clipped[n].reshape(summed[n].shape)
+        stats = stats.merge(chunk_stats)
+        if with_loss:
+            loss_sum += float(losses.sum())
+    return summed, stats, loss_sum
 
 
 class PrivateTrainer:
@@ -93,38 +123,51 @@ class PrivateTrainer:
         batch_size: float | None = None,
         sampling: str = "poisson",
         delta: float = 1e-5,
-        accountant: str = "rdp",
+        accountant: str = AUTO,
         clipping: str | Clipping = "flat",
         loss_fn: LossFn = cross_entropy_per_example,
         max_physical_batch_size: int | None = None,
         grad_sampler: str = "auto",
-        seed: int = 0,
+        seed: int | None = None,
+        secure_noise: bool = False,
+        randomness: Randomness | None = None,
         budget: Budget | None = None,
         ledger: Ledger | None = None,
         sample_sizes=None,
+        check_independence: bool = True,
+        report_not_private: bool = False,
     ):
         check_private_compatible(model)
-        if not (noise_multiplier >= 0 and math.isfinite(noise_multiplier)):
-            raise ConfigError(
-                f"privacy.noise_multiplier must be a finite number >= 0, got {noise_multiplier}"
-            )
+        self._noise_multiplier = check_noise_multiplier(noise_multiplier, "noise_multiplier")
+        self.delta = check_delta(delta, "delta")
+        self.accountant = check_accountant(accountant)
+        if budget is not None:
+            check_delta(budget.delta, "budget delta")
         if max_physical_batch_size is not None and max_physical_batch_size < 1:
             raise ConfigError(f"training.max_physical_batch_size must be >= 1, got {max_physical_batch_size}")
-        self.model, self.optimizer = model, optimizer
-        self.x, self.y = _as_tensors(data)
+        self.model, self.optimizer, self.budget = model, optimizer, budget
+        self.x, self.y = as_tensors(data)
         self.sampler: BatchSampler = make_sampler(sampling, len(self.x), batch_size, sample_sizes)
         self.clipping: Clipping = (
             make_clipping(clipping, max_grad_norm) if isinstance(clipping, str) else clipping
         )
-        self.noise_multiplier = float(noise_multiplier)
-        self.delta, self.accountant, self.budget = delta, accountant, budget
+        self.loss_fn = loss_fn
         self.grad_sampler = make_grad_sampler(model, loss_fn, grad_sampler)
         self.params = trainable_parameters(model)
         self.max_physical_batch_size = int(max_physical_batch_size or auto_physical_batch_size(self.params))
         self._check_optimizer()
-        self.generator = torch.Generator().manual_seed(seed)
+        self._check_labels()
+        self.independence_checked = bool(check_independence)
+        if check_independence:
+            independence.check_independence(model, self.grad_sampler, self.x, self.y)
+        self.randomness = randomness if randomness is not None else Randomness(seed, secure=secure_noise)
+        self.report_not_private = bool(report_not_private)
+        #: The per-example gradient stage: indices of a logical batch -> (gradients, losses) per physical chunk.
+        self.per_example: Callable[[torch.Tensor], Iterator[tuple[PerExampleGrads, torch.Tensor]]] = (
+            self._tensor_chunks
+        )
         self.ledger = ledger if ledger is not None else Ledger()
-        self.steps = _dpsgd_steps(self.ledger)
+        self.steps = dpsgd_steps(self.ledger)
         self._allowed_steps: int | None = None
 
     def _check_optimizer(self) -> None:
@@ -135,21 +178,38 @@ class PrivateTrainer:
                 f"the optimizer does not hold these trainable parameters of the model: {missing[:3]}"
             )
 
-    # -- the privacy side ---------------------------------------------------------------------------------
-    def release_event(self, step: int | None = None):
-        """(DpEvent, facts) of step number ``step`` (default: the next one), as recorded in the ledger."""
-        step = self.steps if step is None else step
-        return self.sampler.release(self.noise_multiplier, step, clip_norm=self.clipping.sensitivity)
+    def _check_labels(self) -> None:
+        """With the default cross-entropy loss, labels must index the model's outputs (a one-line DataError, not a
+        raw IndexError in the middle of a step). The model is run on one all-zero input: no private example."""
+        if self.loss_fn is not cross_entropy_per_example or self.y.dtype.is_floating_point or not len(self.y):
+            return
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            was_training = self.model.training
+            self.model.eval()
+            outputs = self.model(torch.zeros_like(self.x[:1]))
+            self.model.train(was_training)
+        if outputs.dim() != 2 or self.y.dim() != 1:
+            return
+        k = outputs.shape[1]
+        low, high = int(self.y.min()), int(self.y.max())
+        if low < 0 or high >= k:
+            raise DataError(
+                f"labels must be class indices in [0, {k}) for a model with {k} outputs; the training labels range "
+                f"from {low} to {high}"
+            )
 
-    def ledger_after(self, more: int) -> Ledger:
-        """The ledger as it will be after ``more`` further steps (for budgets and calibration)."""
-        ledger = self.ledger.copy()
-        for step in range(self.steps, self.steps + more):
-            if self.sampler.max_steps is None:  # identical steps: record them all at once
-                ledger.record(*self.release_event(step), count=more)
-                break
-            ledger.record(*self.release_event(step))
-        return ledger
+    # -- the run's numbers --------------------------------------------------------------------------------
+    @property
+    def noise_multiplier(self) -> float:
+        """sigma: fixed when the trainer is made (the ledger and any budget depend on it)."""
+        return self._noise_multiplier
+
+    @noise_multiplier.setter
+    def noise_multiplier(self, value: float) -> None:
+        raise ConfigError(
+            "the noise multiplier is fixed when the trainer is made (its budget and ledger depend on it); make a "
+            "new trainer with make_private(noise_multiplier=...) or make_private_with_epsilon(...)"
+        )
 
     @property
     def sampling_rate(self) -> float:
@@ -163,6 +223,36 @@ class PrivateTrainer:
         return (
             sum(self.sampler.expected_batch_size_at(i) for i in range(self.steps)) / self.sampler.dataset_size
         )
+
+    def steps_for(self, steps: int | None = None, epochs: float | None = None) -> int:
+        """Steps for ``steps`` or ``epochs`` (:func:`dptrain.accounting.steps_for_epochs`), capped by a finite
+        batch-size schedule."""
+        if (steps is None) == (epochs is None):
+            raise ConfigError("give exactly one of steps or epochs")
+        if steps is None:
+            steps = steps_for_epochs(epochs, self.sampling_rate)
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+            raise ConfigError(f"steps must be an integer >= 0, got {steps!r}")
+        if self.sampler.max_steps is not None:
+            steps = min(steps, self.sampler.max_steps)
+        return steps
+
+    # -- the privacy side ---------------------------------------------------------------------------------
+    def release_event(self, step: int | None = None, noise_multiplier: float | None = None):
+        """(DpEvent, facts) of step number ``step`` (default: the next one), as recorded in the ledger."""
+        step = self.steps if step is None else step
+        sigma = self._noise_multiplier if noise_multiplier is None else noise_multiplier
+        return self.sampler.release(sigma, step, clip_norm=self.clipping.sensitivity)
+
+    def ledger_after(self, more: int, noise_multiplier: float | None = None) -> Ledger:
+        """The ledger as it will be after ``more`` further steps (at ``noise_multiplier``, default the run's)."""
+        ledger = self.ledger.copy()
+        for step in range(self.steps, self.steps + more):
+            if self.sampler.max_steps is None:  # identical steps: record them all at once
+                ledger.record(*self.release_event(step, noise_multiplier), count=more)
+                break
+            ledger.record(*self.release_event(step, noise_multiplier))
+        return ledger
 
     def allowed_steps(self) -> int | None:
         """Total steps the budget allows (None without a budget). Computed once, by the run's accountant."""
@@ -183,43 +273,91 @@ class PrivateTrainer:
 
     # -- training -----------------------------------------------------------------------------------------
     def step(self) -> StepResult:
-        """Draw a batch, privatize its gradient, record the release and update the model."""
+        """Draw a batch, privatize its gradient, record the release and update the model (atomically)."""
         allowed = self.allowed_steps()
         if allowed is not None and self.steps >= allowed:
             raise BudgetExhausted(
                 f"the budget epsilon={self.budget.epsilon} at delta={self.budget.delta} allows {allowed} steps, "
                 "all of them taken"
             )
-        self.model.train()
-        idx = self.sampler.sample(self.generator, self.steps)
-        summed, stats, loss_sum = self._clipped_sum(idx)
-        std = self.noise_multiplier * self.clipping.sensitivity
-        noisy = add_gaussian_noise(summed, std, self.generator)
-        scale = 1.0 / self.sampler.expected_batch_size_at(self.steps)
-        for n, p in self.params.items():
-            p.grad = (noisy[n] * scale).to(p.dtype)
-        # Record before the update: from here on the release has happened.
-        event, facts = self.release_event()
-        self.ledger.record(event, facts)
-        self.steps += 1
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        n = len(idx)
-        return StepResult(self.steps, n, loss_sum / n if n else float("nan"), stats)
+        with deferred_signals(), self._rolled_back_on_error():
+            self.model.train()
+            idx = self.sampler.sample(self.randomness.stream("sampling"), self.steps)
+            summed, stats, loss_sum = self._clipped_sum(idx)
+            if stats.non_finite:
+                raise NonFiniteError(
+                    f"the loss or the per-example gradients of step {self.steps + 1} are not finite (NaN or inf): "
+                    "check the data and the loss function; nothing of this step was released (the moment a run "
+                    "stops depends on the data: start a fresh run once fixed)"
+                )
+            std = self._noise_multiplier * self.clipping.sensitivity
+            dtype_max = min(torch.finfo(p.dtype).max for p in self.params.values())
+            noisy = (
+                add_gaussian_noise(summed, std, self.randomness.stream("noise")) if std < dtype_max / 64 else None
+            )
+            if noisy is None or not _all_finite(noisy.values()):
+                raise NonFiniteError(
+                    f"the noisy gradient of step {self.steps + 1} is not finite: noise std sigma x C = {std:.4g} "
+                    "(or the sum of clipped gradients) overflows the model's dtype; lower privacy.max_grad_norm"
+                )
+            scale = 1.0 / self.sampler.expected_batch_size_at(self.steps)
+            for n, p in self.params.items():
+                p.grad = (noisy[n] * scale).to(p.dtype)
+            # The release happens here: record it, count it and apply it together.
+            self._committed = True
+            self.ledger.record(*self.release_event())
+            self.steps += 1
+            try:
+                self.optimizer.step()
+            except RuntimeError as e:  # e.g. a learning rate that does not fit in the parameters' dtype
+                if "overflow" not in str(e):
+                    raise
+                raise NonFiniteError(
+                    f"training diverged at step {self.steps}: the optimizer step overflows the model's dtype; lower "
+                    "the learning rate"
+                ) from None
+            self.optimizer.zero_grad(set_to_none=True)
+        if not _all_finite(self.params.values()):
+            raise NonFiniteError(
+                f"training diverged at step {self.steps}: the model's weights are no longer finite (NaN or inf) "
+                "after the optimizer step; lower the learning rate"
+            )
+        result = StepResult(self.steps)
+        if self.report_not_private:
+            n = len(idx)
+            result.not_private = {
+                "batch_size": n,
+                "train_loss": loss_sum / n if n else None,
+                "clipped_fraction": stats.clipped / n if n else None,
+                "mean_grad_norm": stats.norm_sum / n if n else None,
+                "non_finite_gradients": stats.non_finite,
+            }
+        return result
+
+    @contextlib.contextmanager
+    def _rolled_back_on_error(self):
+        """Until the release is committed, an exception restores the streams (and torch's global generator, which
+        dropout uses), so that trying the step again draws the same batch and noise: nothing was released."""
+        saved = {p: self.randomness.stream(p).get_state() for p in ("sampling", "noise")}
+        torch_state = torch.get_rng_state()
+        self._committed = False
+        try:
+            yield
+        except BaseException:
+            if not self._committed:
+                for p, state in saved.items():
+                    self.randomness.stream(p).set_state(state)
+                torch.set_rng_state(torch_state)
+                for p in self.params.values():
+                    p.grad = None
+            raise
+
+    def _tensor_chunks(self, idx: torch.Tensor):
+        for chunk in idx.split(self.max_physical_batch_size) if len(idx) else ():
+            yield self.grad_sampler(self.x[chunk], self.y[chunk])
 
     def _clipped_sum(self, idx: torch.Tensor):
-        summed = {
-            n: torch.zeros_like(p, memory_format=torch.contiguous_format) for n, p in self.params.items()
-        }
-        stats, loss_sum = ClipStats(0, 0, 0.0), 0.0
-        for chunk in idx.split(self.max_physical_batch_size) if len(idx) else ():
-            grads, losses = self.grad_sampler(self.x[chunk], self.y[chunk])
-            clipped, chunk_stats = self.clipping.clip_and_sum(grads)
-            for n in summed:
-                summed[n] += clipped[n].reshape(summed[n].shape)
-            stats = stats.merge(chunk_stats)
-            loss_sum += float(losses.sum())
-        return summed, stats, loss_sum
+        return clipped_sum(self.per_example(idx), self.clipping, self.params, self.report_not_private)
 
     def train(
         self,
@@ -234,17 +372,6 @@ class PrivateTrainer:
             if callback is not None:
                 callback(result)
         return results
-
-    def steps_for(self, steps: int | None = None, epochs: float | None = None) -> int:
-        if (steps is None) == (epochs is None):
-            raise ConfigError("give exactly one of steps or epochs")
-        if steps is None:
-            steps = max(1, round(epochs * self.sampler.steps_per_epoch))
-        if steps < 0:
-            raise ConfigError(f"steps must be >= 0, got {steps}")
-        if self.sampler.max_steps is not None:
-            steps = min(steps, self.sampler.max_steps)
-        return steps
 
     def iter_steps(self, steps: int) -> Iterator[StepResult]:
         """Yield up to ``steps`` more steps; never one the budget does not allow."""
@@ -265,29 +392,36 @@ class PrivateTrainer:
 
     # -- checkpoints --------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        """Everything needed to continue exactly: model, optimizer, RNG states and the ledger."""
+        """Everything needed to continue exactly: model, optimizer, random streams and the ledger. SECRET: it
+        holds the generators' states (whoever has them can recompute the noise); keep it out of shared outputs."""
         return {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
-            "generator": self.generator.get_state(),
+            "randomness": self.randomness.state_dict(),
             "torch_rng": torch.get_rng_state(),
             "steps": self.steps,
-            "noise_multiplier": self.noise_multiplier,
+            "noise_multiplier": self._noise_multiplier,
+            "accountant": self.accountant,
             "ledger": self.ledger.to_dict(),
         }
 
     def load_state_dict(self, state: dict) -> None:
+        ledger = Ledger.from_dict(state["ledger"])
+        steps = int(state["steps"])
+        if steps != dpsgd_steps(ledger):
+            raise DataError(
+                f"checkpoint is inconsistent: {steps} steps but its ledger records {dpsgd_steps(ledger)}"
+            )
+        if float(state["noise_multiplier"]) != self._noise_multiplier:
+            raise DataError(
+                f"checkpoint was written with noise multiplier {state['noise_multiplier']}, this run has "
+                f"{self._noise_multiplier}"
+            )
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
-        self.generator.set_state(state["generator"])
+        self.randomness.load_state_dict(state["randomness"])
         torch.set_rng_state(state["torch_rng"])
-        self.ledger = Ledger.from_dict(state["ledger"])
-        self.steps = int(state["steps"])
-        if self.steps != _dpsgd_steps(self.ledger):
-            raise DataError(
-                f"checkpoint is inconsistent: {self.steps} steps but its ledger records {_dpsgd_steps(self.ledger)}"
-            )
-        self.noise_multiplier = float(state["noise_multiplier"])
+        self.ledger, self.steps = ledger, steps
         self._allowed_steps = None
 
     def close(self) -> None:
@@ -307,10 +441,14 @@ def make_private(
     """Wrap a model, its optimizer and training data into a DP-SGD run with a fixed noise multiplier.
 
     ``batch_size`` is the expected logical batch size (Poisson sampling rate q = batch_size / len(data)).
-    Options: sampling ("poisson" | "full"), delta, accountant, clipping ("flat" | "per_layer"), loss_fn
-    (per-example losses), max_physical_batch_size (default: automatic, per-example gradients of a chunk
-    within 256 MiB), grad_sampler ("auto" | "func" | "layerwise"), seed,
-    budget (a :class:`Budget` the run must not exceed), ledger (to continue an earlier one).
+    Options: sampling ("poisson" | "full"), delta, accountant (default "auto": the tightest certified one),
+    clipping ("flat" | "per_layer"), loss_fn (per-example losses), max_physical_batch_size (default: automatic,
+    per-example gradients of a chunk within 256 MiB), grad_sampler ("auto" | "func" | "layerwise"),
+    seed (None: secret randomness from the operating system; an integer makes the run reproducible and NOT
+    private), secure_noise (AES-CTR noise, :mod:`dptrain.secure_random`), budget (a :class:`Budget` the run
+    must not exceed), ledger (to continue an earlier one), check_independence (default True: refuse models
+    that mix examples, :mod:`dptrain.independence`), report_not_private (per-step loss and clip statistics,
+    NOT private).
     """
     return PrivateTrainer(
         model,
@@ -334,16 +472,18 @@ def make_private_with_epsilon(
     steps: int | None = None,
     max_grad_norm: float = 1.0,
     batch_size: float | None = None,
-    accountant: str = "rdp",
+    accountant: str = AUTO,
     **options,
 ) -> PrivateTrainer:
     """Like :func:`make_private`, but calibrates the smallest noise multiplier that lets ``epochs`` (or
-    ``steps``) steps meet (target_epsilon, target_delta), and enforces that budget during training."""
+    ``steps``) steps meet (target_epsilon, target_delta), and enforces that budget during training. With
+    ``accountant="auto"`` every accountant that certifies the run is tried and the one needing the least noise
+    certifies it (``trainer.accountant`` names it)."""
     trainer = PrivateTrainer(
         model,
         optimizer,
         data,
-        noise_multiplier=0.0,
+        noise_multiplier=1.0,  # replaced by the calibrated value below, before any step
         max_grad_norm=max_grad_norm,
         batch_size=batch_size,
         delta=target_delta,
@@ -351,15 +491,25 @@ def make_private_with_epsilon(
         **options,
     )
     total = trainer.steps_for(steps, epochs)
-
-    def ledger_for(sigma: float) -> Ledger:
-        trainer.noise_multiplier = sigma
-        return trainer.ledger_after(total)
-
-    trainer.noise_multiplier = calibrate_noise(target_epsilon, target_delta, ledger_for, accountant)
+    if total < 1:
+        raise ConfigError(f"steps must be an integer >= 1, got {total}")
+    cal = calibrate(
+        target_epsilon, target_delta, lambda sigma: trainer.ledger_after(total, sigma), accountant
+    )
+    trainer._noise_multiplier = cal.noise_multiplier
+    trainer.accountant = cal.accountant
+    trainer.calibration = cal
     trainer.budget = Budget(target_epsilon, target_delta)
-    # Sanity: the planned run is within budget according to the accountant that will certify it ...
-    certified_epsilon(ledger_for(trainer.noise_multiplier), target_delta, accountant)
-    # ... so it may take exactly its planned steps (no search for the last step the budget would allow).
+    # calibrate() certified the planned run, so it may take exactly its planned steps (no search for the last
+    # step the budget would allow).
     trainer._allowed_steps = trainer.steps + total
     return trainer
+
+
+__all__ = [
+    "Budget",
+    "PrivateTrainer",
+    "StepResult",
+    "make_private",
+    "make_private_with_epsilon",
+]

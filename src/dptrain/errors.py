@@ -28,3 +28,12 @@ class BudgetExhausted(DPTrainError):
 class RunNotFinished(DPTrainError, RuntimeError):
     """The last iterate was asked for before all T steps ran (intermediate iterates are not private releases),
     or a step was asked for after all T steps ran."""
+
+
+class NonFiniteError(DPTrainError, ArithmeticError):
+    """Training produced NaN or infinite values (a learning rate or clip norm too large, a loss that overflows):
+    the run stops instead of saving a NaN model."""
+
+
+class RunDirectoryError(DPTrainError, OSError):
+    """A run directory is in use by another run, already holds a run, or cannot be written."""

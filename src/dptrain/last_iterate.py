@@ -36,8 +36,10 @@ from dptrain.accounting.last_iterate import (
     step_facts,
 )
 from dptrain.accounting.ledger import Ledger
+from dptrain.data import as_tensors
 from dptrain.errors import ConfigError, RunNotFinished
 from dptrain.noise import add_gaussian_noise
+from dptrain.randomness import Randomness
 
 LOSSES = ("logistic", "smoothed_hinge", "squared")
 STATE_FORMAT = "dptrain-last-iterate-state/1"
@@ -246,16 +248,6 @@ def accuracy(w: torch.Tensor, glm: ConvexGLM, x: torch.Tensor, y: torch.Tensor) 
 # ----------------------------------------------------------------------------------------------------------
 
 
-def _as_tensors(data: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    if hasattr(data, "x") and hasattr(data, "y"):
-        return torch.as_tensor(data.x), torch.as_tensor(data.y)
-    if isinstance(data, torch.utils.data.TensorDataset):
-        return data.tensors[0], data.tensors[1]
-    if isinstance(data, tuple | list) and len(data) == 2:
-        return torch.as_tensor(data[0]), torch.as_tensor(data[1])
-    raise ConfigError("training data must be an ArrayDataset, a TensorDataset or an (x, y) pair of tensors")
-
-
 def _int_at_least(name: str, value: Any, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
         raise ConfigError(f"{name} must be an integer >= {minimum}, got {value!r}")
@@ -284,7 +276,7 @@ class ProjectedNoisySGD:
 
     Batching: ``random``, a uniformly random size-b subset drawn without replacement, independently at every
     step (eq 3.1, P[i in B_t] = b/n; digest 8.1); ``cyclic``, Noisy-CGD (Sec 5.2): batch t is block
-    (t mod n/b) of a permutation fixed from the seed before training (data-independent; needs b | n);
+    (t mod n/b) of a secret permutation drawn before training (data-independent; needs b | n);
     ``full``: all n examples every step (App. B.1).
 
     Privacy: each step records one ledger event (see :mod:`dptrain.accounting.last_iterate`) with the facts
@@ -317,15 +309,15 @@ class ProjectedNoisySGD:
         center: Any = None,
         lr_power: float = 0.0,
         adjacency: str = "replace",
-        seed: int = 0,
+        seed: int | None = None,
+        secure_noise: bool = False,
+        randomness: Randomness | None = None,
         dtype: torch.dtype = torch.float64,
     ):
         if not isinstance(glm, ConvexGLM):
             raise ConfigError(f"glm must be a ConvexGLM, got {type(glm).__name__}")
         self.glm, self.dtype = glm, dtype
-        x, y = _as_tensors(data)
-        if x.shape[0] != torch.as_tensor(y).reshape(-1).shape[0]:
-            raise ConfigError(f"data has {x.shape[0]} feature rows but {torch.as_tensor(y).numel()} labels")
+        x, y = as_tensors(data)
         self.n = _int_at_least("number of training examples", int(x.shape[0]), 1)
         self._x = glm.prepare_features(x, dtype)
         self._y = glm.prepare_labels(y, dtype)
@@ -356,7 +348,6 @@ class ProjectedNoisySGD:
         if isinstance(lr_power, bool) or not isinstance(lr_power, numbers.Real) or not 0 <= lr_power < 1:
             raise ConfigError(f"lr_power must be in [0, 1) (Sec 5.3, Example 5.9), got {lr_power!r}")
         self.lr_power = float(lr_power)
-        self.seed = _int_at_least("seed", seed, 0)
 
         if center is None:
             self.center = torch.zeros(self.dim, dtype=dtype)
@@ -391,9 +382,9 @@ class ProjectedNoisySGD:
             projected=True,
         )
         self._ledger = Ledger(neighboring=neighboring_for(adjacency))
-        self.generator = torch.Generator().manual_seed(self.seed)
-        # Cyclic order: one permutation fixed before training from the seed alone (data-independent, Sec 5.2).
-        self._order = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed))
+        self.randomness = randomness if randomness is not None else Randomness(seed, secure=secure_noise)
+        # Cyclic order: one secret permutation fixed before training (data-independent, Sec 5.2).
+        self._order = self.randomness.stream("sampling").permutation(self.n)
         self._w = self.center.clone()
         self.steps_taken = 0
 
@@ -421,7 +412,7 @@ class ProjectedNoisySGD:
         if self.batching == "cyclic":
             k = t % (self.n // self.batch_size)
             return self._order[k * self.batch_size : (k + 1) * self.batch_size]
-        return torch.randperm(self.n, generator=self.generator)[: self.batch_size]
+        return self.randomness.stream("sampling").permutation(self.n)[: self.batch_size]
 
     def step(self) -> None:
         """One step: w_{t+1} = Proj_K[w_t - eta_t (G_t + Z_t)] (digest 2.1); records one ledger event."""
@@ -430,7 +421,7 @@ class ProjectedNoisySGD:
         t = self.steps_taken
         idx = self.batch_indices(t)
         g = self.glm.batch_gradient(self._w, self._x[idx], self._y[idx])
-        noisy = add_gaussian_noise({"g": g}, self.noise_std, self.generator)["g"]
+        noisy = add_gaussian_noise({"g": g}, self.noise_std, self.randomness.stream("noise"))["g"]
         w = self._w - self.learning_rate_at(t) * noisy
         self._w = project_to_ball(w, self.center, self.diameter / 2.0)
         self._ledger.record(self._event, self._facts)
@@ -494,7 +485,6 @@ class ProjectedNoisySGD:
             "learning_rate": self.learning_rate,
             "lr_power": self.lr_power,
             "diameter": self.diameter,
-            "seed": self.seed,
         }
 
     def state_dict(self) -> dict[str, Any]:
@@ -508,7 +498,7 @@ class ProjectedNoisySGD:
             "config": self._config(),
             "center": self.center.clone(),
             "iterate": self._w.clone(),
-            "generator": self.generator.get_state(),
+            "randomness": self.randomness.state_dict(),
             "order": self._order.clone(),
             "steps_taken": self.steps_taken,
             "ledger": self._ledger.to_dict(),
@@ -531,7 +521,7 @@ class ProjectedNoisySGD:
         if ledger.releases != taken:
             raise ConfigError(f"resume state ledger records {ledger.releases} releases for {taken} steps")
         self._w = torch.as_tensor(state["iterate"]).to(self.dtype).clone()
-        self.generator.set_state(state["generator"])
+        self.randomness.load_state_dict(state["randomness"])
         self._order = torch.as_tensor(state["order"]).clone()
         self.steps_taken = taken
         self._ledger = ledger

@@ -66,6 +66,17 @@ class PerExampleGrads:
             for n, part in self._parts.items()
         }
 
+    def zero_examples(self, mask: torch.Tensor) -> PerExampleGrads:
+        """The same gradients with those of the examples in boolean ``mask`` [B] set to exactly zero."""
+        keep = ~mask
+
+        def zeroed(part):
+            if isinstance(part, _LinearFactors):
+                return _LinearFactors(_zero_rows(part.delta, keep), _zero_rows(part.a, keep))
+            return _zero_rows(part, keep)
+
+        return PerExampleGrads({n: zeroed(part) for n, part in self._parts.items()})
+
     def materialize(self) -> dict[str, torch.Tensor]:
         """name -> [B, *parameter shape]."""
         return {
@@ -83,6 +94,11 @@ class _LinearFactors:
 
     def materialize(self) -> torch.Tensor:
         return torch.einsum("bo,bi->boi", self.delta, self.a)
+
+
+def _zero_rows(t: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """``t`` with the rows where ``keep`` is False replaced by zeros (where(), so NaN and inf do not survive)."""
+    return torch.where(keep.reshape(-1, *([1] * (t.dim() - 1))), t, torch.zeros((), dtype=t.dtype))
 
 
 def _sq_norms(part) -> torch.Tensor:
