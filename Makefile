@@ -4,7 +4,9 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 FMNIST := /usr/share/datasets/fashion-mnist
-OUT    ?= runs/default
+# OUT=DIR writes the run there; by default each `make run` gets a fresh runs/default, runs/default-2, ...
+OUT    ?=
+OUTARG := $(if $(OUT),--out $(OUT),)
 
 .PHONY: run test lint bench data clean
 
@@ -29,10 +31,10 @@ data:
 # The main job: a small CNN on Fashion-MNIST for one epoch; scikit-learn digits if Fashion-MNIST cannot be had.
 run: $(STAMP) data
 	@if [ -f $(FMNIST)/train-images-idx3-ubyte.gz ]; then \
-	  $(BIN)/dptrain train --config configs/default.toml --out $(OUT); \
+	  $(BIN)/dptrain train --config configs/default.toml $(OUTARG); \
 	else \
 	  echo "Fashion-MNIST not found under $(FMNIST): falling back to scikit-learn's bundled digits data set."; \
-	  $(BIN)/dptrain train --config configs/digits.toml --out $(OUT); \
+	  $(BIN)/dptrain train --config configs/digits.toml $(OUTARG); \
 	fi
 
 test: $(STAMP)

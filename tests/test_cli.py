@@ -51,7 +51,7 @@ def run_cli(args, capsys):
 
 
 def test_account_json_matches_dp_accounting(capsys):
-    code, out, _ = run_cli(ACCOUNT + ["--json"], capsys)
+    code, out, _ = run_cli(ACCOUNT + ["--accountant", "rdp", "--json"], capsys)
     data = json.loads(out)
     assert code == 0 and data["accountant"] == "rdp" and data["delta"] == 1e-5
     assert data["epsilon"] == pytest.approx(2.5966, abs=5e-4)
@@ -66,6 +66,9 @@ def test_account_json_matches_dp_accounting(capsys):
     assert data["epsilon"] == direct.get_epsilon(1e-5)
     code, out, _ = run_cli(ACCOUNT + ["--accountant", "pld", "--json"], capsys)
     assert json.loads(out)["epsilon"] == pytest.approx(2.38, abs=0.01)
+    # The default is the tightest certified accountant: pld here (rdp says 2.60 for the same ledger).
+    code, out, _ = run_cli(ACCOUNT + ["--json"], capsys)
+    assert json.loads(out)["accountant"] == "pld" and json.loads(out)["epsilon"] == pytest.approx(2.38, abs=0.01)
 
 
 def test_account_all_marks_the_tightest_certified(capsys):
@@ -126,7 +129,7 @@ def test_calibrate_round_trips_through_account(capsys):
                 "--delta",
                 "1e-5",
             ],
-            "--noise-multiplier must be a number > 0",
+            "--noise-multiplier must be a finite number > 0",
         ),
         (
             [
@@ -186,7 +189,9 @@ def _config(tmp_path, privacy="noise_multiplier = 1.0", extra=""):
     "privacy,extra,message",
     [
         ("noise_multiplier = 1.0\nnoise_multiplyer = 2", "", "unknown key 'privacy.noise_multiplyer'"),
-        ("noise_multiplier = -0.5", "", "privacy.noise_multiplier must be a finite number >= 0"),
+        ("noise_multiplier = -0.5", "", "privacy.noise_multiplier must be a finite number > 0"),
+        ("noise_multiplier = 0.0", "", "privacy.noise_multiplier must be a finite number > 0"),
+        ("noise_multiplier = 1.0\nsecure_noise = 1", "", "privacy.secure_noise must be true/false"),
         ("noise_multiplier = 'lots'", "", "privacy.noise_multiplier must be a number"),
         ("target_epsilon = 0.0", "", "privacy.target_epsilon must be a finite number > 0"),
         ("noise_multiplier = 1.0", "[extra]\nx = 1\n", "unknown key 'extra'"),
@@ -244,7 +249,7 @@ def test_missing_data_file_is_a_one_line_error(tmp_path, capsys):
     cfg = _config(tmp_path, extra="")
     text = cfg.read_text().replace(
         'name = "synthetic"\noptions = { n = 300, dim = 8, num_classes = 2, separation = 3.0 }',
-        f'name = "npz"\npath = "{tmp_path}/missing.npz"',
+        f'name = "npz"\npath = "{tmp_path}/missing.npz"\noptions = {{ num_classes = 2 }}',
     )
     cfg.write_text(text)
     code, _, err = run_cli(
@@ -271,7 +276,7 @@ def test_errors_have_no_traceback_in_a_real_process(tmp_path):
     assert proc.stderr.strip() == (
         "dptrain: error: unknown key 'privacy.bogus'; accepted keys in [privacy]: "
         "noise_multiplier, target_epsilon, delta, max_grad_norm, accountant, "
-        "sampling, clipping"
+        "sampling, clipping, secure_noise"
     )
 
 
@@ -294,7 +299,10 @@ def test_end_to_end_run_writes_every_output(tmp_path, capsys):
         "wall_time_s",
     ):
         assert key in summary
-    assert summary["steps"] == 9 and summary["accountant"] == "rdp" and summary["finished"]
+    assert summary["steps"] == 9 and summary["finished"]
+    # auto: the tightest certified accountant, the others beside it
+    certified = {k: v["epsilon"] for k, v in summary["accountants"].items() if v.get("certified")}
+    assert summary["accountant"] == min(certified, key=certified.get) and set(certified) >= {"rdp", "pld"}
     assert summary["sampling_rate"] == pytest.approx(30 / 240)
     assert summary["test_accuracy"] > 0.7  # separable synthetic data
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -303,7 +311,8 @@ def test_end_to_end_run_writes_every_output(tmp_path, capsys):
     assert [m["epsilon"] for m in metrics] == sorted(m["epsilon"] for m in metrics)
     assert json.loads((out / "ledger.json").read_text())["releases"] == 9
     assert load_config(out / "config.toml") == load_config(_config(tmp_path))
-    assert (out / "checkpoint.pt").exists()
+    assert (out / "private" / "checkpoint.pt").exists() and (out / "model.pt").exists()
+    assert oct((out / "private").stat().st_mode & 0o777) == "0o700"
     # A second run into the same directory is refused and leaves the first run intact.
     before = (out / "ledger.json").read_text()
     code, _, err = run_cli(
@@ -313,7 +322,7 @@ def test_end_to_end_run_writes_every_output(tmp_path, capsys):
 
 
 def _final_state(out: Path) -> dict:
-    return torch.load(out / "checkpoint.pt", weights_only=True)
+    return torch.load(out / "private" / "checkpoint.pt", weights_only=True)
 
 
 @pytest.mark.parametrize("privacy", ["noise_multiplier = 1.0", "target_epsilon = 2.0"])
@@ -381,7 +390,7 @@ def test_corrupt_checkpoint_is_refused_on_resume(tmp_path, capsys):
         ],
         capsys,
     )
-    data = (out / "checkpoint.pt").read_bytes()
-    (out / "checkpoint.pt").write_bytes(data[: len(data) // 2])
+    data = (out / "private" / "checkpoint.pt").read_bytes()
+    (out / "private" / "checkpoint.pt").write_bytes(data[: len(data) // 2])
     code, _, err = run_cli(["train", "--resume", str(out), "--no-progress"], capsys)
     assert code == 2 and "checkpoint.pt is corrupt" in err and len(err.strip().splitlines()) == 1

@@ -12,6 +12,7 @@ import math
 import sys
 
 from dptrain.errors import ConfigError, DPTrainError
+from dptrain.interrupts import Terminated
 
 
 class _Parser(argparse.ArgumentParser):
@@ -45,14 +46,14 @@ def _check(ok: bool, flag: str, accepted: str, value) -> None:
 
 
 def _add_accountant(p: argparse.ArgumentParser, allow_all: bool = True) -> None:
-    from dptrain.accounting import accountant_names
+    from dptrain.accounting import AUTO, accountant_names
 
-    choices = list(accountant_names()) + (["all"] if allow_all else [])
+    choices = [AUTO, *accountant_names()] + (["all"] if allow_all else [])
     p.add_argument(
         "--accountant",
-        default="rdp",
+        default=AUTO,
         choices=choices,
-        help="which accountant certifies epsilon ('all' shows every one that applies)",
+        help="which accountant certifies epsilon (auto: the tightest certified one; all: every one side by side)",
     )
 
 
@@ -69,7 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="override a config key, e.g. --set privacy.target_epsilon=2 (repeatable)",
     )
-    t.add_argument("--out", default=None, help="output directory (default runs/<config name>)")
+    t.add_argument(
+        "--out",
+        default=None,
+        help="output directory (default: runs/<config name>, or runs/<config name>-2, -3, ... if that holds a run)",
+    )
     t.add_argument("--resume", metavar="DIR", help="continue the interrupted run stored in DIR")
     t.add_argument(
         "--stop-after",
@@ -186,7 +191,14 @@ def _check_common(args) -> None:
 
 
 def cmd_account(args) -> int:
-    from dptrain.accounting import accountant_names, dpsgd_ledger, epsilon
+    from dptrain.accounting import (
+        accountant_names,
+        all_reports,
+        check_noise_multiplier,
+        dpsgd_ledger,
+        epsilon,
+        tightest,
+    )
 
     if args.accountant == "last_iterate":
         return _account_last_iterate(args)
@@ -194,19 +206,14 @@ def cmd_account(args) -> int:
         if getattr(args, flag) is None:
             raise ConfigError(f"--{flag.replace('_', '-')} is required with --accountant {args.accountant}")
     _check_common(args)
-    _check(args.noise_multiplier > 0, "--noise-multiplier", "a number > 0", args.noise_multiplier)
+    check_noise_multiplier(args.noise_multiplier, "--noise-multiplier")
     ledger = dpsgd_ledger(args.noise_multiplier, args.sampling_rate, args.steps, args.sampling)
-    names = accountant_names() if args.accountant == "all" else [args.accountant]
-    reports, refusals = [], {}
-    for name in names:
-        try:
-            reports.append(epsilon(ledger, args.delta, name))
-        except DPTrainError as e:
-            if args.accountant != "all":
-                raise
-            refusals[name] = str(e)
-    certified = [r for r in reports if r.certified]
-    best = min(certified, key=lambda r: r.epsilon) if certified else None
+    if args.accountant == "all":
+        found, refusals = all_reports(ledger, args.delta)
+        names, reports = list(accountant_names()), list(found.values())
+    else:
+        names, reports, refusals = [args.accountant], [epsilon(ledger, args.delta, args.accountant)], {}
+    best = tightest({r.accountant: r for r in reports})
     if args.json:
         if len(names) == 1:
             print(json.dumps(reports[0].to_dict()))
@@ -309,8 +316,7 @@ def _account_last_iterate(args) -> int:
 
 
 def cmd_calibrate(args) -> int:
-    from dptrain.accounting import calibrate_dpsgd_noise, epsilon
-    from dptrain.accounting.ledger import dpsgd_ledger
+    from dptrain.accounting import calibrate, dpsgd_ledger, epsilon, steps_for_epochs
 
     if args.mechanism == "gaussian":
         return _calibrate_gaussian(args)
@@ -320,15 +326,13 @@ def cmd_calibrate(args) -> int:
     _check(args.epsilon > 0, "--epsilon", "a number > 0", args.epsilon)
     if args.epochs is not None:
         _check(args.epochs > 0, "--epochs", "a number > 0", args.epochs)
-        steps = max(1, round(args.epochs / args.sampling_rate))
+        steps = steps_for_epochs(args.epochs, args.sampling_rate)
     else:
         steps = args.steps
-    sigma = calibrate_dpsgd_noise(
-        args.epsilon, args.delta, args.sampling_rate, steps, args.accountant, args.sampling
-    )
-    spent = epsilon(
-        dpsgd_ledger(sigma, args.sampling_rate, steps, args.sampling), args.delta, args.accountant
-    )
+    ledger_for = lambda s: dpsgd_ledger(s, args.sampling_rate, steps, args.sampling)  # noqa: E731
+    cal = calibrate(args.epsilon, args.delta, ledger_for, args.accountant)
+    sigma = cal.noise_multiplier
+    spent = epsilon(ledger_for(sigma), args.delta, cal.accountant)
     if args.json:
         print(
             json.dumps(
@@ -339,14 +343,15 @@ def cmd_calibrate(args) -> int:
                     "delta": args.delta,
                     "steps": steps,
                     "sampling_rate": args.sampling_rate,
-                    "accountant": args.accountant,
+                    "accountant": cal.accountant,
+                    "others": cal.others,
                 }
             )
         )
     else:
         print(
             f"noise multiplier = {sigma:.6f}  ({steps} steps at sampling rate {args.sampling_rate:g}: "
-            f"epsilon = {spent.epsilon:.6g} <= {args.epsilon:g} at delta = {args.delta:g}, {args.accountant})"
+            f"epsilon = {spent.epsilon:.6g} <= {args.epsilon:g} at delta = {args.delta:g}, {cal.accountant})"
         )
     return 0
 
@@ -402,6 +407,7 @@ def cmd_train(args) -> int:
 
     from dptrain.config import load_config
     from dptrain.run import format_report, run_training
+    from dptrain.rundir import fresh_directory
 
     if args.resume:
         if args.config or args.set:
@@ -424,7 +430,7 @@ def cmd_train(args) -> int:
             overrides = [*plan_to_overrides(plan), *overrides]
         # The plan fixes sigma, so a config's target_epsilon is dropped (the plan certifies the budget).
         cfg = load_config(args.config, overrides, unset=("privacy.target_epsilon",) if plan else ())
-        out = args.out or str(Path("runs") / (Path(args.config).stem if args.config else "run"))
+        out = args.out or fresh_directory(Path("runs") / (Path(args.config).stem if args.config else "run"))
         summary = run_training(cfg, out, progress=not args.no_progress, stop_after=args.stop_after, plan=plan)
     print(json.dumps(summary, indent=2) if args.json else format_report(summary))
     return 0
@@ -525,16 +531,18 @@ def cmd_reproduce(args) -> int:
 def cmd_utility_graph(args) -> int:
     from pathlib import Path
 
+    from dptrain.accounting import steps_for_epochs
     from dptrain.config import load_config
     from dptrain.data import load_dataset
     from dptrain.models import build_model
     from dptrain.utility_graph import accuracy_evaluator, noise_free_trainer, utility_graph
 
     _check(0 < args.threshold <= 1, "--threshold", "in (0, 1]", args.threshold)
-    cfg = load_config(args.config, ["privacy.noise_multiplier=0.0"], unset=("privacy.target_epsilon",))
-    data = load_dataset(cfg.data.name, cfg.data.path, seed=cfg.seed, **cfg.data.options)
+    # The graph trains without noise; the privacy section is not used (any valid sigma satisfies the validator).
+    cfg = load_config(args.config, ["privacy.noise_multiplier=1.0"], unset=("privacy.target_epsilon",))
+    data = load_dataset(cfg.data.name, cfg.data.path, seed=cfg.data.seed, **cfg.data.options)
     t = cfg.training
-    steps = t.steps if t.steps is not None else max(1, round(t.epochs * len(data.train) / t.batch_size))
+    steps = t.steps if t.steps is not None else steps_for_epochs(t.epochs, t.batch_size / len(data.train))
     train = noise_free_trainer(
         lambda: build_model(
             cfg.model.name, data.train.input_shape, data.train.num_classes, **cfg.model.options
@@ -543,10 +551,10 @@ def cmd_utility_graph(args) -> int:
         steps,
         t.batch_size,
         t.learning_rate,
-        cfg.seed,
+        cfg.data.seed,
     )
     graph = utility_graph(
-        train, accuracy_evaluator(data.test.x, data.test.y), args.clips, args.sigmas, args.draws, cfg.seed
+        train, accuracy_evaluator(data.test.x, data.test.y), args.clips, args.sigmas, args.draws, cfg.data.seed
     )
     out = Path(args.out or "runs/utility-graph")
     out.mkdir(parents=True, exist_ok=True)
@@ -595,6 +603,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except Terminated:
+        return Terminated.exit_code
 
 
 if __name__ == "__main__":

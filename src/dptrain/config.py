@@ -15,6 +15,8 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
+from dptrain.accounting.base import check_accountant
+from dptrain.accounting.checks import check_noise_multiplier
 from dptrain.errors import ConfigError
 
 
@@ -22,8 +24,9 @@ from dptrain.errors import ConfigError
 class DataConfig:
     name: str = "fashion-mnist"
     path: str | None = None
-    options: dict = field(default_factory=dict)  # loader options (test_fraction, n, dim, ...)
+    options: dict = field(default_factory=dict)  # loader options (test_fraction, n, dim, num_classes, ...)
     classes: list | None = None  # keep only these labels, relabelled 0..k-1 in this order (e.g. [2, 4])
+    seed: int = 0  # train/test split and synthetic data: public, NOT the privacy randomness
 
 
 @dataclass(frozen=True)
@@ -38,9 +41,10 @@ class PrivacyConfig:
     target_epsilon: float | None = None  # ... or this (sigma is then calibrated before training)
     delta: float = 1e-5
     max_grad_norm: float = 1.0
-    accountant: str = "rdp"
+    accountant: str = "auto"  # auto: the tightest accountant that certifies the run
     sampling: str = "poisson"
     clipping: str = "flat"
+    secure_noise: bool = False  # AES-256-CTR noise with a hardened Gaussian sampler (docs/privacy.md)
 
 
 @dataclass(frozen=True)
@@ -56,6 +60,7 @@ class TrainingConfig:
     weight_decay: float = 0.0
     grad_sampler: str = "auto"
     eval_every: int | None = None  # steps between evaluations/checkpoints; default: once per epoch
+    log_not_private: bool = False  # write the training loss and clip statistics (NOT private) to metrics.jsonl
     algorithm: str = "dpsgd"  # dpsgd | projected_noisy_sgd (convex GLMs, last iterate only: see [convex])
 
 
@@ -88,7 +93,7 @@ class PreprocessingConfig:
 
 @dataclass(frozen=True)
 class RunConfig:
-    seed: int = 0
+    seed: int | None = None  # None: secret randomness; an integer makes the run reproducible and NOT private
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
@@ -160,7 +165,7 @@ def config_from_dict(raw: dict) -> RunConfig:
     unknown = sorted(set(raw) - top)
     if unknown:
         raise ConfigError(f"unknown key '{unknown[0]}'; accepted top-level keys: {', '.join(sorted(top))}")
-    seed = _coerce("seed", raw.get("seed", 0), int)
+    seed = _coerce("seed", raw.get("seed"), int | None)
     parts = {name: _section(name, cls, raw.get(name, {})) for name, cls in SECTIONS.items()}
     cfg = RunConfig(seed=seed, **parts)
     validate(cfg)
@@ -205,6 +210,10 @@ def load_config(
             raise ConfigError(f"config file {os.fspath(path)} does not exist") from None
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"config file {os.fspath(path)} is not valid TOML: {e}") from None
+        except IsADirectoryError:
+            raise ConfigError(f"config file {os.fspath(path)} is a directory; give a .toml file") from None
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError(f"config file {os.fspath(path)} cannot be read ({type(e).__name__})") from None
     for key in unset:  # e.g. a plan replaces a config's target_epsilon by its own noise multiplier
         section, _, name = key.rpartition(".")
         (raw.get(section, {}) if section else raw).pop(name, None)
@@ -229,7 +238,8 @@ def validate(cfg: RunConfig) -> None:
     from dptrain.data import DATASET_NAMES
 
     p, t = cfg.privacy, cfg.training
-    _need(cfg.seed >= 0, "seed", "an integer >= 0", cfg.seed)
+    _need(cfg.seed is None or cfg.seed >= 0, "seed", "an integer >= 0 (or absent: secret randomness)", cfg.seed)
+    _need(cfg.data.seed >= 0, "data.seed", "an integer >= 0", cfg.data.seed)
     _need(t.algorithm in ALGORITHMS, "training.algorithm", f"one of {', '.join(ALGORITHMS)}", t.algorithm)
     _need(cfg.data.name in DATASET_NAMES, "data.name", f"one of {', '.join(DATASET_NAMES)}", cfg.data.name)
     if cfg.data.classes is not None:
@@ -250,6 +260,7 @@ def validate(cfg: RunConfig) -> None:
             p.target_epsilon,
         )
     _need(0 < p.delta < 1, "privacy.delta", "in (0, 1)", p.delta)
+    check_accountant(p.accountant, "privacy.accountant")
     if t.steps is not None:
         _need(t.steps >= 1, "training.steps", "an integer >= 1", t.steps)
     else:
@@ -314,9 +325,10 @@ def _validate_preprocessing(cfg: RunConfig) -> None:
                 pre.eps_f,
             )
         _need(
-            p.accountant in ("rdp", "pld"),
+            p.accountant in ("auto", "rdp", "pld"),
             "privacy.accountant",
-            '"pld" or "rdp" with a private mean (they compose the Gaussian mean with the steps; the paper uses pld)',
+            '"auto", "pld" or "rdp" with a private mean (they compose the Gaussian mean with the steps; the paper '
+            "uses pld)",
             p.accountant,
         )
     else:
@@ -329,9 +341,10 @@ def _validate_preprocessing(cfg: RunConfig) -> None:
                 "preprocessing.kind = 'dpsgd_f_theory' needs privacy.target_epsilon (split in thirds)"
             )
         _need(
-            p.accountant == "composition",
+            p.accountant in ("auto", "composition"),
             "privacy.accountant",
-            '"composition" for dpsgd_f_theory (its three phases are certified by basic composition, Alg. 2)',
+            '"auto" or "composition" for dpsgd_f_theory (its three phases are certified by basic composition, '
+            "Alg. 2)",
             p.accountant,
         )
         if pre.quantile_tail is not None:
@@ -340,7 +353,6 @@ def _validate_preprocessing(cfg: RunConfig) -> None:
 
 
 def _validate_dpsgd(cfg: RunConfig) -> None:
-    from dptrain.accounting import accountant_names
     from dptrain.batch_selection import SAMPLING_NAMES
     from dptrain.clipping import CLIPPING_NAMES
     from dptrain.models import MODEL_NAMES
@@ -351,23 +363,12 @@ def _validate_dpsgd(cfg: RunConfig) -> None:
     if (p.noise_multiplier is None) == (p.target_epsilon is None):
         raise ConfigError("set exactly one of privacy.noise_multiplier and privacy.target_epsilon")
     if p.noise_multiplier is not None:
-        _need(
-            _finite(p.noise_multiplier) and p.noise_multiplier >= 0,
-            "privacy.noise_multiplier",
-            "a finite number >= 0",
-            p.noise_multiplier,
-        )
+        check_noise_multiplier(p.noise_multiplier, "privacy.noise_multiplier")
     _need(
         _finite(p.max_grad_norm) and p.max_grad_norm > 0,
         "privacy.max_grad_norm",
         "a finite number > 0",
         p.max_grad_norm,
-    )
-    _need(
-        p.accountant in accountant_names(),
-        "privacy.accountant",
-        f"one of {', '.join(accountant_names())}",
-        p.accountant,
     )
     _need(p.sampling in SAMPLING_NAMES, "privacy.sampling", f"one of {', '.join(SAMPLING_NAMES)}", p.sampling)
     _need(p.clipping in CLIPPING_NAMES, "privacy.clipping", f"one of {', '.join(CLIPPING_NAMES)}", p.clipping)
@@ -393,7 +394,7 @@ def _validate_dpsgd(cfg: RunConfig) -> None:
         )
     _need(t.optimizer in OPTIMIZERS, "training.optimizer", f"one of {', '.join(OPTIMIZERS)}", t.optimizer)
     _need(0 <= t.momentum < 1, "training.momentum", "in [0, 1)", t.momentum)
-    _need(t.weight_decay >= 0, "training.weight_decay", "a number >= 0", t.weight_decay)
+    _need(_finite(t.weight_decay) and t.weight_decay >= 0, "training.weight_decay", "a finite number >= 0", t.weight_decay)
     _need(
         t.grad_sampler in GRAD_SAMPLERS,
         "training.grad_sampler",
@@ -446,17 +447,17 @@ def _validate_convex(cfg: RunConfig) -> None:
     _need(0 <= cv.lr_power < 1, "convex.lr_power", "in [0, 1)", cv.lr_power)
     if cv.batching == "random":
         _need(
-            p.accountant == "rdp",
+            p.accountant in ("auto", "rdp"),
             "privacy.accountant",
-            '"rdp" for projected noisy SGD with random batches (the last-iterate bound is reported beside it but '
-            "is not certified for random batches: docs/last_iterate.md)",
+            '"auto" or "rdp" for projected noisy SGD with random batches (the last-iterate bound is reported beside '
+            "it but is not certified for random batches: docs/last_iterate.md)",
             p.accountant,
         )
     else:
         _need(
-            p.accountant in ("rdp", "last_iterate"),
+            p.accountant in ("auto", "rdp", "last_iterate"),
             "privacy.accountant",
-            '"rdp" or "last_iterate" for projected noisy SGD',
+            '"auto", "rdp" or "last_iterate" for projected noisy SGD',
             p.accountant,
         )
 
@@ -480,7 +481,7 @@ def _toml_value(v: Any) -> str:
 
 def config_to_toml(cfg: RunConfig) -> str:
     """The resolved config as TOML that :func:`load_config` reads back to an equal object."""
-    lines = [f"seed = {cfg.seed}"]
+    lines = [] if cfg.seed is None else [f"seed = {cfg.seed}"]
     for name in SECTIONS:
         lines += ["", f"[{name}]"]
         for f in dataclasses.fields(getattr(cfg, name)):

@@ -1,0 +1,214 @@
+"""A run directory: what a run writes, where, and that only one run writes it.
+
+Shareable outputs (contain only privately released quantities and public facts):
+
+- ``config.toml``: the resolved config (written first: from then on the directory holds this run);
+- ``metrics.jsonl``: one line per evaluation (step, epoch, test accuracy, epsilon);
+- ``ledger.json``: the privacy ledger (a copy of the checkpoint's, never ahead of it);
+- ``summary.json``: the final privacy/utility report;
+- ``model.pt``: the released model;
+- ``preprocessing.json`` / ``plan.json`` where the run has them.
+
+Secret, in ``private/`` (mode 0700): ``checkpoint.pt``, the state needed to resume (model, optimizer, the states
+of the random generators, ledger). Whoever reads the generator states can recompute the noise: never share
+this directory. ``private/README`` says so.
+
+A run holds an exclusive lock (``fcntl.flock`` on ``.lock``) for its whole life, so a second run started into
+the same directory is refused at once instead of interleaving its files with the first. Every file is written
+through a uniquely named temporary file and a rename: readers never see half a file, and two writers never
+share a temporary name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dptrain.accounting.ledger import Ledger
+from dptrain.errors import DataError, RunDirectoryError
+
+CONFIG, METRICS, LEDGER, SUMMARY, MODEL = "config.toml", "metrics.jsonl", "ledger.json", "summary.json", "model.pt"
+PREPROCESSING, PLAN = "preprocessing.json", "plan.json"
+PRIVATE, CHECKPOINT, LOCK = "private", "checkpoint.pt", ".lock"
+
+#: Permission bits of shareable files: what the user's umask allows (mkstemp alone would make them 0600).
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+SHAREABLE_MODE = 0o666 & ~_UMASK
+
+PRIVATE_README = """\
+SECRET: do not share this directory.
+
+checkpoint.pt holds the state needed to resume the run, including the states of the random generators that
+drew the batches and the noise. Whoever has them can recompute the noise and remove it from the released
+model. Share only the files one level up (config.toml, summary.json, metrics.jsonl, ledger.json, model.pt).
+Delete this directory once the run has finished and will not be resumed.
+"""
+
+
+def _os_error(path: Path, e: OSError, what: str) -> RunDirectoryError:
+    reason = os.strerror(e.errno) if e.errno else type(e).__name__
+    return RunDirectoryError(f"cannot {what} {path}: {reason}")
+
+
+class RunDirectory:
+    """The files of one run (see the module docstring)."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self._lock_file = None
+
+    def __truediv__(self, name: str) -> Path:
+        return self.path / name
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.path / PRIVATE / CHECKPOINT
+
+    def holds_run(self) -> bool:
+        """True once a run has claimed the directory (its config is written first)."""
+        return any((self.path / name).exists() for name in (CONFIG, LEDGER, SUMMARY)) or self.checkpoint.exists()
+
+    def refuse_if_holding(self) -> None:
+        if self.holds_run():
+            raise RunDirectoryError(
+                f"output directory {self.path} already holds a run; continue it with --resume {self.path} or choose "
+                "another --out"
+            )
+
+    # -- the lock -----------------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def locked(self, create: bool = False):
+        """Hold the directory's exclusive lock (creating the directory first if ``create``)."""
+        if self.path.exists() and not self.path.is_dir():
+            raise RunDirectoryError(f"output directory {self.path} exists and is not a directory")
+        if create:
+            try:
+                self.path.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise _os_error(self.path, e, "create the output directory") from None
+        elif not self.path.is_dir():
+            raise RunDirectoryError(f"{self.path} is not a run directory (it does not exist)")
+        try:
+            f = open(self.path / LOCK, "a+")  # noqa: SIM115  (held open for the lock's lifetime)
+        except OSError as e:
+            raise _os_error(self.path, e, "write into the output directory") from None
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            f.close()
+            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise RunDirectoryError(
+                    f"output directory {self.path} is in use by another dptrain run; wait for it to finish or choose "
+                    "another --out"
+                ) from None
+            raise _os_error(self.path, e, "lock") from None
+        self._lock_file = f
+        try:
+            yield self
+        finally:
+            self._lock_file = None
+            fcntl.flock(f, fcntl.LOCK_UN)
+            f.close()
+
+    # -- writing ------------------------------------------------------------------------------------------
+    def _atomic(self, name: str, write, directory: Path | None = None, mode: int = SHAREABLE_MODE) -> None:
+        directory = directory or self.path
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                write(f)
+            os.chmod(tmp, mode)
+            os.replace(tmp, directory / name)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+
+    def write_text(self, name: str, text: str) -> None:
+        self._atomic(name, lambda f: f.write(text.encode()))
+
+    def write_json(self, name: str, data: Any) -> None:
+        self.write_text(name, json.dumps(data, indent=2, allow_nan=False) + "\n")
+
+    def save_model(self, payload: dict) -> None:
+        self._atomic(MODEL, lambda f: torch.save(payload, f))
+
+    def save_checkpoint(self, state: dict, ledger: Ledger) -> None:
+        """The secret checkpoint, then the shareable ledger copy (so ledger.json is never ahead of it)."""
+        private = self.path / PRIVATE
+        private.mkdir(mode=0o700, exist_ok=True)
+        os.chmod(private, 0o700)
+        if not (private / "README").exists():
+            (private / "README").write_text(PRIVATE_README)
+        self._atomic(CHECKPOINT, lambda f: torch.save(state, f), private, mode=0o600)
+        self.write_json(LEDGER, ledger.to_dict())
+
+    # -- reading ------------------------------------------------------------------------------------------
+    def load_checkpoint(self) -> dict:
+        path = self.checkpoint
+        try:
+            state = torch.load(path, weights_only=True)
+            Ledger.from_dict(state["ledger"])
+            return state
+        except FileNotFoundError:
+            raise DataError(f"checkpoint {path} does not exist: is this a dptrain run directory?") from None
+        except Exception as e:  # a truncated or foreign file can fail in many ways inside torch.load
+            raise DataError(
+                f"checkpoint {path} is corrupt or not a dptrain checkpoint ({type(e).__name__})"
+            ) from None
+
+    def check_ledger_copy(self, authoritative: Ledger) -> None:
+        """ledger.json must be the checkpoint's ledger or a prefix of it (a crash between writing the checkpoint and
+        its copy leaves the copy behind, never ahead); anything else was edited or comes from another run."""
+        path = self.path / LEDGER
+        if not path.exists():
+            return
+        try:
+            copy = Ledger.load(path)
+        except DataError:
+            copy = None
+        if copy is None or not copy.is_prefix_of(authoritative):
+            raise DataError(
+                f"{path} does not match the run's checkpoint (edited, or from another run); the checkpoint's ledger "
+                f"is authoritative: restore or delete {LEDGER} to resume"
+            )
+
+    def read_json(self, name: str) -> dict | None:
+        try:
+            return json.loads((self.path / name).read_text())
+        except (OSError, ValueError):
+            return None
+
+    def append_metrics(self, row: dict) -> None:
+        with open(self.path / METRICS, "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+    def truncate_metrics(self, last_step: int) -> None:
+        """Drop metric rows after ``last_step`` (written after the checkpoint a resumed run restarts from)."""
+        path = self.path / METRICS
+        if not path.exists():
+            return
+        rows = [line for line in path.read_text().splitlines() if line.strip()]
+        keep = [line for line in rows if json.loads(line).get("step", 0) <= last_step]
+        if len(keep) != len(rows):
+            self.write_text(METRICS, "".join(line + "\n" for line in keep))
+
+
+def fresh_directory(base: str | os.PathLike) -> Path:
+    """``base`` if it holds no run, else the first of ``base-2``, ``base-3``, ... that does not: a default output
+    directory never collides with an earlier run."""
+    base = Path(base)
+    candidate, k = base, 1
+    while RunDirectory(candidate).holds_run():
+        k += 1
+        candidate = base.with_name(f"{base.name}-{k}")
+    return candidate
