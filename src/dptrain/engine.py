@@ -39,7 +39,7 @@ from dptrain.accounting.checks import check_delta
 from dptrain.batch_selection import BatchSampler, make_sampler
 from dptrain.clipping import Clipping, ClipStats, make_clipping
 from dptrain.data import as_tensors
-from dptrain.errors import BudgetExhausted, ConfigError, DataError, NonFiniteError
+from dptrain.errors import AccountingError, BudgetExhausted, ConfigError, DataError, NonFiniteError
 from dptrain.interrupts import deferred_signals
 from dptrain.models import check_private_compatible
 from dptrain.noise import add_gaussian_noise
@@ -136,9 +136,16 @@ class PrivateTrainer:
         sample_sizes=None,
         check_independence: bool = True,
         report_not_private: bool = False,
+        non_private: bool = False,
     ):
         check_private_compatible(model)
-        self._noise_multiplier = check_noise_multiplier(noise_multiplier, "noise_multiplier")
+        self.non_private = bool(non_private)
+        if self.non_private:  # a baseline: the same stages without the noise, no ledger, no guarantee
+            if noise_multiplier != 0 or budget is not None:
+                raise ConfigError("a non_private baseline takes noise_multiplier=0 and no budget")
+            self._noise_multiplier = 0.0
+        else:
+            self._noise_multiplier = check_noise_multiplier(noise_multiplier, "noise_multiplier")
         self.delta = check_delta(delta, "delta")
         self.accountant = check_accountant(accountant)
         if budget is not None:
@@ -268,6 +275,8 @@ class PrivateTrainer:
 
     def epsilon(self, delta: float | None = None, accountant: str | None = None) -> PrivacyReport:
         """Privacy spent so far (epsilon at ``delta``), from the ledger."""
+        if self.non_private:
+            raise AccountingError("a non_private baseline released its gradients without noise: it has no epsilon")
         delta = self.delta if delta is None else delta
         return epsilon(self.ledger, delta, accountant or self.accountant)
 
@@ -292,9 +301,14 @@ class PrivateTrainer:
                 )
             std = self._noise_multiplier * self.clipping.sensitivity
             dtype_max = min(torch.finfo(p.dtype).max for p in self.params.values())
-            noisy = (
-                add_gaussian_noise(summed, std, self.randomness.stream("noise")) if std < dtype_max / 64 else None
-            )
+            if self.non_private:
+                noisy = summed
+            else:
+                noisy = (
+                    add_gaussian_noise(summed, std, self.randomness.stream("noise"))
+                    if std < dtype_max / 64
+                    else None
+                )
             if noisy is None or not _all_finite(noisy.values()):
                 raise NonFiniteError(
                     f"the noisy gradient of step {self.steps + 1} is not finite: noise std sigma x C = {std:.4g} "
@@ -305,7 +319,8 @@ class PrivateTrainer:
                 p.grad = (noisy[n] * scale).to(p.dtype)
             # The release happens here: record it, count it and apply it together.
             self._committed = True
-            self.ledger.record(*self.release_event())
+            if not self.non_private:
+                self.ledger.record(*self.release_event())
             self.steps += 1
             try:
                 self.optimizer.step()
@@ -408,7 +423,7 @@ class PrivateTrainer:
     def load_state_dict(self, state: dict) -> None:
         ledger = Ledger.from_dict(state["ledger"])
         steps = int(state["steps"])
-        if steps != dpsgd_steps(ledger):
+        if not self.non_private and steps != dpsgd_steps(ledger):
             raise DataError(
                 f"checkpoint is inconsistent: {steps} steps but its ledger records {dpsgd_steps(ledger)}"
             )
@@ -448,7 +463,8 @@ def make_private(
     private), secure_noise (AES-CTR noise, :mod:`dptrain.secure_random`), budget (a :class:`Budget` the run
     must not exceed), ledger (to continue an earlier one), check_independence (default True: refuse models
     that mix examples, :mod:`dptrain.independence`), report_not_private (per-step loss and clip statistics,
-    NOT private).
+    NOT private), non_private (a baseline for experiments: the same sampling, clipping and optimizer with
+    noise_multiplier=0, nothing recorded in the ledger, no epsilon: NOT private).
     """
     return PrivateTrainer(
         model,

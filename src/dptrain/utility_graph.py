@@ -242,27 +242,20 @@ def noise_free_trainer(
     schedule: Callable[[int], float] | None = None,
 ) -> Callable[[float], nn.Module]:
     """A ``train_noise_free(C)`` for :func:`utility_graph`: builds ``model_fn()`` (initialised under
-    ``torch.manual_seed(seed)`` without touching the global RNG) and runs ``steps`` steps of the engine's stages
-    WITHOUT the noise stage: Poisson batches of expected size ``batch_size``, per-example gradients, flat clipping
-    at C, the sum divided by the expected batch size, plain SGD with step size ``lr`` times ``schedule(step)``
-    (a LambdaLR factor, e.g. the paper's 1/(1 + beta sqrt(t)), Sec. 4.1). ``data_split`` is a DataSplit (its
-    ``train`` part is used) or a training ArrayDataset.
+    ``torch.manual_seed(seed)`` without touching the global RNG) and runs ``steps`` steps of the engine without its
+    noise stage (``make_private(..., noise_multiplier=0.0, non_private=True, max_grad_norm=C)``: Poisson batches of
+    expected size ``batch_size``, flat clipping at C, nothing recorded) and plain SGD with step size ``lr`` times
+    ``schedule(step)`` (a LambdaLR factor, e.g. the paper's 1/(1 + beta sqrt(t)), Sec. 4.1). ``data_split`` is a
+    DataSplit (its ``train`` part is used) or a training ArrayDataset.
 
-    NOT private (no noise, nothing recorded in a ledger; the batches come from a public stream seeded by
-    ``seed``): see the module docstring."""
-    from dptrain.batch_selection import make_sampler
-    from dptrain.clipping import FlatClipping
-    from dptrain.data import as_tensors
-    from dptrain.engine import clipped_sum
-    from dptrain.per_example import cross_entropy_per_example, make_grad_sampler, trainable_parameters
-    from dptrain.randomness import TorchStream
+    NOT private (no noise; the batches come from a stream seeded by ``seed``): see the module docstring."""
+    from dptrain.engine import make_private  # the engine imports torch-heavy modules; keep this one light
 
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ConfigError(f"steps must be an integer >= 1, got {steps!r}")
     if not (lr > 0 and math.isfinite(lr)):
         raise ConfigError(f"lr must be a finite number > 0, got {lr}")
-    x, y = as_tensors(getattr(data_split, "train", data_split))
-    sampler = make_sampler("poisson", len(x), batch_size)
+    train = getattr(data_split, "train", data_split)
 
     def train_noise_free(clip: float) -> nn.Module:
         with torch.random.fork_rng(devices=[]):
@@ -270,21 +263,23 @@ def noise_free_trainer(
             model = model_fn()
         optimizer = torch.optim.SGD(model.parameters(), lr=lr)
         scheduler = None if schedule is None else torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
-        grad_sampler = make_grad_sampler(model, cross_entropy_per_example)
-        params, clipping, stream = trainable_parameters(model), FlatClipping(clip), TorchStream(seed)
+        trainer = make_private(
+            model,
+            optimizer,
+            train,
+            noise_multiplier=0.0,
+            non_private=True,
+            max_grad_norm=clip,
+            batch_size=batch_size,
+            seed=seed,
+        )
         try:
-            for step in range(steps):
-                idx = sampler.sample(stream, step)
-                chunks = (grad_sampler(x[c], y[c]) for c in idx.split(4096)) if len(idx) else ()
-                summed, _, _ = clipped_sum(chunks, clipping, params)
-                for n, p in params.items():
-                    p.grad = summed[n] / sampler.expected_batch_size
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
+            for _ in range(steps):
+                trainer.step()
                 if scheduler is not None:
                     scheduler.step()
         finally:
-            grad_sampler.close()
+            trainer.close()
         return model
 
     return train_noise_free

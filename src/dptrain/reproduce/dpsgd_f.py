@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from dptrain.accounting import steps_for_epochs
 from dptrain.reproduce import json_default, md_table, single_thread
 
 __all__ = ["PAPER", "PAPER_TABLE2", "run"]
@@ -139,7 +140,7 @@ def _load(name: str, quick: bool):
                     None,
                     "no CIFAR-100 feature file (set DPTRAIN_CIFAR100_FEATURES to an .npz with x, y, x_test, y_test)",
                 )
-            data = load_dataset("npz", path)
+            data = load_dataset("npz", path, num_classes=100)
     except DataError as e:
         return None, str(e)
     return (_subset(data, QUICK_TRAIN, QUICK_TEST) if quick else data), ""
@@ -188,7 +189,7 @@ def _train(task: dict) -> dict:
             prep = FeaturePreprocessing("none", 1.0)
             xt = prep.transform(data.train.x)
             n = len(xt)
-            steps = max(1, round(task["epochs"] * n / task["batch_size"]))
+            steps = steps_for_epochs(task["epochs"], task["batch_size"] / n)
             train = noise_free_trainer(
                 make, (xt, data.train.y), steps, task["batch_size"], task["learning_rate"], task["seed"]
             )
@@ -240,7 +241,7 @@ def _tasks(name: str, n: int, quick: bool) -> list[dict]:
     ):
         base = {"dataset": name, "quick": quick, "epsilon": eps, "feature_norm": cf, "batch_size": b}
         base |= {"learning_rate": lr, "epochs": ep, "seed": 0, "sampling_rate": b / n}
-        base["steps"] = max(1, round(ep * n / b))
+        base["steps"] = steps_for_epochs(ep, b / n)
         tasks.append({**base, "method": "dpsgd", "eps_f": None})
         tasks += [{**base, "method": "dpsgd_f", "eps_f": ef} for ef in grid["eps_f"]]
     npg = QUICK_NON_PRIVATE_GRID if quick else NON_PRIVATE_GRID

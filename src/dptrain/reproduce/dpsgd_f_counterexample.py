@@ -32,7 +32,7 @@ non-private reference: ``dpsgd`` (kind "none": DP-SGD on the raw features, Poiss
 noise), ``dpsgd_f`` (kind "private_mean", eps_F = 0.1: Algorithm 3), ``dpsgd_f_theory`` (kind "dpsgd_f_theory":
 Algorithm 2 with the paper's quantile tail (100/eps) ln n), ``dpsgd_f_theory_median`` (Algorithm 2 with
 quantile_tail = n/2: tau = a private median of the distances; see the report for why) and ``nonprivate``
-(:func:`dptrain.engine.make_private` with noise multiplier 0: the same clipped (S)GD without noise, a reference
+(:func:`dptrain.engine.make_private` with ``non_private=True``: the same clipped (S)GD without noise, a reference
 for what is an optimization limit and what a privacy one).
 
 Hyper-parameters: one grid for every method (normalized learning rate kappa = lr C^2 x clip norm C x schedule);
@@ -210,6 +210,7 @@ def train_once(
             optimizer,
             (x, y),
             noise_multiplier=0.0,
+            non_private=True,
             max_grad_norm=c,
             batch_size=batch,
             loss_fn=hinge_per_example,
@@ -711,7 +712,7 @@ def _report_md(results: dict[str, Any]) -> str:
         "grid's C does not apply). Once with the paper's quantile tail (100/eps) ln n = "
         f"{math.ceil(100 / EPSILON * math.log(n))} and once with `quantile_tail = n/2` (tau = a private median; "
         "why: observations);\n"
-        "- **non-private reference**: `dptrain.engine.make_private(noise_multiplier=0)`: the same clipped (S)GD "
+        "- **non-private reference**: `dptrain.engine.make_private(noise_multiplier=0, non_private=True)`: the same clipped (S)GD "
         "without noise, not private (tuned on the first tuning seed only, with kappa also in "
         f"{{{', '.join(f'{k:g}' for k in NONPRIVATE_EXTRA_KAPPAS)}}}: without noise nothing limits the step).",
         f"Grid, the same for every method: normalized learning rate kappa in {{{kappas}}} (plain SGD with lr = "

@@ -409,8 +409,15 @@ def _train_dpsgd(train, test, s: int, steps: int, seed: int, convention: str, si
     base = EXPERIMENT["eta0"] * (s if convention == "sum" else 1.0)
     optimizer = torch.optim.SGD(model.parameters(), lr=base)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _step_size_factor(s, EXPERIMENT["beta"]))
-    trainer = make_private(
-        model, optimizer, train, noise_multiplier=sigma, max_grad_norm=clip, batch_size=s, seed=seed
+    trainer = make_private(  # sigma = 0: the noise-free reference (non_private: nothing recorded, no epsilon)
+        model,
+        optimizer,
+        train,
+        noise_multiplier=sigma,
+        non_private=sigma == 0,
+        max_grad_norm=clip,
+        batch_size=s,
+        seed=seed,
     )
     try:
         for _ in range(steps):
