@@ -151,6 +151,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     pl.add_argument("--json", action="store_true")
 
+    from dptrain.auditing.cli import add_parser as add_audit_parser
+
+    add_audit_parser(sub)
+
     from dptrain.reproduce import REPRODUCTIONS
 
     r = sub.add_parser("reproduce", help="regenerate a paper's tables and plots into a directory")
@@ -584,8 +588,15 @@ def _read_json(path: str) -> dict:
     return data
 
 
+def cmd_audit(args) -> int:
+    from dptrain.auditing.cli import cmd_audit as audit
+
+    return audit(args)
+
+
 COMMANDS = {
     "train": cmd_train,
+    "audit": cmd_audit,
     "account": cmd_account,
     "calibrate": cmd_calibrate,
     "plan": cmd_plan,

@@ -117,12 +117,14 @@ def build_job(
     noise_multiplier: float | None = None,
     accountant: str | None = None,
     fitted: FeaturePreprocessing | None = None,
+    data: DataSplit | None = None,
 ) -> Job:
     """Data, model, optimizer and private trainer for ``cfg``. ``noise_multiplier`` and ``accountant`` override
     calibration (a resumed run keeps those it was calibrated with); ``fitted`` is the released preprocessing of a
-    run being resumed (never fitted, i.e. released, twice). Writes nothing."""
+    run being resumed (never fitted, i.e. released, twice); ``data`` replaces the config's data (e.g. an audit's
+    training set with canaries). Writes nothing."""
     randomness.seed_torch("init")
-    data = load_data(cfg)
+    data = load_data(cfg) if data is None else data
     model = build_model(cfg.model.name, data.train.input_shape, data.train.num_classes, **cfg.model.options)
     p, t = cfg.privacy, cfg.training
     prepared, raw_test = None, None
@@ -491,31 +493,30 @@ def _preprocessing_row(summary: dict) -> tuple[str, str]:
     return "preprocessing", text
 
 
-def run_projected(cfg: RunConfig, rd: RunDirectory, progress: bool = True) -> dict:
-    """Projected noisy SGD on a convex GLM (Altschuler & Talwar, "Privacy of Noisy Stochastic Gradient Descent").
-    The budget is certified by ``privacy.accountant`` (``auto``: the tightest certified of composition by rdp/pld
-    and, for full and cyclic batches where it is proven for both orderings of a neighbouring pair, the
-    last-iterate bound); every other accountant is reported beside it, and for random batches the last-iterate
-    bound is reported only, not certified (docs/last_iterate.md). Only the final iterate is written (``model.pt``,
-    the release); no intermediate iterate is logged or checkpointed."""
-    from dptrain.accounting import calibrate, epsilon
-    from dptrain.accounting.last_iterate import (
-        NOT_CERTIFIED,
-        certifiable,
-        last_iterate_report,
-        setting_from_ledger,
-    )
-    from dptrain.last_iterate import ConvexGLM, ProjectedNoisySGD, accuracy
+@dataclass
+class ProjectedJob:
+    """A projected noisy SGD run as ``dptrain train`` builds it (nothing trained, nothing written)."""
 
-    rd.refuse_if_holding()
-    start = time.perf_counter()
+    cfg: RunConfig
+    data: DataSplit
+    run: object  # dptrain.last_iterate.ProjectedNoisySGD
+    accountant: str
+    randomness: Randomness
+
+
+def build_projected(cfg: RunConfig, randomness: Randomness, data: DataSplit | None = None) -> ProjectedJob:
+    """Projected noisy SGD for ``cfg`` (or on ``data``): the GLM, the steps, sigma (given, or calibrated by
+    ``privacy.accountant``) and the accountant that certifies the run (``auto`` resolved to the tightest certified
+    one for the planned ledger)."""
+    from dptrain.accounting import calibrate
+    from dptrain.last_iterate import ConvexGLM, ProjectedNoisySGD
+
     p, t, cv = cfg.privacy, cfg.training, cfg.convex
-    data = load_data(cfg)
+    data = load_data(cfg) if data is None else data
     glm = ConvexGLM(cv.loss, cv.feature_norm, fit_bias=cv.fit_bias, l2=cv.l2)
     n = len(data.train)
     b = n if cv.batching == "full" else t.batch_size
     steps = t.steps if t.steps is not None else steps_for_epochs(t.epochs, b / n)
-    randomness = run_randomness(cfg)
 
     def trainer(sigma: float) -> ProjectedNoisySGD:
         return ProjectedNoisySGD(
@@ -542,6 +543,30 @@ def run_projected(cfg: RunConfig, rd: RunDirectory, progress: bool = True) -> di
         if best is None:
             raise AccountingError("no accountant certifies this projected run")
         accountant = best.accountant
+    return ProjectedJob(cfg, data, run, accountant, randomness)
+
+
+def run_projected(cfg: RunConfig, rd: RunDirectory, progress: bool = True) -> dict:
+    """Projected noisy SGD on a convex GLM (Altschuler & Talwar, "Privacy of Noisy Stochastic Gradient Descent").
+    The budget is certified by ``privacy.accountant`` (``auto``: the tightest certified of composition by rdp/pld
+    and, for full and cyclic batches where it is proven for both orderings of a neighbouring pair, the
+    last-iterate bound); every other accountant is reported beside it, and for random batches the last-iterate
+    bound is reported only, not certified (docs/last_iterate.md). Only the final iterate is written (``model.pt``,
+    the release); no intermediate iterate is logged or checkpointed."""
+    from dptrain.accounting import epsilon
+    from dptrain.accounting.last_iterate import (
+        NOT_CERTIFIED,
+        certifiable,
+        last_iterate_report,
+        setting_from_ledger,
+    )
+    from dptrain.last_iterate import accuracy
+
+    rd.refuse_if_holding()
+    start = time.perf_counter()
+    job = build_projected(cfg, run_randomness(cfg))
+    p, cv, run, accountant, data = cfg.privacy, cfg.convex, job.run, job.accountant, job.data
+    glm, steps, b, n = run.glm, run.steps, run.batch_size, run.n
     with rd.locked(create=True):
         rd.refuse_if_holding()
         rd.write_text(CONFIG, config_to_toml(cfg))
@@ -597,8 +622,8 @@ def run_projected(cfg: RunConfig, rd: RunDirectory, progress: bool = True) -> di
             "lipschitz": run.lipschitz,
             "smoothness": run.smoothness,
             "diameter": cv.diameter,
-            "randomness": randomness.description,
-            "secure_noise": randomness.secure,
+            "randomness": job.randomness.description,
+            "secure_noise": job.randomness.secure,
             "wall_time_s": time.perf_counter() - start,
             "out": str(rd.path),
         }

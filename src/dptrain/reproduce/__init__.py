@@ -21,6 +21,7 @@ REPRODUCTIONS: dict[str, str] = {
     "last-iterate": "dptrain.reproduce.last_iterate",
     "dpsgd-f-counterexample": "dptrain.reproduce.dpsgd_f_counterexample",
     "dpsgd-f": "dptrain.reproduce.dpsgd_f",
+    "audit": "dptrain.reproduce.audit",
 }
 
 

@@ -1,0 +1,193 @@
+"""One-run privacy audit of a configuration: the Python function behind ``dptrain audit``.
+
+Steinke, Nasr & Jagielski, "Privacy Auditing with One (1) Training Run" (NeurIPS 2023), Algorithm 1: insert m
+canaries, each included independently with probability 1/2 (the secrets, from the run's "canaries" stream), train
+ONCE with the real engine exactly as ``dptrain train`` would run the configuration on the training set plus one row
+per canary (an excluded canary's row contributes nothing, so the data set size does not depend on the secrets),
+score every canary without looking at the secrets, and turn the best guesses into an epsilon
+lower bound (:func:`dptrain.auditing.bounds.audit`: Theorem 5.2 at the run's delta, with a confidence level).
+The lower bound is printed beside the certified epsilon of the same run (its own accountant on its own ledger).
+
+A correct engine keeps the lower bound below the certificate (with the stated confidence); a broken one (noise
+too small, clipping off) can push it above. A one-run audit is loose: with m canaries and delta = 1e-5 it cannot
+exceed about 5 (m = 1000) to 6.4 (any m), so it catches a broken engine only where the certificate is smaller.
+
+Settings (``setting`` in the result):
+
+- ``dpsgd``: the threat model of DP-SGD's accounting is "every iterate is released", so gradient canaries are
+  scored on every step's privatized gradient (score_i = sum over steps of its coordinate j_i); input canaries on
+  the final model (minus the loss).
+- ``projected``: projected noisy SGD releases only the last iterate w_T (Altschuler & Talwar, "Privacy of Noisy
+  Stochastic Gradient Descent: More Iterations without More Privacy Loss", Thm 3.1), so canaries are scored on
+  w_T alone: gradient canaries (full batches only) of norm L, the GLM's Lipschitz constant, added to the batch
+  gradient sum, score_i = -w_T[j_i]; input canaries by minus the loss of w_T.
+
+Nothing is written: an audit is an experiment, not a run (its model is trained on canaries).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dptrain import run as run_module
+from dptrain.accounting import epsilon
+from dptrain.auditing.bounds import audit
+from dptrain.auditing.canaries import (
+    ReleasedCoordinates,
+    append_examples,
+    check_options,
+    dirac_coordinates,
+    dirac_gradients,
+    draw_inclusion,
+    flat_size,
+    loss_scores,
+    placeholders,
+    random_examples,
+    with_canaries,
+)
+from dptrain.config import RunConfig
+from dptrain.data import ArrayDataset, DataSplit
+from dptrain.errors import ConfigError
+from dptrain.last_iterate import ConvexGLM
+
+SETTINGS = ("dpsgd", "projected")
+
+
+def audit_run(cfg: RunConfig, canaries: int = 1000, confidence: float = 0.95, kind: str = "gradient") -> dict:
+    """Audit ``cfg`` with ``canaries`` canaries of ``kind`` ("gradient" | "input") in one training run.
+
+    Returns epsilon_lower_bound (valid with probability >= ``confidence``), epsilon_certified (the run's own
+    accountant on its own ledger, at the run's delta), confidence, canaries (m), guesses (r) and correct (v) of the
+    best guess count, kind, accountant, delta and setting ("dpsgd" | "projected"). Epochs or steps, model, data,
+    sigma or target_epsilon are the config's, as ``dptrain train`` uses them; the training set holds the real
+    examples plus one row per canary (excluded ones contribute nothing). An explicit ``cfg.seed`` makes the audit reproducible."""
+    m, confidence, kind = check_options(canaries, confidence, kind)
+    if not isinstance(cfg, RunConfig):
+        raise ConfigError(f"cfg must be a RunConfig (dptrain.config.load_config), got {type(cfg).__name__}")
+    randomness = run_module.run_randomness(cfg)
+    included = draw_inclusion(m, randomness.stream("canaries"))
+    if cfg.training.algorithm == "projected_noisy_sgd":
+        setting, (scores, report) = "projected", _projected(cfg, randomness, included, kind)
+    else:
+        setting, (scores, report) = "dpsgd", _dpsgd(cfg, randomness, included, kind)
+    delta = cfg.privacy.delta
+    found = audit(scores.numpy(), included.numpy().astype(bool), delta, confidence)
+    return {
+        "epsilon_lower_bound": found["epsilon_lower_bound"],
+        "epsilon_certified": report.epsilon,
+        "confidence": confidence,
+        "canaries": m,
+        "guesses": found["guesses"],
+        "correct": found["correct"],
+        "kind": kind,
+        "accountant": report.accountant,
+        "delta": delta,
+        "setting": setting,
+    }
+
+
+# --- DP-SGD ---------------------------------------------------------------------------------------------------
+
+
+def _with_train(data: DataSplit, train: ArrayDataset) -> DataSplit:
+    return DataSplit(train, data.test, data.description)
+
+
+def _train_all(trainer, steps: int) -> None:
+    for _ in trainer.iter_steps(steps):
+        pass
+
+
+def _dpsgd(cfg: RunConfig, randomness, included: torch.Tensor, kind: str):
+    """(scores, certified PrivacyReport) of one DP-SGD run with the canaries: the job is built exactly as
+    ``dptrain train`` builds it (preprocessing, calibration, accountant) on the real training set followed by one
+    row per canary (placeholders for gradient canaries, the canary examples for input canaries)."""
+    m = len(included)
+    data = run_module.load_data(cfg)
+    n = len(data.train)
+    if kind == "gradient":
+        rows = placeholders(m, data.train)
+    else:
+        rows = random_examples(m, data.train.input_shape, data.train.num_classes, data.train.x.dtype)
+    job = run_module.build_job(cfg, randomness, data=_with_train(data, append_examples(data.train, *rows)))
+    trainer = job.trainer
+    if kind == "gradient":
+        coordinates = dirac_coordinates(m, flat_size(trainer.params))
+        norm = trainer.clipping.sensitivity
+
+        def dirac(r):
+            return dirac_gradients(coordinates[r], trainer.params, norm)
+
+        released = ReleasedCoordinates(trainer.optimizer, trainer.params, coordinates)
+    trainer.per_example = with_canaries(
+        trainer.per_example, n, included, trainer.max_physical_batch_size, dirac if kind == "gradient" else None
+    )
+    try:
+        _train_all(trainer, job.total_steps)
+    finally:
+        if kind == "gradient":
+            released.remove()
+        trainer.close()
+    if kind == "gradient":
+        return released.total, trainer.epsilon()
+    x, y = rows
+    x = x if job.preprocessing is None else job.preprocessing.transform(x)
+    return loss_scores(trainer.model, trainer.loss_fn, x, y), trainer.epsilon()
+
+
+# --- projected noisy SGD (last iterate) -----------------------------------------------------------------------
+
+
+class GLMWithCanaries:
+    """A :class:`~dptrain.last_iterate.ConvexGLM` whose full-batch gradient holds the canaries.
+
+    The batch is the ``num_real`` real rows followed by one row per canary, included or not (so b, hence sigma
+    and the bound, do not depend on the secrets): G = (sum over the rows that ``contribute`` of grad f_i(w) +
+    ``canary_sum``) / b + l2 w, :meth:`ConvexGLM.batch_gradient` with the excluded canaries' rows (and the
+    placeholder rows of gradient canaries) contributing nothing and the gradient canaries' L e_j added. Every other
+    attribute is the wrapped GLM's."""
+
+    def __init__(self, glm: ConvexGLM, contribute: torch.Tensor, canary_sum: torch.Tensor):
+        self._glm, self._contribute, self._canary_sum = glm, contribute, canary_sum
+
+    def __getattr__(self, name):
+        return getattr(self._glm, name)
+
+    def batch_gradient(self, w: torch.Tensor, xt: torch.Tensor, yt: torch.Tensor) -> torch.Tensor:
+        rows = self._contribute
+        summed = self._glm.derivative(w, xt[rows], yt[rows]) @ xt[rows]
+        return (summed + self._canary_sum.to(w.dtype)) / xt.shape[0] + float(self._glm.l2) * w
+
+
+def _projected(cfg: RunConfig, randomness, included: torch.Tensor, kind: str):
+    """(scores, certified PrivacyReport) of one projected noisy SGD run (full batches); scored on the last
+    iterate only."""
+    if cfg.convex.batching != "full":
+        raise ConfigError(
+            'auditing projected noisy SGD needs convex.batching = "full" (the canaries enter the full-batch gradient '
+            f"sum, where the last-iterate bound is certified); got {cfg.convex.batching!r}"
+        )
+    data = run_module.load_data(cfg)
+    m, n = len(included), len(data.train)
+    if kind == "gradient":
+        rows = placeholders(m, data.train)
+    else:
+        rows = random_examples(m, data.train.input_shape, data.train.num_classes, data.train.x.dtype)
+    job = run_module.build_projected(cfg, randomness, _with_train(data, append_examples(data.train, *rows)))
+    run = job.run
+    contribute = torch.cat([torch.ones(n, dtype=torch.bool), included if kind == "input" else torch.zeros(m, dtype=torch.bool)])
+    canary_sum = torch.zeros(run.dim, dtype=run.dtype)
+    if kind == "gradient":
+        coordinates = dirac_coordinates(m, run.dim)
+        canary_sum[coordinates[included]] = run.lipschitz
+    run.glm = GLMWithCanaries(run.glm, contribute, canary_sum)
+    w = run.train()
+    report = epsilon(run.ledger, cfg.privacy.delta, job.accountant)
+    if kind == "gradient":
+        return -w[coordinates].to(torch.float64), report
+    glm, (x, y) = run.glm, rows
+    losses = glm.per_example_losses(w, glm.prepare_features(x, w.dtype), glm.prepare_labels(y, w.dtype))
+    return -losses.to(torch.float64), report
+
+
+__all__ = ["SETTINGS", "GLMWithCanaries", "audit_run"]
