@@ -166,8 +166,8 @@ def test_max_releases_is_the_exact_boundary():
     facts = step_facts("poisson", sigma, q)
     start = dpsgd_ledger(sigma, q, 10)
     n = max_releases(lambda m: start.extended(event, facts, m), target, DELTA, "rdp")
-    assert epsilon(start.extended(event, facts, n), DELTA).epsilon <= target
-    assert epsilon(start.extended(event, facts, n + 1), DELTA).epsilon > target
+    assert epsilon(start.extended(event, facts, n), DELTA, "rdp").epsilon <= target
+    assert epsilon(start.extended(event, facts, n + 1), DELTA, "rdp").epsilon > target
     # A ledger already over budget allows nothing.
     over = dpsgd_ledger(sigma, q, 10**5)
     assert max_releases(lambda m: over.extended(event, facts, m), target, DELTA) == 0

@@ -1,10 +1,13 @@
 """Planning before training: choose sigma, batch size and rounds from a budget (the pro-active workflow of
-seed 002, Sec. 3.2), side by side for every accountant that applies.
+van Dijk, Nguyen, Nguyen, Nguyen, Nguyen, "Proactive DP: A Multiple Target Optimization Framework for DP-SGD",
+Sec. 3.2), side by side for every accountant that applies. Every plan offered is one its accountant certifies.
 
 - ``proactive``: sigma from eq. (6) at equality, gamma at the fixed point of (B.3), T = ceil(T_min) with
-  T_min = gamma theta^2 k^2 / eps (eq. (8)), s = floor(kN/T); conditions of Thm B.4 checked.
+  T_min = gamma theta^2 k^2 / eps (eq. (8)), s = floor(kN/T), then s stepped down (T = ceil(kN/s) up) until
+  the conditions of Thm B.4 hold for that run (:func:`dptrain.accounting.proactive.certified_batch`).
 - ``rdp`` / ``pld`` (and ``gdp``, approximate): with the same sigma, the largest constant expected batch s
-  (fewest rounds T = ceil(kN/s)) whose Poisson-sampled run the accountant certifies within the budget.
+  (fewest rounds, T = steps_for_epochs(k, s/N)) whose Poisson-sampled run the accountant certifies within the
+  budget.
 The tightest valid plan is the one with the largest batch (fewest rounds), which the paper argues gives the
 best accuracy for a fixed number of gradient computations K = kN.
 """
@@ -14,10 +17,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from dptrain.accounting import accountant_names, epsilon
+from dptrain.accounting import accountant_names, epsilon, steps_for_epochs
 from dptrain.accounting.base import check_delta, check_epsilon
-from dptrain.accounting.ledger import dpsgd_ledger
-from dptrain.accounting.proactive import dp_calculator_simple, plan_proactive, sigma_from_eps
+from dptrain.accounting.ledger import Ledger, dpsgd_ledger
+from dptrain.accounting.proactive import certified_batch, dp_calculator_simple, plan_proactive, sigma_from_eps
 from dptrain.errors import AccountingError, ConfigError
 
 PLAN_ACCOUNTANTS = ("proactive", "rdp", "pld", "gdp")
@@ -34,12 +37,11 @@ def plan_with_accountant(
     eps: float, delta: float, n: int, epochs: float, sigma: float, accountant: str
 ) -> dict:
     """Largest constant expected batch s (fewest rounds) that ``accountant`` certifies within (eps, delta) at
-    noise ``sigma`` for kN gradient computations; epsilon is non-decreasing in s here, so binary search."""
+    noise ``sigma`` for ``epochs`` expected passes over the data; epsilon grows with s here, so binary search
+    (every s kept is one whose own ledger was checked)."""
 
     def spent(s: int) -> float:
-        steps = math.ceil(epochs * n / s)
-        report = epsilon(dpsgd_ledger(sigma, s / n, steps, dataset_size=n), delta, accountant)
-        return report.epsilon
+        return epsilon(plan_ledger(sigma, n, epochs, s), delta, accountant).epsilon
 
     if spent(1) > eps:
         raise AccountingError(
@@ -52,8 +54,9 @@ def plan_with_accountant(
             good = mid
         else:
             bad = mid
-    steps = math.ceil(epochs * n / good)
-    report = epsilon(dpsgd_ledger(sigma, good / n, steps, dataset_size=n), delta, accountant)
+    ledger = plan_ledger(sigma, n, epochs, good)
+    report = epsilon(ledger, delta, accountant)
+    steps = ledger.releases
     return {
         "accountant": accountant,
         "epsilon": report.epsilon,
@@ -66,6 +69,11 @@ def plan_with_accountant(
         "valid": True,
         "certified": report.certified,
     }
+
+
+def plan_ledger(sigma: float, n: int, epochs: float, batch: int) -> Ledger:
+    """The ledger of a plan: Poisson-sampled steps of expected batch ``batch`` for ``epochs`` expected passes."""
+    return dpsgd_ledger(sigma, batch / n, steps_for_epochs(epochs, batch / n), dataset_size=n)
 
 
 def plan_budget(
@@ -111,9 +119,25 @@ def plan_budget(
 def plan_from_sigma(
     sigma: float, n: int, epochs: float, theta: float = 1.0, gamma: str = "fixed_point"
 ) -> dict:
-    """The D.4 calculator (delta = 1/N): eps, gamma, T_min, s_max, T_min_asym, s_max_asym for a chosen sigma."""
+    """The D.4 calculator (delta = 1/N): eps, gamma, T_min, s_max, T_min_asym, s_max_asym for a chosen sigma,
+    where the plan offered, (s_max, T_min), is the one Thm B.4 certifies: the calculator's s_max = floor(kN/T_min)
+    stepped down until the conditions hold for T_min = ceil(kN/s_max) whole rounds. ``T_min_theorem`` keeps
+    gamma theta^2 k^2/eps itself."""
     _check(n, epochs)
-    return dp_calculator_simple(sigma, n, epochs, theta, gamma)
+    calc = dp_calculator_simple(sigma, n, epochs, theta, gamma)
+    if calc["s_max"] < 1:
+        return calc  # no plan: more rounds than gradient computations
+    s, steps, report = certified_batch(
+        calc["epsilon"], calc["delta"], sigma, n, epochs, calc["s_max"], theta, gamma
+    )
+    return {
+        **calc,
+        "T_min_theorem": calc["T_min"],
+        "T_min": steps,
+        "s_max": s,
+        "theorem_b4": report.to_dict(),
+        "certified": True,
+    }
 
 
 def plan_to_overrides(plan: dict[str, Any]) -> list[str]:

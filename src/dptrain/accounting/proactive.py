@@ -1,12 +1,12 @@
-"""Proactive DP (seed 002: van Dijk, Nguyen, Nguyen, Nguyen, Nguyen, "Proactive DP: A Multiple Target
+"""Proactive DP (van Dijk, Nguyen, Nguyen, Nguyen, Nguyen, "Proactive DP: A Multiple Target
 Optimization Framework for DP-SGD"): a closed-form (eps, delta) guarantee for Poisson-sampled DP-SGD
 and the calculators that choose sigma, batch size and rounds *before* training.
 
 Notation (paper Sec. 3.1 / Thm B.4): N data set size, T rounds, s_i expected batch size of round i
 (Poisson rate q_i = s_i/N), K = sum_i s_i, k = K/N (epochs), s_bar = K/T, theta = s_max/s_bar.
 
-Where the paper is inconsistent (digest section 6), the default is the certified form and the paper's
-form is available only with ``paper_compat=True``:
+Where the paper is inconsistent (docs/proactive.md, "Our choices where the paper is inconsistent"), the
+default is the certified form and the paper's form is available only with ``paper_compat=True``:
 - eq. (39)/(B.3): the first term of gamma's right-hand side is sigma/(1 - a - 2 sqrt(a)) (what
   1/(1 - u0) with u0 = 2 sqrt(a)/(1 - a) gives; the same derivation reproduces the paper's second
   term exactly), where the paper prints sigma/(1 - sqrt(a))^2, which is smaller. paper_compat uses
@@ -34,6 +34,7 @@ import numpy as np
 
 from dptrain.accounting.base import PrivacyReport, check_delta, register_accountant
 from dptrain.accounting.ledger import Ledger
+from dptrain.accounting.standard import no_finite_epsilon
 from dptrain.errors import AccountingError
 
 E = math.e
@@ -44,22 +45,32 @@ GAMMA_MODES = ("fixed_point", "paper")
 
 
 def sigma_from_eps(eps: float, delta: float, paper_compat: bool = False) -> float:
-    """Eq. (6)/(35): sigma = sqrt(2 (eps + ln(1/delta)) / eps).
+    """Eq. (6)/(35): sigma = sqrt(2 (eps + ln(1/delta)) / eps), rounded up to the float whose eps by
+    :func:`eps_from_sigma` is <= ``eps`` (a plan at equality is then certified within its budget, not 1 ulp over).
 
-    ``paper_compat=True`` gives the experiment tables' sqrt(2 ln(1/delta)/eps) (digest 6.1), which the
+    ``paper_compat=True`` gives the experiment tables' sqrt(2 ln(1/delta)/eps) (no "+eps"), which the
     paper's theorem does not certify; use it only to reproduce Tables 3-8."""
     _positive("eps", eps)
     check_delta(delta)
-    extra = 0.0 if paper_compat else eps
-    return math.sqrt(2 * (extra + math.log(1 / delta)) / eps)
+    if paper_compat:
+        return math.sqrt(2 * math.log(1 / delta) / eps)
+    sigma = math.sqrt(2 * (eps + math.log(1 / delta)) / eps)
+    while eps_from_sigma(sigma, delta) > eps:
+        sigma = math.nextafter(sigma, math.inf)
+    return sigma
 
 
 def eps_from_sigma(sigma: float, delta: float) -> float:
     """Inverse of eq. (6) (written out in App. D.4 step 1): eps = 2 ln(1/delta) / (sigma^2 - 2)."""
     check_delta(delta)
-    if not sigma**2 > 2:
-        raise AccountingError(f"the proactive closed form needs sigma^2 > 2, got sigma = {sigma}")
+    _check_sigma(sigma)
     return 2 * math.log(1 / delta) / (sigma**2 - 2)
+
+
+def _check_sigma(sigma: float) -> None:
+    """Eq. (6) has a finite eps only for sigma^2 > 2: below, the noise is too small for the closed form."""
+    if not sigma**2 > 2:
+        raise no_finite_epsilon("the proactive closed form", f"it needs sigma^2 > 2, got sigma = {sigma:g}")
 
 
 def h(x: float) -> float:
@@ -403,10 +414,39 @@ def dp_calculator_simple(
     }
 
 
+def certified_batch(
+    eps: float,
+    delta: float,
+    sigma: float,
+    n: int,
+    k: float,
+    s_start: int,
+    theta: float = 1.0,
+    gamma_mode: str = "fixed_point",
+) -> tuple[int, int, ConditionReport]:
+    """The largest (mean) batch s <= ``s_start``, run for T = ceil(kN/s) rounds (largest batch theta s), for which
+    Thm B.4 certifies (eps, delta), with the conditions checked for that run: (s, T, report).
+
+    Rounding (s down, T up) makes K = sT exceed kN, which raises the right-hand side of (34), gamma theta^2
+    (K/N)(s_bar/N), and can break it by a hair (sigma = 6.572, N = 50,000, k = 7: s = 800 misses by 0.07%). So s
+    steps down, T up, until every condition holds. Only (32) and (34) improve that way: a failure of (33) or (35)
+    is final."""
+    report = None
+    for s in range(s_start, 0, -1):
+        steps = math.ceil(k * n / s - 1e-9)
+        report = check_theorem_b4(eps, delta, sigma, SampleSizes(n, steps, s * steps, theta * s), gamma_mode)
+        if report.holds:
+            return s, steps, report
+        if {c.name for c in report.failed} - {"(32)", "(34)"}:
+            break
+    why = report.explain_failure() if report else "there is no batch size >= 1 to try"
+    raise AccountingError(f"Thm B.4 certifies no batch size <= {s_start} at eps = {eps:.6g}: {why}")
+
+
 def plan_proactive(eps: float, delta: float, n: int, k: float, theta: float = 1.0) -> dict[str, Any]:
     """The pro-active plan for a target budget (Sec. 3.2 steps 1-3, certified by Thm B.4): sigma by (6) at
-    equality, gamma at the fixed point, T = ceil(T_min), the largest constant batch s = floor(kN/T), then the
-    conditions of Thm B.4 checked for that (s, T)."""
+    equality, gamma at the fixed point, T = ceil(T_min), the largest constant batch s = floor(kN/T) that Thm B.4
+    certifies for T = ceil(kN/s) rounds (:func:`certified_batch`)."""
     sigma = sigma_from_eps(eps, delta)
     gamma = solve_gamma(eps, k, sigma)
     t_min = math.ceil(gamma * theta**2 * k**2 / eps - 1e-9)
@@ -415,16 +455,15 @@ def plan_proactive(eps: float, delta: float, n: int, k: float, theta: float = 1.
         raise AccountingError(
             f"no batch size meets the budget: T_min = {t_min} rounds exceeds kN = {k * n:g}"
         )
-    steps = math.ceil(k * n / s_max)
-    report = check_theorem_b4(eps, delta, sigma, SampleSizes.constant(s_max, steps, n))
+    s, steps, report = certified_batch(eps, delta, sigma, n, k, s_max)
     return {
         "epsilon": eps,
         "delta": delta,
         "noise_multiplier": sigma,
         "gamma": gamma,
         "T_min": steps,
-        "s_max": s_max,
-        "sampling_rate": s_max / n,
+        "s_max": s,
+        "sampling_rate": s / n,
         "theorem_b4": report.to_dict(),
         "valid": report.holds,
     }
@@ -532,6 +571,7 @@ def _ledger_sizes(ledger: Ledger) -> tuple[float, int, list[tuple[float, int]]]:
                 f"the proactive accountant covers Poisson-sampled Gaussian DP-SGD steps only "
                 f"(App. B.2.1, footnote 14), not {type(ev).__name__}"
             )
+        _check_sigma(ev.event.noise_multiplier)
         n = e.facts.get("dataset_size")
         if not n:
             raise AccountingError("the proactive accountant needs the data set size in the ledger facts")
@@ -549,7 +589,9 @@ def _ledger_sizes(ledger: Ledger) -> tuple[float, int, list[tuple[float, int]]]:
 
 class ProactiveAccountant:
     name = "proactive"
-    description = "closed-form bound of Proactive DP (seed 002): Thm B.4, Thm B.2 for varying batch sizes"
+    description = (
+        "closed-form bound of Proactive DP (van Dijk et al.): Thm B.4, Thm B.2 for varying batch sizes"
+    )
 
     def report(self, ledger: Ledger, delta: float) -> PrivacyReport:
         sigma, n, runs = _ledger_sizes(ledger)

@@ -2,8 +2,9 @@
 
 - ``rdp``: Renyi DP of the (sub)sampled Gaussian, Mironov 2017 / Mironov, Talwar, Zhang 2019,
   converted to (epsilon, delta) with the conversion implemented in dp_accounting's RdpAccountant.
-- ``pld``: privacy loss distributions (Koskela et al. 2020; Doroshenko et al. 2022), dp_accounting's
-  PLDAccountant with a pessimistic discretization, so the epsilon it returns is an upper bound.
+- ``pld``: privacy loss distributions (Koskela et al. 2020; Doroshenko et al. 2022): dp_accounting's PLDs with a
+  pessimistic discretization, so the epsilon it returns is an upper bound, composed as its PLDAccountant does, on
+  a grid coarse enough to fit in memory (details["discretization"]).
 """
 
 from __future__ import annotations
@@ -12,25 +13,80 @@ import contextlib
 import logging
 import math
 
-from dp_accounting.pld import pld_privacy_accountant
+import dp_accounting as dpa
+from dp_accounting.pld import common, pld_pmf, privacy_loss_distribution, privacy_loss_mechanism
 from dp_accounting.rdp import rdp_privacy_accountant
+from scipy import stats
 
 from dptrain.accounting.base import PrivacyReport, register_accountant
-from dptrain.accounting.ledger import Ledger
+from dptrain.accounting.ledger import NEIGHBORING, Ledger
 from dptrain.errors import AccountingError
+
+#: Epsilons above this guarantee nothing (e^epsilon overflows a float from 710 on); every accountant reports them
+#: as "no finite epsilon", the refusal calibration treats as infinity (its search caps epsilon at the same value).
+EPSILON_MAX = 1e6
+
+
+def no_finite_epsilon(who: str, why: str) -> AccountingError:
+    """The one refusal when the noise is too small for a finite epsilon (calibration matches "no finite epsilon")."""
+    return AccountingError(
+        f"the noise is too small for a finite epsilon: {who} found no finite epsilon ({why})"
+    )
+
+
+def finite_epsilon(eps: float, accountant: str) -> float:
+    """``eps`` as a float, or :func:`no_finite_epsilon` when it is infinite, NaN or above EPSILON_MAX."""
+    if not eps <= EPSILON_MAX:
+        value = f" ({eps:.3g})" if math.isfinite(eps) else ""
+        raise no_finite_epsilon(f"the {accountant} accountant", f"its bound is above {EPSILON_MAX:g}{value}")
+    return float(eps)
+
+
+#: Below this noise multiplier one Gaussian release's privacy loss, 1/(2 sigma^2) at its mean, is above EPSILON_MAX
+#: (sigma = 7.07e-4); far below it (sigma ~ 1e-150) dp_accounting's RDP overflows and returns 0.
+SIGMA_FLOOR = (2 * EPSILON_MAX) ** -0.5
+#: Above this, dp_accounting's RDP overflows computing sigma^2 log(1/q) (from about 1e152).
+SIGMA_CEILING = 1e150
+
+
+def check_noise(ledger: Ledger, accountant: str) -> None:
+    """Refuse a ledger with a Gaussian release whose noise multiplier is below SIGMA_FLOOR (:func:`no_finite_epsilon`)
+    or above SIGMA_CEILING, before any accountant computes with it."""
+    for entry in ledger.entries:
+        event = entry.event
+        while not isinstance(event, dpa.GaussianDpEvent) and hasattr(event, "event"):
+            event = event.event  # the Gaussian inside a sampled release
+        if not isinstance(event, dpa.GaussianDpEvent):
+            continue
+        sigma = event.noise_multiplier
+        if not sigma >= SIGMA_FLOOR:
+            raise no_finite_epsilon(
+                f"the {accountant} accountant",
+                f"noise multiplier {sigma:g} < {SIGMA_FLOOR:.3g}: one release's privacy loss 1/(2 sigma^2) is "
+                f"above {EPSILON_MAX:g}",
+            )
+        if sigma > SIGMA_CEILING:
+            raise AccountingError(
+                f"the {accountant} accountant cannot compute with noise multiplier {sigma:g} (above "
+                f"{SIGMA_CEILING:g}, its arithmetic overflows); any smaller sigma above 1e6 already gives epsilon ~ 0"
+            )
 
 
 def _compose(accountant, ledger: Ledger, name: str):
     event = ledger.dp_event()
     if not accountant.supports(event):
-        schemes = sorted({str(e.facts.get("sampling", "?")) for e in ledger.entries})
-        raise AccountingError(
-            f"the {name} accountant cannot certify this ledger (events {type(event).__name__}, sampling "
-            f"{', '.join(schemes)}, {ledger.neighboring} adjacency); it covers Gaussian releases, Poisson-sampled"
-            " ones (add/remove adjacency) and fixed-size samples without replacement (replace-one adjacency)"
-        )
+        raise _not_covered(ledger, name)
     accountant.compose(event)
     return accountant
+
+
+def _not_covered(ledger: Ledger, name: str) -> AccountingError:
+    schemes = sorted({str(e.facts.get("sampling", "?")) for e in ledger.entries})
+    return AccountingError(
+        f"the {name} accountant cannot certify this ledger (events {type(ledger.dp_event()).__name__}, sampling "
+        f"{', '.join(schemes)}, {ledger.neighboring} adjacency); it covers Gaussian releases, Poisson-sampled"
+        " ones (add/remove adjacency) and fixed-size samples without replacement (replace-one adjacency)"
+    )
 
 
 @contextlib.contextmanager
@@ -48,8 +104,8 @@ def quiet_absl():
 
 
 #: dp_accounting's default orders jump 64 -> 128 -> 256 -> 512 and stop there; small-epsilon, large-sigma runs
-#: (seed 002's settings) have their optimum in those gaps or beyond, so we fill them. Any set of orders gives a
-#: valid bound; a denser set, a tighter one.
+#: (the settings of van Dijk et al., "Proactive DP") have their optimum in those gaps or beyond, so we fill them.
+#: Any set of orders gives a valid bound; a denser set, a tighter one.
 _EXTRA_ORDERS = (
     80,
     96,
@@ -79,41 +135,201 @@ class RdpAccountant:
     description = "Renyi DP of the subsampled Gaussian (dp_accounting RdpAccountant)"
 
     def report(self, ledger: Ledger, delta: float) -> PrivacyReport:
+        check_noise(ledger, self.name)
         acc = rdp_privacy_accountant.RdpAccountant(
             RDP_ORDERS, neighboring_relation=ledger.neighboring_relation
         )
         with quiet_absl():
             _compose(acc, ledger, self.name)
             eps, order = acc.get_epsilon_and_optimal_order(delta)
-        if not math.isfinite(eps):
-            raise AccountingError(
-                "the rdp accountant found no finite epsilon for this ledger (noise too small)"
-            )
-        return PrivacyReport(float(eps), delta, self.name, True, {"optimal_order": float(order)})
+        return PrivacyReport(
+            finite_epsilon(eps, self.name), delta, self.name, True, {"optimal_order": float(order)}
+        )
+
+
+# --- the pld accountant: dp_accounting's PLDs on a grid that fits ---------------------------------------------
+#
+# dp_accounting composes T Poisson-sampled Gaussian steps by raising the FFT of one step's discretized PLD to the
+# T-th power, on a grid as wide as its Chernoff bound on the composed losses: about 5.7e7 points per PMF for
+# 10^9 steps at sigma = 1.1, q = 0.004 and the interval 1e-4 (4.5 GB peak, 107 s); it builds one step's PMF
+# point by point (about 7 microseconds each). The pessimistic connect-the-dots discretization (Doroshenko, Ghazi,
+# Kamath, Kumar, Manurangsi, "Connect the Dots: Tighter Discrete Approximations of Privacy Loss Distributions",
+# PETS 2022, Algorithm 1) dominates the mechanism at any interval, so epsilon stays an upper bound; a coarser
+# interval is looser. So the ledger is composed here, with dp_accounting's PLDs and exactly the calls its
+# PLDAccountant makes, at the interval 1e-4 (or the one given) doubled until every PMF fits the bounds below;
+# each size is known before anything that large is allocated (dp_accounting's own Chernoff bound).
+
+PLD_INTERVAL = 1e-4
+#: Points of a composed PMF: about 110 bytes each at the peak of a composition (both PMFs of a Poisson run, FFT
+#: buffers included), so at most ~0.5 GB.
+PLD_MAX_POINTS = 2**22
+#: Points of one release's PMF (built point by point: ~4 s at this size). Ledgers with sigma >= 0.3 stay at 1e-4.
+PLD_MAX_STEP_POINTS = 2**19
+#: A coarser grid bounds nothing useful (and dp_accounting overflows computing e^interval from 710 on).
+PLD_MAX_INTERVAL = 1.0
+_TAIL_MASS = 1e-15  # dp_accounting's tail_mass_truncation when composing
+_SHIFT = {"add_or_remove_one": 1, "replace_one": 2}  # distance between the two Gaussians' means
+#: Where dp_accounting truncates a Gaussian of std 1: its tails beyond hold 0.5 e^-50 each (log_mass_truncation_bound).
+_Z = float(stats.norm.isf(0.5 * math.exp(-50)))
+_ADJACENCIES = {  # the PMFs dp_accounting builds for one Gaussian release under each neighbouring relation
+    "add_or_remove_one": (
+        privacy_loss_mechanism.AdjacencyType.REMOVE,
+        privacy_loss_mechanism.AdjacencyType.ADD,
+    ),
+    "replace_one": (privacy_loss_mechanism.AdjacencyType.REPLACE,),
+}
+
+PLD = privacy_loss_distribution.PrivacyLossDistribution
 
 
 class PldAccountant:
     name = "pld"
     facts_used = ()  # events and adjacency only
-    description = "privacy loss distributions, pessimistic discretization (dp_accounting PLDAccountant)"
+    description = "privacy loss distributions, pessimistic discretization (dp_accounting PLDs)"
 
-    def __init__(self, value_discretization_interval: float = 1e-4):
+    def __init__(self, value_discretization_interval: float = PLD_INTERVAL):
         self.value_discretization_interval = value_discretization_interval
 
     def report(self, ledger: Ledger, delta: float) -> PrivacyReport:
-        acc = pld_privacy_accountant.PLDAccountant(
-            neighboring_relation=ledger.neighboring_relation,
-            value_discretization_interval=self.value_discretization_interval,
+        check_noise(ledger, self.name)
+        releases = _pld_releases(ledger)
+        interval = self.value_discretization_interval
+        while True:
+            composed, excess = _compose_pld(releases, interval, ledger.neighboring)
+            if composed is not None:
+                break
+            interval *= 2 ** math.ceil(math.log2(excess))
+            if interval > PLD_MAX_INTERVAL:
+                raise AccountingError(
+                    f"the pld accountant cannot compose these {ledger.releases} releases in bounded memory (even "
+                    f"the discretization interval {PLD_MAX_INTERVAL:g} would need more than {PLD_MAX_POINTS} "
+                    "points); use rdp"
+                )
+        eps = finite_epsilon(composed.get_epsilon_for_delta(delta), self.name)
+        return PrivacyReport(eps, delta, self.name, True, {"discretization": interval})
+
+
+def _pld_releases(ledger: Ledger) -> list[tuple[float, float | None, int]]:
+    """(sigma, q, count) per entry, q = None for unsampled Gaussian releases; refuses what it does not cover
+    (Poisson sampling is covered under add/remove adjacency only, as in dp_accounting's PLDAccountant)."""
+    out = []
+    for e in ledger.entries:
+        ev = e.event
+        if isinstance(ev, dpa.GaussianDpEvent):
+            out.append((ev.noise_multiplier, None, e.count))
+        elif (
+            isinstance(ev, dpa.PoissonSampledDpEvent)
+            and isinstance(ev.event, dpa.GaussianDpEvent)
+            and ledger.neighboring == "add_or_remove_one"
+        ):
+            if ev.sampling_probability > 0:  # q = 0 releases nothing
+                out.append((ev.event.noise_multiplier, ev.sampling_probability, e.count))
+        else:
+            raise _not_covered(ledger, "pld")
+    return out
+
+
+def _compose_pld(
+    releases: list[tuple[float, float | None, int]], interval: float, neighboring: str
+) -> tuple[PLD | None, float]:
+    """(the composed PLD, 0) at ``interval``, as dp_accounting's PLDAccountant composes it: ``count`` unsampled
+    Gaussian releases as one Gaussian of std sigma/sqrt(count), ``count`` Poisson-sampled ones by self-composing
+    one step. Or (None, excess) as soon as a PMF would be ``excess`` (> 1) times larger than its bound: one step
+    beyond PLD_MAX_STEP_POINTS (known before it is built), the composition beyond PLD_MAX_POINTS (known from
+    dp_accounting's Chernoff bound before the FFT)."""
+    composed = privacy_loss_distribution.identity(value_discretization_interval=interval)
+    for sigma, q, count in releases:
+        std, prob = (sigma / math.sqrt(count), 1.0) if q is None else (sigma, q)
+        # An unsampled Gaussian release's noise multiplier is its std over its sensitivity under the ledger's own
+        # adjacency (for replace-one, the projected ledgers record sigma b / (2L)): its PLD is the add/remove
+        # one at that multiplier, whatever the adjacency. dp_accounting's REPLACE_ONE Gaussian PLD instead reads the
+        # multiplier per element and shifts by twice it, which would charge such ledgers twice (rdp and gdp read
+        # the multiplier as we record it).
+        adjacency = neighboring if q is not None else "add_or_remove_one"
+        relation = NEIGHBORING[adjacency]
+        step_points = _step_points(std, prob, interval, adjacency)
+        if step_points > PLD_MAX_STEP_POINTS:
+            return None, step_points / PLD_MAX_STEP_POINTS
+        step = privacy_loss_distribution.from_gaussian_mechanism(
+            std, value_discretization_interval=interval, sampling_prob=prob, neighboring_relation=relation
         )
-        _compose(acc, ledger, self.name)
-        eps = acc.get_epsilon(delta)
-        if not math.isfinite(eps):
-            raise AccountingError(
-                "the pld accountant found no finite epsilon for this ledger (noise too small)"
+        if q is not None:
+            step = _densified(step, count)
+        points = _points(composed) + (_points(step) if q is None else _self_composed_points(step, count))
+        if points > PLD_MAX_POINTS:
+            return None, points / PLD_MAX_POINTS
+        composed = composed.compose(step if q is None else step.self_compose(count))
+    return composed, 0.0
+
+
+def _step_points(std: float, prob: float, interval: float, neighboring: str) -> int:
+    """Points (at most) of the one-release PMF dp_accounting builds: its connect-the-dots range [epsilon_lower,
+    epsilon_upper] on the grid. A range passing EPSILON_MAX gives no finite epsilon: refused before it is built.
+
+    dp_accounting truncates the noise at +-_Z std around the two means, d = 1 apart (add/remove) or 2 (replace),
+    where the loss stays within +-d (2 _Z std + d)/(2 std^2) (sampling only shrinks it: checked against its exact
+    range over sigma in [7e-4, 1e8], q in [1e-12, 1]); when that fits, it stands in for dp_accounting's exact
+    range (about 2 ms a release, which long ledgers of distinct steps feel).
+    """
+    d = _SHIFT[neighboring]
+    bound = 1.001 * d * (2 * _Z * std + d) / (2 * std * std)
+    if bound <= EPSILON_MAX and 2 * bound / interval + 2 <= PLD_MAX_STEP_POINTS:
+        return math.ceil(2 * bound / interval) + 2
+    points = 0
+    for adjacency in _ADJACENCIES[neighboring]:
+        bounds = privacy_loss_mechanism.GaussianPrivacyLoss(
+            std, sampling_prob=prob, adjacency_type=adjacency
+        ).connect_dots_bounds()
+        reach = max(abs(bounds.epsilon_lower), abs(bounds.epsilon_upper))
+        if not reach <= EPSILON_MAX:
+            raise no_finite_epsilon(
+                "the pld accountant",
+                f"its privacy loss distribution reaches {reach:.3g}, above {EPSILON_MAX:g}",
             )
-        return PrivacyReport(
-            float(eps), delta, self.name, True, {"discretization": self.value_discretization_interval}
-        )
+        lower, upper = math.floor(bounds.epsilon_lower / interval), math.ceil(bounds.epsilon_upper / interval)
+        points = max(points, upper - lower + 1)
+    return points
+
+
+# dp_accounting 0.6.0 (pinned) keeps a PLD's two PMFs in _pmf_remove / _pmf_add and a dense PMF's values in _probs.
+#: dp_accounting keeps a PMF of at most this many points sparse (pld_pmf._MAX_PMF_SPARSE_SIZE).
+_SPARSE_POINTS = 1000
+
+
+def _pmfs(pld: PLD) -> list:
+    return [pld._pmf_remove] if pld._pmf_add is pld._pmf_remove else [pld._pmf_remove, pld._pmf_add]
+
+
+def _points(pld: PLD) -> int:
+    return max(p.size for p in _pmfs(pld))
+
+
+def _densified(step: PLD, count: int) -> PLD:
+    """``step`` with each PMF that dp_accounting would self-compose densely anyway made dense first: it turns a sparse
+    PMF dense when size**count > _SPARSE_POINTS, after computing size**count as a Python integer (minutes for 10^7
+    steps of 72 points). Converting first gives the same PLD without that integer."""
+
+    def dense(pmf):
+        return pmf.to_dense_pmf() if count * math.log(pmf.size) > math.log(_SPARSE_POINTS) else pmf
+
+    if step._pmf_add is step._pmf_remove:
+        return PLD(dense(step._pmf_remove))
+    return PLD(dense(step._pmf_remove), dense(step._pmf_add))
+
+
+def _self_composed_points(step: PLD, count: int) -> int:
+    """Points of ``step`` self-composed ``count`` times: dp_accounting's Chernoff bound on the composed losses for a
+    dense PMF; a sparse one stays at most _SPARSE_POINTS (see :func:`_densified`)."""
+    if count == 1:
+        return _points(step)
+    sizes = []
+    for pmf in _pmfs(step):
+        if isinstance(pmf, pld_pmf.DensePLDPmf):
+            lower, upper = common.compute_self_convolve_bounds(pmf._probs, count, _TAIL_MASS)
+            sizes.append(upper - lower + 1)
+        else:
+            sizes.append(_SPARSE_POINTS)
+    return max(sizes)
 
 
 register_accountant(RdpAccountant())

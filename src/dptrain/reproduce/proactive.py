@@ -39,6 +39,7 @@ from dptrain.accounting.gdp import gdp_epsilon, mu_uniform_clt
 from dptrain.accounting.proactive import dp_calculator_simple, plan_proactive
 from dptrain.engine import make_private
 from dptrain.errors import AccountingError
+from dptrain.planner import plan_from_sigma
 from dptrain.reproduce import json_default, md_table, single_thread
 
 __all__ = ["OWN_SETTINGS", "PAPER_TABLES", "run"]
@@ -118,7 +119,7 @@ def tables_9_11() -> list[dict[str, Any]]:
     for p in PAPER_TABLES:
         sigma, n, k = p["sigma"], p["n"], p["k"]
         paper = dp_calculator_simple(sigma, n, k, gamma_mode="paper")
-        fixed = dp_calculator_simple(sigma, n, k, gamma_mode="fixed_point")
+        fixed = plan_from_sigma(sigma, n, k)  # gamma at its fixed point, s rounded until Thm B.4 holds
         s, s_asym = paper["s_max"], paper["s_max_asym"]
         eps_fdp = fdp_epsilon(sigma, n, k, s)
         eps_fdp_asym = fdp_epsilon(sigma, n, k, s_asym)
@@ -468,7 +469,7 @@ def logistic_experiment(quick: bool) -> dict[str, Any]:
     n, k = (2000, 2) if quick else (10_000, 5)
     seeds = [0] if quick else [0, 1, 2, 3, 4]
     sigma, clip = EXPERIMENT["sigma"], EXPERIMENT["clip"]
-    calc_fp = dp_calculator_simple(sigma, n, k)  # certified: gamma at its fixed point (Thm B.4)
+    calc_fp = plan_from_sigma(sigma, n, k)  # certified: gamma at its fixed point, Thm B.4 checked after rounding
     calc_paper = dp_calculator_simple(sigma, n, k, gamma_mode="paper")
     if quick:
         sizes = sorted({5, calc_fp["s_max"]})
@@ -722,7 +723,7 @@ def utility_graph_section(exp_quick: bool, out_dir: Path) -> dict[str, Any]:
     from dptrain.utility_graph import accuracy_evaluator, noise_free_trainer, utility_graph
 
     n, k = (2000, 2) if exp_quick else (10_000, 5)
-    s = dp_calculator_simple(EXPERIMENT["sigma"], n, k)["s_max"]
+    s = plan_from_sigma(EXPERIMENT["sigma"], n, k)["s_max"]
     data = load_dataset("fashion-mnist")
     train, test = _binary_subset(data.train, n), _binary_subset(data.test, None)
     clips = [0.1] if exp_quick else [0.075, 0.1]
