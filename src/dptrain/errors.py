@@ -21,6 +21,10 @@ class AccountingError(DPTrainError, ValueError):
     """An accountant cannot certify what it was asked to (it refuses instead of guessing)."""
 
 
+class NoFiniteEpsilon(AccountingError):
+    """The noise is too small for any finite epsilon (calibration reads this as epsilon = infinity)."""
+
+
 class BudgetExhausted(DPTrainError):
     """The privacy budget does not allow even one more release."""
 

@@ -23,9 +23,11 @@ from dptrain.accounting.base import (
     epsilon,
 )
 from dptrain.accounting.ledger import Ledger, dpsgd_ledger
-from dptrain.errors import AccountingError
+from dptrain.errors import AccountingError, NoFiniteEpsilon
 
-SIGMA_MIN, SIGMA_MAX = 1e-2, 1e4
+#: The bracket search for sigma stays in [SIGMA_MIN, SIGMA_MAX]. sigma is whatever the ledger maps to a release: a
+#: noise multiplier, or the noise std on an averaged gradient (projected noisy SGD), which can be far below 1e-2.
+SIGMA_MIN, SIGMA_MAX = 1e-8, 1e4
 
 
 @dataclass(frozen=True)
@@ -90,10 +92,8 @@ def calibrate_noise(
     def eps(sigma: float) -> float:
         try:
             return spend(ledger_for_sigma(sigma), delta, accountant).epsilon
-        except AccountingError as e:
-            if "no finite epsilon" in str(e):
-                return math.inf
-            raise
+        except NoFiniteEpsilon:
+            return math.inf
 
     hi = start
     while eps(hi) > target_epsilon:
@@ -146,7 +146,12 @@ def max_releases(
 
     def fits(n: int) -> bool:
         ledger = ledger_after(n)
-        return ledger.releases == 0 or certified_epsilon(ledger, delta, accountant).epsilon <= target_epsilon
+        if ledger.releases == 0:
+            return True
+        try:
+            return certified_epsilon(ledger, delta, accountant).epsilon <= target_epsilon
+        except NoFiniteEpsilon:
+            return False
 
     if not fits(0):
         return 0

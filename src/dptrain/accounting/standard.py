@@ -20,16 +20,16 @@ from scipy import stats
 
 from dptrain.accounting.base import PrivacyReport, register_accountant
 from dptrain.accounting.ledger import NEIGHBORING, Ledger
-from dptrain.errors import AccountingError
+from dptrain.errors import AccountingError, NoFiniteEpsilon
 
 #: Epsilons above this guarantee nothing (e^epsilon overflows a float from 710 on); every accountant reports them
-#: as "no finite epsilon", the refusal calibration treats as infinity (its search caps epsilon at the same value).
+#: as NoFiniteEpsilon, the refusal calibration treats as infinity (its search caps epsilon at the same value).
 EPSILON_MAX = 1e6
 
 
-def no_finite_epsilon(who: str, why: str) -> AccountingError:
-    """The one refusal when the noise is too small for a finite epsilon (calibration matches "no finite epsilon")."""
-    return AccountingError(
+def no_finite_epsilon(who: str, why: str) -> NoFiniteEpsilon:
+    """The one refusal when the noise is too small for a finite epsilon (calibration reads it as infinity)."""
+    return NoFiniteEpsilon(
         f"the noise is too small for a finite epsilon: {who} found no finite epsilon ({why})"
     )
 

@@ -6,3 +6,6 @@ it computes an epsilon lower bound that holds with a stated confidence.
 :mod:`dptrain.auditing.canaries` draws and inserts the canaries, :mod:`dptrain.auditing.runner` audits a
 configuration in one run (``dptrain audit``).
 """
+
+#: Canary kinds (:mod:`dptrain.auditing.canaries`): white-box Dirac gradients, or black-box examples.
+KINDS = ("gradient", "input")

@@ -26,12 +26,11 @@ from collections.abc import Callable, Iterator
 
 import torch
 
+from dptrain.auditing import KINDS
 from dptrain.data import ArrayDataset
 from dptrain.errors import ConfigError
 from dptrain.per_example import PerExampleGrads
 from dptrain.randomness import Stream
-
-KINDS = ("gradient", "input")
 
 #: Seed of the public generator of the canaries' coordinates, inputs and labels (not secret: the auditor
 #: recomputes them; only the inclusion bits are secret).

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from dptrain.auditing.canaries import KINDS
+from dptrain.auditing import KINDS
 from dptrain.errors import ConfigError
 
 #: Exit code when the lower bound exceeds the certificate.
