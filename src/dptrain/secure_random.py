@@ -61,19 +61,19 @@ class SecureStream:
         self._blocks += blocks
         return np.frombuffer(data, dtype=np.uint64, count=count)
 
-    def _unit(self, count: int, open_at_zero: bool = False) -> np.ndarray:
+    def _unit(self, count: int, open_at_zero: bool = False) -> torch.Tensor:
         """float64 uniforms k * 2^-53: on [0, 1), or on (0, 1] with ``open_at_zero``."""
-        k = (self.words(count) >> np.uint64(11)).astype(np.float64)
+        k = torch.from_numpy((self.words(count) >> np.uint64(11)).astype(np.float64))
         return (k + 1.0 if open_at_zero else k) * _2_POW_M53
 
-    def _normals64(self, count: int) -> np.ndarray:
-        """``count`` standard normals, float64, Box-Muller (two per pair of uniforms)."""
+    def _normals64(self, count: int) -> torch.Tensor:
+        """``count`` standard normals, float64, Box-Muller (two per pair of uniforms; torch's vectorized math)."""
         pairs = (count + 1) // 2
-        radius = np.sqrt(-2.0 * np.log(self._unit(pairs, open_at_zero=True)))
+        radius = torch.sqrt(-2.0 * torch.log(self._unit(pairs, open_at_zero=True)))
         angle = _TWO_PI * self._unit(pairs)
-        return np.concatenate([radius * np.cos(angle), radius * np.sin(angle)])[:count]
+        return torch.cat([radius * torch.cos(angle), radius * torch.sin(angle)])[:count]
 
-    def _noise64(self, count: int) -> np.ndarray:
+    def _noise64(self, count: int) -> torch.Tensor:
         """Unit-variance noise as the sum of SUMMED_DRAWS normals / sqrt(SUMMED_DRAWS) (module docstring)."""
         draws = self._normals64(SUMMED_DRAWS * count).reshape(SUMMED_DRAWS, count)
         return draws.sum(0) / math.sqrt(SUMMED_DRAWS)
@@ -81,14 +81,14 @@ class SecureStream:
     # -- the Stream interface ------------------------------------------------------------------------------
     def uniform(self, shape, dtype=torch.float64):
         n = math.prod(shape) if isinstance(shape, tuple | list) else int(shape)
-        return torch.from_numpy(self._unit(n)).reshape(shape).to(dtype)
+        return self._unit(n).reshape(shape).to(dtype)
 
     def normal(self, shape, dtype=torch.float32):
         n = math.prod(shape) if isinstance(shape, tuple | list) else int(shape)
-        return torch.from_numpy(self._noise64(n)).reshape(shape).to(dtype)
+        return self._noise64(n).reshape(shape).to(dtype)
 
     def add_gaussian(self, x, std):
-        noise = torch.from_numpy(self._noise64(x.numel())).reshape(x.shape).to(x.device)
+        noise = self._noise64(x.numel()).reshape(x.shape).to(x.device)
         return (x.to(torch.float64) + std * noise).to(x.dtype)
 
     def integers(self, low, high):
