@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 
@@ -160,6 +161,8 @@ class RdpAccountant:
 # each size is known before anything that large is allocated (dp_accounting's own Chernoff bound).
 
 PLD_INTERVAL = 1e-4
+#: The interval of :meth:`PldAccountant.for_search` (calibration's search; its answer is checked at PLD_INTERVAL).
+PLD_SEARCH_INTERVAL = 1e-3
 #: Points of a composed PMF: about 110 bytes each at the peak of a composition (both PMFs of a Poisson run, FFT
 #: buffers included), so at most ~0.5 GB.
 PLD_MAX_POINTS = 2**22
@@ -189,6 +192,12 @@ class PldAccountant:
 
     def __init__(self, value_discretization_interval: float = PLD_INTERVAL):
         self.value_discretization_interval = value_discretization_interval
+
+    def for_search(self) -> PldAccountant:
+        """A faster pld for calibration searches: the interval PLD_SEARCH_INTERVAL (10x coarser, about 10x faster;
+        epsilon within 2e-4 of this one's on DP-SGD ledgers of 234 to 14,062 steps). Calibration then checks its
+        answer with this accountant, so what it returns is certified at the fine interval."""
+        return PldAccountant(max(self.value_discretization_interval, PLD_SEARCH_INTERVAL))
 
     def report(self, ledger: Ledger, delta: float) -> PrivacyReport:
         check_noise(ledger, self.name)
@@ -250,9 +259,7 @@ def _compose_pld(
         step_points = _step_points(std, prob, interval, adjacency)
         if step_points > PLD_MAX_STEP_POINTS:
             return None, step_points / PLD_MAX_STEP_POINTS
-        step = privacy_loss_distribution.from_gaussian_mechanism(
-            std, value_discretization_interval=interval, sampling_prob=prob, neighboring_relation=relation
-        )
+        step = _gaussian_step(std, prob, interval, relation)
         if q is not None:
             step = _densified(step, count)
         points = _points(composed) + (_points(step) if q is None else _self_composed_points(step, count))
@@ -260,6 +267,16 @@ def _compose_pld(
             return None, points / PLD_MAX_POINTS
         composed = composed.compose(step if q is None else step.self_compose(count))
     return composed, 0.0
+
+
+@functools.lru_cache(maxsize=32)
+def _gaussian_step(std: float, prob: float, interval: float, relation) -> PLD:
+    """One (sub)sampled Gaussian release's PLD, memoized: building it point by point is most of an epsilon
+    evaluation (about 2 s at sigma = 0.59, q = 0.004, interval 1e-4), and a run asks for the epsilon of the same
+    step after more and more steps. PLD objects are not modified by composing them."""
+    return privacy_loss_distribution.from_gaussian_mechanism(
+        std, value_discretization_interval=interval, sampling_prob=prob, neighboring_relation=relation
+    )
 
 
 def _step_points(std: float, prob: float, interval: float, neighboring: str) -> int:
