@@ -87,7 +87,7 @@ def test_accountants_refuse_what_they_cannot_certify():
     # RDP and PLD do not cover it under add/remove, and must refuse rather than return a number.
     ledger = Ledger()
     event = gaussian_step_event(1.0, "fixed_size_without_replacement", dataset_size=1000, batch_size=10)
-    ledger.record(event, step_facts("fixed_size_without_replacement", 1.0, 0.01), 100)
+    ledger.record(event, step_facts("fixed_size_without_replacement", 0.01), 100)
     for name in ("rdp", "pld"):
         with pytest.raises(AccountingError, match=f"the {name} accountant cannot certify this ledger"):
             epsilon(ledger, DELTA, name)
@@ -111,8 +111,8 @@ def test_bad_delta_and_noise_are_refused():
 
 def test_ledger_merges_identical_steps_and_round_trips_json(tmp_path):
     ledger = Ledger()
-    e1, f1 = gaussian_step_event(1.0, "poisson", sampling_rate=0.01), step_facts("poisson", 1.0, 0.01)
-    e2, f2 = gaussian_step_event(2.0, "poisson", sampling_rate=0.01), step_facts("poisson", 2.0, 0.01)
+    e1, f1 = gaussian_step_event(1.0, "poisson", sampling_rate=0.01), step_facts("poisson", 0.01)
+    e2, f2 = gaussian_step_event(2.0, "poisson", sampling_rate=0.01), step_facts("poisson", 0.01)
     for _ in range(5):
         ledger.record(e1, f1)
     ledger.record(e2, f2, count=3)
@@ -163,7 +163,7 @@ def test_calibration_refuses_unreachable_budget():
 def test_max_releases_is_the_exact_boundary():
     q, sigma, target = 0.02, 1.0, 2.0
     event = gaussian_step_event(sigma, "poisson", sampling_rate=q)
-    facts = step_facts("poisson", sigma, q)
+    facts = step_facts("poisson", q)
     start = dpsgd_ledger(sigma, q, 10)
     n = max_releases(lambda m: start.extended(event, facts, m), target, DELTA, "rdp")
     assert epsilon(start.extended(event, facts, n), DELTA, "rdp").epsilon <= target

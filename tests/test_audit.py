@@ -14,7 +14,6 @@ import pytest
 import torch
 
 from dptrain import engine
-from dptrain import last_iterate as last_iterate_module
 from dptrain.auditing import runner as runner_module
 from dptrain.auditing.canaries import (
     ReleasedCoordinates,
@@ -24,7 +23,7 @@ from dptrain.auditing.canaries import (
     with_canaries,
 )
 from dptrain.auditing.cli import add_parser, cmd_audit
-from dptrain.auditing.runner import GLMWithCanaries, audit_run
+from dptrain.auditing.runner import audit_run
 from dptrain.clipping import FlatClipping
 from dptrain.config import config_from_dict
 from dptrain.errors import ConfigError
@@ -140,7 +139,7 @@ def test_projected_audit_below_last_iterate_certificate(monkeypatch):
     assert r["epsilon_lower_bound"] <= r["epsilon_certified"], r
     # Scored on w_T alone, a 10x noise bug stays inside the last-iterate bound's slack for this audit; a 100x one
     # does not: the canaries do reach the last iterate.
-    noise_divided_by(monkeypatch, last_iterate_module, 100)
+    noise_divided_by(monkeypatch, engine, 100)
     broken = audit_run(config, canaries=M)
     assert broken["epsilon_lower_bound"] > broken["epsilon_certified"], broken
 
@@ -236,22 +235,29 @@ def test_scored_gradient_is_the_released_update():
     torch.testing.assert_close(released.total.float(), (before - after) / 0.3, rtol=1e-4, atol=1e-5)
 
 
-def test_projected_canary_gradient_is_added_to_the_full_batch_sum():
-    glm = ConvexGLM("logistic", 1.0, l2=0.1)
-    torch.manual_seed(0)
-    x = glm.prepare_features(torch.randn(7, 3))  # 5 real rows, then 2 canary rows
-    y = glm.prepare_labels(torch.tensor([0, 1, 1, 0, 1, 0, 0]))
-    w = torch.randn(4, dtype=torch.float64)
-    canary_sum = torch.tensor([0.0, 2.0, 0.0, 2.0], dtype=torch.float64)
-    rows = torch.tensor([True] * 5 + [False, False])  # gradient canaries: placeholder rows contribute nothing
-    got = GLMWithCanaries(glm, rows, canary_sum).batch_gradient(w, x, y)
-    expected = (glm.per_example_gradients(w, x[:5], y[:5]).sum(0) + canary_sum) / 7 + 0.1 * w
-    torch.testing.assert_close(got, expected)
-    rows = torch.tensor([True] * 5 + [False, True])  # input canaries: the included row contributes its gradient
-    got = GLMWithCanaries(glm, rows, torch.zeros(4, dtype=torch.float64)).batch_gradient(w, x, y)
-    expected = glm.per_example_gradients(w, x[rows], y[rows]).sum(0) / 7 + 0.1 * w
-    torch.testing.assert_close(got, expected)
-    assert GLMWithCanaries(glm, rows, canary_sum).lipschitz(10.0) == glm.lipschitz(10.0)
+def test_projected_canaries_enter_the_full_batch_gradient_through_the_engine():
+    """A gradient canary of norm L moves the projected run's averaged gradient by exactly L e_j / b (b counts one
+    row per canary): the same per-example stage as DP-SGD, with the GLM's closed-form gradients for real rows."""
+    from dptrain.last_iterate import ProjectedNoisySGD
+
+    glm = ConvexGLM("logistic", 1.0, l2=0.0)
+    x, y = torch.randn(7, 3, dtype=torch.float64), torch.tensor([0, 1, 1, 0, 1, 0, 0])
+    run = ProjectedNoisySGD(
+        glm, (x, y), noise_std=1.0, learning_rate=0.1, steps=1, batching="full", diameter=100.0, seed=0
+    )
+    trainer = run.trainer
+    included = torch.tensor([True, False])  # rows 5 and 6 are canaries 0 and 1
+    coords = torch.tensor([2, 0])
+    trainer.per_example = with_canaries(
+        trainer.per_example, 5, included, 8, lambda r: dirac_gradients(coords[r], trainer.params, run.lipschitz)
+    )
+    summed, stats, _ = engine.clipped_sum(trainer.per_example(torch.arange(7)), trainer.clipping, trainer.params)
+    w = trainer.model.w.detach()
+    xt, yt = glm.prepare_features(x), glm.prepare_labels(y)
+    expected = glm.per_example_gradients(w, xt[:5], yt[:5]).sum(0)
+    expected[2] += run.lipschitz  # the included canary; the excluded one adds nothing
+    torch.testing.assert_close(summed["w"], expected)
+    assert stats.examples == 6
 
 
 # --- bad input ------------------------------------------------------------------------------------------------

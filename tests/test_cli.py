@@ -110,7 +110,8 @@ def test_calibrate_round_trips_through_account(capsys):
         ],
         capsys,
     )
-    assert json.loads(out)["epsilon"] == pytest.approx(2.0, rel=1e-4)
+    # Calibration searches on pld's 10x coarser grid and certifies at the fine one: within 5e-4 of the target.
+    assert json.loads(out)["epsilon"] == pytest.approx(2.0, rel=5e-4)
     assert json.loads(out)["epsilon"] <= 2.0
 
 

@@ -178,7 +178,7 @@ def test_increasing_batch_sizes_have_theta_one_plus_p_and_are_certified():
     for s in sizes:
         ledger.record(
             gaussian_step_event(sigma, "poisson", sampling_rate=s / n),
-            step_facts("poisson", sigma, s / n, dataset_size=n),
+            step_facts("poisson", s / n, dataset_size=n),
         )
     report = epsilon(ledger, 1e-4, "proactive")
     assert report.details["theta"] == pytest.approx(2.0, rel=2e-3)

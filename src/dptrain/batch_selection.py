@@ -1,23 +1,39 @@
-"""Batch selection: which examples take part in a step. The scheme is part of every ledger event,
-because which accountant applies (and how much the sampling amplifies privacy) depends on it.
+"""Batch selection: which examples take part in a step. The scheme is part of every ledger event, because which
+accountant applies (and how much the sampling amplifies privacy) depends on it.
+
+Schemes (``make_sampler``):
+
+- ``poisson``: each example joins independently with probability q (Abadi et al.'s DP-SGD; amplification by
+  Poisson subsampling); a per-step schedule of rates (increasing batch sizes) is ``ScheduledPoissonSampling``;
+- ``full``: every example in every step (no amplification);
+- ``fixed_size``: a uniformly random subset of exactly b examples, drawn afresh every step (amplification by
+  sampling without replacement; its accounting needs replace-one adjacency);
+- ``cyclic``: one secret permutation drawn before the first step, then its consecutive blocks of b in turn
+  (needs b | n; no amplification claimed);
+- ``shuffled``: a fresh secret permutation every epoch, cut into consecutive blocks of b (the last block of an
+  epoch may be smaller; no amplification claimed).
 
 Every sampler draws from the run's secret "sampling" stream (:mod:`dptrain.randomness`), so which examples a
-step used cannot be recomputed from anything a run shares, and a checkpoint resumes the same draws.
+step used cannot be recomputed from anything a run shares, and a checkpoint resumes the same draws (samplers
+that keep a permutation expose it in their state, which lives in the secret checkpoint).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
+import dp_accounting as dpa
 import torch
 
-from dptrain.accounting.ledger import gaussian_step_event, step_facts
+from dptrain.accounting.ledger import gaussian_step_event
 from dptrain.errors import ConfigError
 from dptrain.randomness import Stream
 
-SAMPLING_NAMES = ("poisson", "full")
+SAMPLING_NAMES = ("poisson", "full", "fixed_size", "cyclic", "shuffled")
+#: Schemes whose accounting needs replace-one adjacency (dp_accounting's sampling-without-replacement analysis).
+REPLACE_ONE_SCHEMES = ("fixed_size",)
 
 
 class BatchSampler(Protocol):
@@ -28,9 +44,6 @@ class BatchSampler(Protocol):
     def expected_batch_size(self) -> float:
         """Mean expected batch size over the run."""
         ...
-
-    @property
-    def steps_per_epoch(self) -> int: ...
 
     @property
     def max_steps(self) -> int | None:
@@ -45,13 +58,35 @@ class BatchSampler(Protocol):
         """Indices of the examples in logical batch number ``step``."""
         ...
 
-    def release(self, noise_multiplier: float, step: int, **facts) -> tuple:
-        """(DpEvent, facts) recorded in the ledger for noisy step number ``step``."""
+    def event(self, noise_multiplier: float, step: int) -> dpa.DpEvent:
+        """The DpEvent of noisy step number ``step`` (``noise_multiplier``: its std over the sensitivity of the
+        released sum under the ledger's adjacency)."""
         ...
+
+    def get_state(self) -> dict: ...
+
+    def set_state(self, state: dict) -> None: ...
+
+
+class _Stateless:
+    """Samplers whose draws all come from the stream (its state is the whole state)."""
+
+    def get_state(self) -> dict:
+        return {}
+
+    def set_state(self, state: dict) -> None:
+        pass
+
+
+def _poisson_mask(stream: Stream, n: int, rate: float) -> torch.Tensor:
+    # u < q' with u on the grid k 2^-53 and q' = floor(q 2^53) 2^-53 <= q: each example joins with probability
+    # exactly q' <= q, never more than the rate the ledger records.
+    threshold = math.floor(rate * 2.0**53) * 2.0**-53
+    return (stream.uniform((n,), torch.float64) < threshold).nonzero().squeeze(1)
 
 
 @dataclass(frozen=True)
-class PoissonSampling:
+class PoissonSampling(_Stateless):
     """Each example joins the batch independently with probability q (batch size is random)."""
 
     dataset_size: int
@@ -66,10 +101,6 @@ class PoissonSampling:
     def expected_batch_size(self) -> float:
         return self.sampling_rate * self.dataset_size
 
-    @property
-    def steps_per_epoch(self) -> int:
-        return max(1, round(1 / self.sampling_rate))
-
     max_steps = None
 
     def rate_at(self, step: int) -> float:
@@ -79,22 +110,17 @@ class PoissonSampling:
         return self.rate_at(step) * self.dataset_size
 
     def sample(self, stream: Stream, step: int) -> torch.Tensor:
-        # u < q' with u on the grid k 2^-53 and q' = floor(q 2^53) 2^-53 <= q: each example joins with probability
-        # exactly q' <= q, never more than the rate the ledger records.
-        threshold = math.floor(self.rate_at(step) * 2.0**53) * 2.0**-53
-        mask = stream.uniform((self.dataset_size,), torch.float64) < threshold
-        return mask.nonzero().squeeze(1)
+        return _poisson_mask(stream, self.dataset_size, self.rate_at(step))
 
-    def release(self, noise_multiplier: float, step: int, **facts) -> tuple:
-        q = self.rate_at(step)
-        event = gaussian_step_event(noise_multiplier, "poisson", sampling_rate=q)
-        return event, step_facts("poisson", noise_multiplier, q, dataset_size=self.dataset_size, **facts)
+    def event(self, noise_multiplier: float, step: int) -> dpa.DpEvent:
+        return gaussian_step_event(noise_multiplier, "poisson", sampling_rate=self.rate_at(step))
 
 
 @dataclass(frozen=True)
 class ScheduledPoissonSampling(PoissonSampling):
     """Poisson sampling whose rate changes from step to step: step i uses q_i = s_i / N for a given sequence of
-    expected sample sizes s_i (e.g. increasing batch sizes, seed 002 App. B.4). ``sampling_rate`` is the mean."""
+    expected sample sizes s_i (e.g. increasing batch sizes, van Dijk et al., "Proactive DP", App. B.4).
+    ``sampling_rate`` is the mean."""
 
     rates: tuple[float, ...] = ()
 
@@ -118,7 +144,7 @@ class ScheduledPoissonSampling(PoissonSampling):
 
 
 @dataclass(frozen=True)
-class FullBatch:
+class FullBatch(_Stateless):
     """Every example in every step (no amplification by sampling)."""
 
     dataset_size: int
@@ -128,10 +154,6 @@ class FullBatch:
     def expected_batch_size(self) -> float:
         return float(self.dataset_size)
 
-    @property
-    def steps_per_epoch(self) -> int:
-        return 1
-
     max_steps = None
 
     def expected_batch_size_at(self, step: int) -> float:
@@ -140,28 +162,117 @@ class FullBatch:
     def sample(self, stream: Stream, step: int) -> torch.Tensor:
         return torch.arange(self.dataset_size)
 
-    def release(self, noise_multiplier: float, step: int, **facts) -> tuple:
-        event = gaussian_step_event(noise_multiplier, "full")
-        return event, step_facts("full", noise_multiplier, 1.0, dataset_size=self.dataset_size, **facts)
+    def event(self, noise_multiplier: float, step: int) -> dpa.DpEvent:
+        return gaussian_step_event(noise_multiplier, "full")
+
+
+@dataclass(frozen=True)
+class FixedSizeSampling(_Stateless):
+    """A uniformly random subset of exactly ``batch_size`` examples, drawn independently at every step (the
+    first b of a fresh secret permutation)."""
+
+    dataset_size: int
+    batch_size: int
+    scheme: str = "fixed_size"
+
+    @property
+    def expected_batch_size(self) -> float:
+        return float(self.batch_size)
+
+    max_steps = None
+
+    def expected_batch_size_at(self, step: int) -> float:
+        return float(self.batch_size)
+
+    def sample(self, stream: Stream, step: int) -> torch.Tensor:
+        return stream.permutation(self.dataset_size)[: self.batch_size]
+
+    def event(self, noise_multiplier: float, step: int) -> dpa.DpEvent:
+        if self.batch_size == self.dataset_size:
+            return gaussian_step_event(noise_multiplier, "full")
+        return gaussian_step_event(
+            noise_multiplier,
+            "fixed_size_without_replacement",
+            dataset_size=self.dataset_size,
+            batch_size=self.batch_size,
+        )
+
+
+@dataclass
+class PermutationBatches:
+    """Consecutive blocks of ``batch_size`` of a secret permutation: ``cyclic`` draws one permutation before the
+    first step and cycles through its blocks (b must divide n); ``shuffled`` draws a fresh one every epoch (the
+    last block of an epoch may be smaller). No amplification by sampling is claimed: every step is accounted as
+    an unsampled Gaussian release."""
+
+    dataset_size: int
+    batch_size: int
+    scheme: str = "cyclic"
+    _order: torch.Tensor | None = field(default=None, repr=False)
+    _epoch: int = -1
+
+    def __post_init__(self) -> None:
+        if self.scheme == "cyclic" and self.dataset_size % self.batch_size:
+            raise ConfigError(
+                f"cyclic batches need the batch size to divide the training set size {self.dataset_size}, got "
+                f"{self.batch_size}"
+            )
+
+    @property
+    def blocks(self) -> int:
+        return math.ceil(self.dataset_size / self.batch_size)
+
+    @property
+    def expected_batch_size(self) -> float:
+        return float(self.batch_size)
+
+    max_steps = None
+
+    def expected_batch_size_at(self, step: int) -> float:
+        return float(self.batch_size)
+
+    def sample(self, stream: Stream, step: int) -> torch.Tensor:
+        epoch = 0 if self.scheme == "cyclic" else step // self.blocks
+        if self._order is None or epoch != self._epoch:
+            self._order, self._epoch = stream.permutation(self.dataset_size), epoch
+        k = step % self.blocks
+        return self._order[k * self.batch_size : (k + 1) * self.batch_size]
+
+    def event(self, noise_multiplier: float, step: int) -> dpa.DpEvent:
+        return gaussian_step_event(noise_multiplier, "cyclic")
+
+    def get_state(self) -> dict:
+        return {} if self._order is None else {"order": self._order.clone(), "epoch": self._epoch}
+
+    def set_state(self, state: dict) -> None:
+        self._order = state["order"].clone() if "order" in state else None
+        self._epoch = int(state.get("epoch", -1))
 
 
 def make_sampler(
     scheme: str, dataset_size: int, batch_size: float | None = None, sample_sizes=None
 ) -> BatchSampler:
-    """A sampler by name. ``batch_size`` is the expected logical batch size (Poisson: q = batch_size / n);
-    ``sample_sizes`` (Poisson only) gives one expected batch size per step instead."""
+    """A sampler by name. ``batch_size`` is the expected logical batch size (Poisson: q = batch_size / n; the other
+    schemes: exactly batch_size examples); ``sample_sizes`` (Poisson only) gives one expected batch size per step
+    instead."""
     if dataset_size < 1:
         raise ConfigError(f"the training set is empty (dataset size {dataset_size})")
+    if scheme not in SAMPLING_NAMES:
+        raise ConfigError(f"unknown sampling scheme {scheme!r}; accepted: {', '.join(SAMPLING_NAMES)}")
     if sample_sizes is not None:
         if scheme != "poisson":
             raise ConfigError('a sample-size schedule needs privacy.sampling = "poisson"')
         return ScheduledPoissonSampling.from_sizes(dataset_size, sample_sizes)
-    if scheme == "poisson":
-        if batch_size is None or not 0 < batch_size <= dataset_size:
-            raise ConfigError(
-                f"training.batch_size must be in (0, {dataset_size}] (the training set size), got {batch_size}"
-            )
-        return PoissonSampling(dataset_size, batch_size / dataset_size)
     if scheme == "full":
         return FullBatch(dataset_size)
-    raise ConfigError(f"unknown sampling scheme {scheme!r}; accepted: {', '.join(SAMPLING_NAMES)}")
+    if batch_size is None or not 0 < batch_size <= dataset_size:
+        raise ConfigError(
+            f"training.batch_size must be in (0, {dataset_size}] (the training set size), got {batch_size}"
+        )
+    if scheme == "poisson":
+        return PoissonSampling(dataset_size, batch_size / dataset_size)
+    if float(batch_size) != int(batch_size):
+        raise ConfigError(f"{scheme} batches need a whole batch size, got {batch_size}")
+    if scheme == "fixed_size":
+        return FixedSizeSampling(dataset_size, int(batch_size))
+    return PermutationBatches(dataset_size, int(batch_size), scheme)

@@ -531,6 +531,6 @@ def pipeline_noise(
 
     def ledger_for(sigma: float) -> Ledger:
         event = gaussian_step_event(sigma, "poisson", sampling_rate=sampling_rate)
-        return prefix.extended(event, step_facts("poisson", sigma, sampling_rate), steps)
+        return prefix.extended(event, step_facts("poisson", sampling_rate), steps)
 
     return calibrate_noise(target_epsilon, delta, ledger_for, accountant)

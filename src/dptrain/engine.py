@@ -36,7 +36,8 @@ from dptrain.accounting import (
     steps_for_epochs,
 )
 from dptrain.accounting.checks import check_delta
-from dptrain.batch_selection import BatchSampler, make_sampler
+from dptrain.accounting.ledger import TRAINING_MECHANISMS, step_facts, training_steps
+from dptrain.batch_selection import REPLACE_ONE_SCHEMES, BatchSampler, make_sampler
 from dptrain.clipping import Clipping, ClipStats, make_clipping
 from dptrain.data import as_tensors
 from dptrain.errors import AccountingError, BudgetExhausted, ConfigError, DataError, NonFiniteError
@@ -73,15 +74,25 @@ class Budget:
 PER_EXAMPLE_GRADIENT_MEMORY = 256 * 2**20
 
 
+#: Release policies: every iterate is released (DP-SGD), or only the last one (projected noisy SGD).
+RELEASES = ("every_iterate", "last_iterate")
+
+
+def ledger_noise_multiplier(ledger: Ledger) -> float:
+    """The noise multiplier of a ledger's last training step, as the trainer counts it (std over the per-example
+    bound): the event's multiplier, times 2 under replace-one adjacency. The ledger is where a run's sigma lives;
+    a resumed run reads it from there."""
+    entry = next(e for e in reversed(ledger.entries) if e.facts.get("mechanism") in TRAINING_MECHANISMS)
+    event = entry.event
+    while not hasattr(event, "noise_multiplier"):
+        event = event.event
+    return event.noise_multiplier * (2.0 if ledger.neighboring == "replace_one" else 1.0)
+
+
 def auto_physical_batch_size(params: dict[str, torch.Tensor]) -> int:
     """Largest chunk whose materialized per-example gradients fit in PER_EXAMPLE_GRADIENT_MEMORY."""
     per_example = sum(p.numel() * p.element_size() for p in params.values())
     return max(1, PER_EXAMPLE_GRADIENT_MEMORY // max(1, per_example))
-
-
-def dpsgd_steps(ledger: Ledger) -> int:
-    """DP-SGD steps in a ledger (a ledger may also hold other releases, e.g. a private feature mean)."""
-    return sum(e.count for e in ledger.entries if e.facts.get("mechanism") == "dpsgd")
 
 
 def _all_finite(tensors) -> bool:
@@ -96,12 +107,12 @@ def clipped_sum(chunks, clipping: Clipping, params: dict[str, torch.Tensor], wit
     stats, loss_sum = ClipStats(0, 0, 0.0), 0.0
     for grads, losses in chunks:
         clipped, chunk_stats = clipping.clip_and_sum(grads)
-        if not bool(torch.isfinite(losses).all()):
+        if losses is not None and not bool(torch.isfinite(losses).all()):
             chunk_stats = dataclasses.replace(chunk_stats, non_finite=max(chunk_stats.non_finite, 1))
         for n in summed:
             summed[n] += clipped[n].reshape(summed[n].shape)
         stats = stats.merge(chunk_stats)
-        if with_loss:
+        if with_loss and losses is not None:
             loss_sum += float(losses.sum())
     return summed, stats, loss_sum
 
@@ -127,7 +138,7 @@ class PrivateTrainer:
         clipping: str | Clipping = "flat",
         loss_fn: LossFn = cross_entropy_per_example,
         max_physical_batch_size: int | None = None,
-        grad_sampler: str = "auto",
+        grad_sampler="auto",
         seed: int | None = None,
         secure_noise: bool = False,
         randomness: Randomness | None = None,
@@ -137,6 +148,8 @@ class PrivateTrainer:
         check_independence: bool = True,
         report_not_private: bool = False,
         non_private: bool = False,
+        release_facts: dict | None = None,
+        release: str = "every_iterate",
     ):
         check_private_compatible(model)
         self.non_private = bool(non_private)
@@ -159,7 +172,9 @@ class PrivateTrainer:
             make_clipping(clipping, max_grad_norm) if isinstance(clipping, str) else clipping
         )
         self.loss_fn = loss_fn
-        self.grad_sampler = make_grad_sampler(model, loss_fn, grad_sampler)
+        self.grad_sampler = (
+            make_grad_sampler(model, loss_fn, grad_sampler) if isinstance(grad_sampler, str) else grad_sampler
+        )
         self.params = trainable_parameters(model)
         self.max_physical_batch_size = int(max_physical_batch_size or auto_physical_batch_size(self.params))
         self._check_optimizer()
@@ -173,8 +188,16 @@ class PrivateTrainer:
         self.per_example: Callable[[torch.Tensor], Iterator[tuple[PerExampleGrads, torch.Tensor]]] = (
             self._tensor_chunks
         )
-        self.ledger = ledger if ledger is not None else Ledger()
-        self.steps = dpsgd_steps(self.ledger)
+        if release not in RELEASES:
+            raise ConfigError(f"release must be one of {', '.join(RELEASES)}, got {release!r}")
+        #: every_iterate (DP-SGD: every model after a step is a release) or last_iterate (only the final model is;
+        #: the run must not evaluate, log or share an intermediate one).
+        self.release = release
+        #: Facts recorded with every step; default: DP-SGD's (sampling scheme, rate, data set size, clip norm).
+        self.release_facts = release_facts
+        neighboring = "replace_one" if self.sampler.scheme in REPLACE_ONE_SCHEMES else "add_or_remove_one"
+        self.ledger = ledger if ledger is not None else Ledger(neighboring=neighboring)
+        self.steps = training_steps(self.ledger)
         self._allowed_steps: int | None = None
 
     def _check_optimizer(self) -> None:
@@ -246,10 +269,22 @@ class PrivateTrainer:
 
     # -- the privacy side ---------------------------------------------------------------------------------
     def release_event(self, step: int | None = None, noise_multiplier: float | None = None):
-        """(DpEvent, facts) of step number ``step`` (default: the next one), as recorded in the ledger."""
+        """(DpEvent, facts) of step number ``step`` (default: the next one), as recorded in the ledger.
+
+        The noise's std is noise_multiplier x C (C: the per-example bound, ``clipping.sensitivity``); the event
+        records std over the sensitivity of the released sum under the ledger's adjacency: C for add/remove, 2C
+        for replace-one (replacing an example moves the sum by up to 2C)."""
         step = self.steps if step is None else step
         sigma = self._noise_multiplier if noise_multiplier is None else noise_multiplier
-        return self.sampler.release(sigma, step, clip_norm=self.clipping.sensitivity)
+        factor = 2.0 if self.ledger.neighboring == "replace_one" else 1.0
+        event = self.sampler.event(sigma / factor, step)
+        if self.release_facts is not None:
+            return event, dict(self.release_facts)
+        rate = self.sampler.expected_batch_size_at(step) / self.sampler.dataset_size
+        facts = step_facts(
+            self.sampler.scheme, rate, dataset_size=self.sampler.dataset_size, clip_norm=self.clipping.sensitivity
+        )
+        return event, facts
 
     def ledger_after(self, more: int, noise_multiplier: float | None = None) -> Ledger:
         """The ledger as it will be after ``more`` further steps (at ``noise_multiplier``, default the run's)."""
@@ -301,19 +336,13 @@ class PrivateTrainer:
                 )
             std = self._noise_multiplier * self.clipping.sensitivity
             dtype_max = min(torch.finfo(p.dtype).max for p in self.params.values())
-            if self.non_private:
-                noisy = summed
-            else:
-                noisy = (
-                    add_gaussian_noise(summed, std, self.randomness.stream("noise"))
-                    if std < dtype_max / 64
-                    else None
-                )
-            if noisy is None or not _all_finite(noisy.values()):
+            if not std < dtype_max / 64:
                 raise NonFiniteError(
                     f"the noisy gradient of step {self.steps + 1} is not finite: noise std sigma x C = {std:.4g} "
-                    "(or the sum of clipped gradients) overflows the model's dtype; lower privacy.max_grad_norm"
+                    "overflows the model's dtype; lower privacy.max_grad_norm"
                 )
+            # (a sum that overflows despite the clip bound leaves non-finite weights: caught after the update)
+            noisy = summed if self.non_private else add_gaussian_noise(summed, std, self.randomness.stream("noise"))
             scale = 1.0 / self.sampler.expected_batch_size_at(self.steps)
             for n, p in self.params.items():
                 p.grad = (noisy[n] * scale).to(p.dtype)
@@ -413,9 +442,9 @@ class PrivateTrainer:
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "randomness": self.randomness.state_dict(),
+            "sampler": self.sampler.get_state(),
             "torch_rng": torch.get_rng_state(),
             "steps": self.steps,
-            "noise_multiplier": self._noise_multiplier,
             "accountant": self.accountant,
             "ledger": self.ledger.to_dict(),
         }
@@ -423,18 +452,19 @@ class PrivateTrainer:
     def load_state_dict(self, state: dict) -> None:
         ledger = Ledger.from_dict(state["ledger"])
         steps = int(state["steps"])
-        if not self.non_private and steps != dpsgd_steps(ledger):
+        if not self.non_private and steps != training_steps(ledger):
             raise DataError(
-                f"checkpoint is inconsistent: {steps} steps but its ledger records {dpsgd_steps(ledger)}"
+                f"checkpoint is inconsistent: {steps} steps but its ledger records {training_steps(ledger)}"
             )
-        if float(state["noise_multiplier"]) != self._noise_multiplier:
+        if not self.non_private and steps and ledger_noise_multiplier(ledger) != self._noise_multiplier:
             raise DataError(
-                f"checkpoint was written with noise multiplier {state['noise_multiplier']}, this run has "
+                f"checkpoint's ledger records noise multiplier {ledger_noise_multiplier(ledger)}, this run has "
                 f"{self._noise_multiplier}"
             )
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.randomness.load_state_dict(state["randomness"])
+        self.sampler.set_state(state.get("sampler", {}))
         torch.set_rng_state(state["torch_rng"])
         self.ledger, self.steps = ledger, steps
         self._allowed_steps = None

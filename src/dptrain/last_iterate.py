@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import nn
 
 from dptrain.accounting.last_iterate import (
     ADJACENCIES,
@@ -36,12 +37,16 @@ from dptrain.accounting.last_iterate import (
     step_facts,
 )
 from dptrain.accounting.ledger import Ledger
+from dptrain.clipping import ClipStats
 from dptrain.data import as_tensors
+from dptrain.engine import PrivateTrainer
 from dptrain.errors import ConfigError, RunNotFinished
-from dptrain.noise import add_gaussian_noise
+from dptrain.per_example import PerExampleGrads
 from dptrain.randomness import Randomness
 
 LOSSES = ("logistic", "smoothed_hinge", "squared")
+#: The engine's batch selection for each batching of the paper.
+_SAMPLERS = {"random": "fixed_size", "cyclic": "cyclic", "full": "full"}
 STATE_FORMAT = "dptrain-last-iterate-state/1"
 
 
@@ -265,31 +270,109 @@ def project_to_ball(w: torch.Tensor, center: torch.Tensor, radius: float) -> tor
     return center + diff * (radius / norm)
 
 
+class GLMWeights(nn.Module):
+    """The GLM's parameter w in R^{d~} (float64) as a module: scores x~ w for prepared features x~."""
+
+    def __init__(self, start: torch.Tensor):
+        super().__init__()
+        self.w = nn.Parameter(start.clone())
+
+    def forward(self, xt: torch.Tensor) -> torch.Tensor:
+        return xt @ self.w
+
+
+class GLMGradients:
+    """The per-example gradient stage for a GLM: grad f_i(w) = l'(.) x~_i in closed form (no autograd), for the
+    UNREGULARIZED losses (the l2 term is data-independent: the update rule adds it, as weight decay)."""
+
+    name = "closed form"
+
+    def __init__(self, glm: ConvexGLM, weights: GLMWeights):
+        self.glm, self.weights = glm, weights
+
+    def __call__(self, xt: torch.Tensor, yt: torch.Tensor):
+        """(per-example gradients, None): the losses are not computed (finite features give finite gradients,
+        and the clipping stage checks every gradient's norm)."""
+        w = self.weights.w.detach()
+        return PerExampleGrads({"w": self.glm.per_example_gradients(w, xt, yt)}), None
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class LipschitzBound:
+    """The clipping stage of projected noisy SGD: nothing is clipped, because the losses are L-Lipschitz on K
+    (features rescaled to norm <= R; Sec 1.2, Sec 5.4), so every per-example gradient already has norm <= L. The
+    per-example bound is checked anyway (a violation would break the sensitivity silently)."""
+
+    lipschitz: float
+
+    @property
+    def sensitivity(self) -> float:
+        return self.lipschitz
+
+    def clip_and_sum(self, grads: PerExampleGrads):
+        norms = torch.sqrt(sum(grads.sq_norms().values()))
+        if bool((norms > self.lipschitz * (1 + 1e-9)).any()):
+            raise ConfigError(
+                f"a per-example gradient has norm {float(norms.max()):.6g} above the Lipschitz bound "
+                f"{self.lipschitz:.6g}: the GLM's feature rescaling or constants are wrong"
+            )
+        stats = ClipStats(len(norms), 0, float(norms.sum()))
+        return grads.weighted_sum(torch.ones_like(norms)), stats
+
+
+class ProjectedSGD(torch.optim.Optimizer):
+    """The update rule of projected noisy SGD: w <- Proj_K[w - eta_t (g + l2 w)] with eta_t = eta_0 (t+1)^(-p),
+    g the privatized averaged gradient the engine hands over and K the ball of radius ``radius`` around
+    ``center`` (Altschuler & Talwar Sec 1.2; Sec 5.3 for decaying steps). The l2 term is the regularizer's
+    gradient: data-independent, so adding it after privatization is post-processing."""
+
+    def __init__(self, params, lr: float, l2: float, lr_power: float, center: torch.Tensor, radius: float):
+        super().__init__(params, {"lr": lr, "l2": l2, "lr_power": lr_power})
+        self.center, self.radius = center, radius
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                state = self.state[p]
+                t = state.get("t", 0)
+                eta = group["lr"] * float(t + 1) ** (-group["lr_power"])
+                w = p - eta * (p.grad + group["l2"] * p)
+                p.copy_(project_to_ball(w, self.center, self.radius))
+                state["t"] = t + 1
+
+
 class ProjectedNoisySGD:
-    """Projected noisy SGD on a convex GLM (Altschuler & Talwar Sec 1.2, Sec 3.2 Step 1; digest 2.1-2.4).
+    """Projected noisy SGD on a convex GLM (Altschuler & Talwar Sec 1.2, Sec 3.2 Step 1), run by the DP-SGD
+    engine with its stages chosen for the paper's algorithm:
 
-    ``w_0 = center`` (default 0) and K is the Euclidean ball of radius D/2 around it (diameter D). Step t
-    (t = 0..T-1) draws a batch B_t, computes G_t = (1/b) sum_{i in B_t} grad F_i(w_t) in closed form, draws
-    Z_t ~ N(0, sigma^2 I) and sets w_{t+1} = Proj_K[w_t - eta_t (G_t + Z_t)] with
-    eta_t = learning_rate (t + 1)^(-lr_power) (Sec 5.3, Example 5.9: eta_t ~ t^{-c}, c in [0, 1)).
-    sigma is the std of the noise on the AVERAGED batch gradient (the paper's convention, footnote 4).
+    - batch selection: ``random`` (a uniformly random size-b subset drawn without replacement at every step,
+      eq 3.1: the engine's ``fixed_size`` sampler), ``cyclic`` (Noisy-CGD, Sec 5.2: blocks of one secret
+      permutation drawn before training; needs b | n: ``cyclic``), ``full`` (all n examples, App. B.1);
+    - per-example gradients: closed form (:class:`GLMGradients`);
+    - clipping: none, the Lipschitz bound L instead (:class:`LipschitzBound`);
+    - noise: N(0, (b sigma)^2) on the sum, i.e. sigma on the averaged gradient (the paper's convention, footnote
+      4), from the run's secret noise stream;
+    - update rule: :class:`ProjectedSGD`, ``w_0 = center`` (default 0), K the ball of radius D/2 around it,
+      eta_t = learning_rate (t + 1)^(-lr_power) (Sec 5.3, Example 5.9);
+    - release policy: the LAST iterate only.
 
-    Batching: ``random``, a uniformly random size-b subset drawn without replacement, independently at every
-    step (eq 3.1, P[i in B_t] = b/n; digest 8.1); ``cyclic``, Noisy-CGD (Sec 5.2): batch t is block
-    (t mod n/b) of a secret permutation drawn before training (data-independent; needs b | n);
-    ``full``: all n examples every step (App. B.1).
-
-    Privacy: each step records one ledger event (see :mod:`dptrain.accounting.last_iterate`) with the facts
-    the last-iterate accountant needs (L, D, M, m, eta, ...). The guarantee covers ONLY the final iterate w_T:
+    Step t computes w_{t+1} = Proj_K[w_t - eta_t (G_t + Z_t)] with G_t = (1/b) sum_{i in B_t} grad F_i(w_t) and
+    Z_t ~ N(0, sigma^2 I). Privacy: each step records one ledger event (see :mod:`dptrain.accounting.last_iterate`)
+    with the facts the last-iterate accountant needs (L, D, M, m, eta, ...). The guarantee covers ONLY the final
+    iterate w_T:
 
     * covered: convex losses (the GLMs here), exact projection onto K, eta_t <= 2/M (< 2/M if m > 0), the
       release of w_T alone, and anything computed from w_T (post-processing);
     * NOT covered: releasing or logging any intermediate iterate, the average iterate (provably less private
       for Noisy-CGD, Sec 6), per-step losses, a resumable :meth:`state_dict` (it holds an intermediate
-      iterate), non-convex models, gradient clipping (Sec 6), or stopping early and publishing w_t for t < T
-      (digest 8.12). If intermediate iterates of this class do get released, a composition accountant
-      (rdp, pld) on the same ledger still applies: every step is a (sub-sampled) Gaussian mechanism whose
-      averaged gradient has sensitivity Delta/b, because the iterates stay in K where f_i is L-Lipschitz.
+      iterate), non-convex models, gradient clipping (Sec 6), or stopping early and publishing w_t for t < T.
+      If intermediate iterates of this class do get released, a composition accountant (rdp, pld) on the same
+      ledger still applies: every step is a (sub-sampled) Gaussian mechanism whose averaged gradient has
+      sensitivity Delta/b, because the iterates stay in K where f_i is L-Lipschitz.
 
     Accordingly :meth:`train` returns only w_T, :meth:`final_model` refuses before the last step, and the
     callback of :meth:`train` receives only the number of steps taken.
@@ -319,9 +402,8 @@ class ProjectedNoisySGD:
         self.glm, self.dtype = glm, dtype
         x, y = as_tensors(data)
         self.n = _int_at_least("number of training examples", int(x.shape[0]), 1)
-        self._x = glm.prepare_features(x, dtype)
-        self._y = glm.prepare_labels(y, dtype)
-        self.dim = int(self._x.shape[1])
+        xt, yt = glm.prepare_features(x, dtype), glm.prepare_labels(y, dtype)
+        self.dim = int(xt.shape[1])
 
         if batching not in BATCHINGS:
             raise ConfigError(f"batching must be one of {', '.join(BATCHINGS)}, got {batching!r}")
@@ -365,8 +447,7 @@ class ProjectedNoisySGD:
         self._check_learning_rate()
 
         self.sensitivity = ADJACENCIES[adjacency] * self.lipschitz  # Delta: 2L replace, L remove (Remark B.2)
-        self._event = step_event(batching, self.n, b, self.noise_std, self.sensitivity)
-        self._facts = step_facts(
+        facts = step_facts(
             batching=batching,
             n=self.n,
             b=b,
@@ -381,12 +462,31 @@ class ProjectedNoisySGD:
             convex=True,
             projected=True,
         )
-        self._ledger = Ledger(neighboring=neighboring_for(adjacency))
-        self.randomness = randomness if randomness is not None else Randomness(seed, secure=secure_noise)
-        # Cyclic order: one secret permutation fixed before training (data-independent, Sec 5.2).
-        self._order = self.randomness.stream("sampling").permutation(self.n)
-        self._w = self.center.clone()
-        self.steps_taken = 0
+        weights = GLMWeights(self.center)
+        optimizer = ProjectedSGD(
+            weights.parameters(), self.learning_rate, float(glm.l2), self.lr_power, self.center, self.diameter / 2
+        )
+        self.trainer = PrivateTrainer(
+            weights,
+            optimizer,
+            (xt, yt),
+            # std b sigma on the sum of per-example gradients bounded by L: the engine's multiplier is b sigma / L
+            noise_multiplier=b * self.noise_std / self.lipschitz,
+            batch_size=b,
+            sampling=_SAMPLERS[batching],
+            clipping=LipschitzBound(self.lipschitz),
+            grad_sampler=GLMGradients(glm, weights),
+            seed=seed,
+            secure_noise=secure_noise,
+            randomness=randomness,
+            ledger=Ledger(neighboring=neighboring_for(adjacency)),
+            release_facts=facts,
+            release="last_iterate",
+            accountant="rdp",
+        )
+        self.randomness = self.trainer.randomness
+        # The trainer's event must be the one the last-iterate accounting defines (Delta = factor * L).
+        assert self.trainer.release_event()[0] == step_event(batching, self.n, b, self.noise_std, self.sensitivity)
 
     def _check_learning_rate(self) -> None:
         """eta_t <= eta_0 <= 2/M (Lemma 2.1: the gradient step is a contraction); strictly < 2/M when m > 0
@@ -406,26 +506,18 @@ class ProjectedNoisySGD:
         return self.learning_rate * float(t + 1) ** (-self.lr_power)
 
     def batch_indices(self, t: int) -> torch.Tensor:
-        """B_t (digest 2.1-2.3). Random batches consume the generator; the other two do not."""
-        if self.batching == "full":
-            return torch.arange(self.n)
-        if self.batching == "cyclic":
-            k = t % (self.n // self.batch_size)
-            return self._order[k * self.batch_size : (k + 1) * self.batch_size]
-        return self.randomness.stream("sampling").permutation(self.n)[: self.batch_size]
+        """B_t. Random batches consume the sampling stream; cyclic ones draw their permutation once."""
+        return self.trainer.sampler.sample(self.randomness.stream("sampling"), t)
+
+    @property
+    def steps_taken(self) -> int:
+        return self.trainer.steps
 
     def step(self) -> None:
-        """One step: w_{t+1} = Proj_K[w_t - eta_t (G_t + Z_t)] (digest 2.1); records one ledger event."""
+        """One step: w_{t+1} = Proj_K[w_t - eta_t (G_t + Z_t)]; records one ledger event."""
         if self.steps_taken >= self.steps:
             raise RunNotFinished(f"all {self.steps} steps have run; the last iterate is final_model()")
-        t = self.steps_taken
-        idx = self.batch_indices(t)
-        g = self.glm.batch_gradient(self._w, self._x[idx], self._y[idx])
-        noisy = add_gaussian_noise({"g": g}, self.noise_std, self.randomness.stream("noise"))["g"]
-        w = self._w - self.learning_rate_at(t) * noisy
-        self._w = project_to_ball(w, self.center, self.diameter / 2.0)
-        self._ledger.record(self._event, self._facts)
-        self.steps_taken += 1
+        self.trainer.step()
 
     def train(self, callback: Callable[[int], None] | None = None) -> torch.Tensor:
         """Run all remaining steps and return ONLY the final iterate w_T (a copy).
@@ -443,14 +535,16 @@ class ProjectedNoisySGD:
 
     def planned_ledger(self) -> Ledger:
         """The ledger this run will have after all its steps (for calibrating sigma before training)."""
-        ledger = Ledger(neighboring=self._ledger.neighboring)
-        ledger.record(self._event, self._facts, self.steps)
-        return ledger
+        return self.trainer.ledger_after(self.steps - self.steps_taken)
 
     @property
     def ledger(self) -> Ledger:
         """The releases recorded so far: one event per step (merged into one entry)."""
-        return self._ledger
+        return self.trainer.ledger
+
+    @property
+    def _w(self) -> torch.Tensor:
+        return self.trainer.model.w.detach()
 
     def final_model(self) -> torch.Tensor:
         """The last iterate w_T (a copy). Refuses before all T steps ran: w_t, t < T, is not a private release."""
@@ -488,20 +582,18 @@ class ProjectedNoisySGD:
         }
 
     def state_dict(self) -> dict[str, Any]:
-        """INTERNAL resume state: the current iterate, RNG state, cyclic order, step count and ledger.
+        """INTERNAL resume state: the engine's (the current iterate, the random streams, the cyclic order, the
+        ledger) and this run's settings.
 
         The iterate inside is an intermediate w_t: it is NOT a private release and must not be published,
-        logged or shared (only w_T is covered by the last-iterate guarantee, digest 8.12). Store it like the
-        private training data itself, and delete it once the run has finished."""
+        logged or shared (only w_T is covered by the last-iterate guarantee). Store it like the private training
+        data itself, and delete it once the run has finished."""
         return {
             "format": STATE_FORMAT,
             "config": self._config(),
             "center": self.center.clone(),
             "iterate": self._w.clone(),
-            "randomness": self.randomness.state_dict(),
-            "order": self._order.clone(),
-            "steps_taken": self.steps_taken,
-            "ledger": self._ledger.to_dict(),
+            "trainer": self.trainer.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -514,14 +606,7 @@ class ProjectedNoisySGD:
         center = torch.as_tensor(state["center"]).to(self.dtype)
         if not torch.equal(center, self.center):
             raise ConfigError("resume state is from a run with a different center")
-        taken = _int_at_least("steps_taken", state["steps_taken"], 0)
+        taken = _int_at_least("steps", state["trainer"]["steps"], 0)
         if taken > self.steps:
             raise ConfigError(f"resume state has {taken} steps taken, more than steps={self.steps}")
-        ledger = Ledger.from_dict(state["ledger"])
-        if ledger.releases != taken:
-            raise ConfigError(f"resume state ledger records {ledger.releases} releases for {taken} steps")
-        self._w = torch.as_tensor(state["iterate"]).to(self.dtype).clone()
-        self.randomness.load_state_dict(state["randomness"])
-        self._order = torch.as_tensor(state["order"]).clone()
-        self.steps_taken = taken
-        self._ledger = ledger
+        self.trainer.load_state_dict(state["trainer"])

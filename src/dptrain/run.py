@@ -18,11 +18,19 @@ from pathlib import Path
 import torch
 
 from dptrain.accounting import AUTO, Ledger, all_reports, steps_for_epochs, tightest
+from dptrain.accounting.ledger import training_steps
 from dptrain.accounting.proactive import increasing_sample_sizes
 from dptrain.config import RunConfig, config_to_toml, load_config
 from dptrain.data import ArrayDataset, DataSplit, load_dataset, select_classes
 from dptrain.dpsgd_f import FeaturePreprocessing, prepare
-from dptrain.engine import Budget, PrivateTrainer, StepResult, make_private, make_private_with_epsilon
+from dptrain.engine import (
+    Budget,
+    PrivateTrainer,
+    StepResult,
+    ledger_noise_multiplier,
+    make_private,
+    make_private_with_epsilon,
+)
 from dptrain.errors import AccountingError, ConfigError, DataError
 from dptrain.interrupts import Terminated, deferred_signals, terminate_as_exception
 from dptrain.models import build_model
@@ -261,11 +269,13 @@ def _resume(rd: RunDirectory, progress: bool, stop_after: int | None) -> dict:
             return previous
         start = time.perf_counter()
         state = rd.load_checkpoint()
-        rd.check_ledger_copy(Ledger.from_dict(state["ledger"]))
+        ledger = Ledger.from_dict(state["ledger"])
+        rd.check_ledger_copy(ledger)
         job = build_job(
             cfg,
             Randomness(cfg.seed, secure=cfg.privacy.secure_noise, warn=False),
-            noise_multiplier=state["noise_multiplier"],
+            # sigma lives in the ledger (a run cut before its first step calibrates again: deterministic)
+            noise_multiplier=ledger_noise_multiplier(ledger) if training_steps(ledger) else None,
             accountant=state["accountant"],
             fitted=_load_preprocessing(rd, cfg),
         )

@@ -125,11 +125,11 @@ class Ledger:
         if count < 1:
             raise ValueError("count must be >= 1")
         facts = dict(facts or {})
-        json.dumps(facts)  # facts must be JSON-able: fail at record time, not at save time
         last = self.entries[-1] if self.entries else None
         if last is not None and last.event == event and last.facts == facts:
             last.count += count
         else:
+            json.dumps(facts)  # facts must be JSON-able: fail at record time, not at save time
             self.entries.append(LedgerEntry(event, count, facts))
 
     def extended(self, event: dpa.DpEvent, facts: dict[str, Any] | None = None, count: int = 1) -> Ledger:
@@ -269,13 +269,23 @@ def dpsgd_ledger(
     ledger = Ledger()
     if steps:
         event = gaussian_step_event(noise_multiplier, sampling, sampling_rate=sampling_rate, **facts)
-        ledger.record(event, step_facts(sampling, noise_multiplier, sampling_rate, **facts), steps)
+        ledger.record(event, step_facts(sampling, sampling_rate, **facts), steps)
     return ledger
 
 
-def step_facts(sampling: str, noise_multiplier: float, sampling_rate: float | None, **extra: Any) -> dict:
-    """The facts recorded beside every DP-SGD step (one place, so identical steps merge)."""
-    facts = {"mechanism": "dpsgd", "sampling": sampling, "noise_multiplier": float(noise_multiplier)}
+#: facts["mechanism"] of the releases that are training steps (what a run's step counter counts).
+TRAINING_MECHANISMS = ("dpsgd", "projected_noisy_sgd")
+
+
+def training_steps(ledger: Ledger) -> int:
+    """Training steps in a ledger (a ledger may also hold other releases, e.g. a private feature mean)."""
+    return sum(e.count for e in ledger.entries if e.facts.get("mechanism") in TRAINING_MECHANISMS)
+
+
+def step_facts(sampling: str, sampling_rate: float | None = None, **extra: Any) -> dict:
+    """The facts recorded beside every DP-SGD step (one place, so identical steps merge). The noise multiplier is
+    not a fact: it is in the event, the one place a release's sigma is recorded."""
+    facts: dict[str, Any] = {"mechanism": "dpsgd", "sampling": sampling}
     if sampling_rate is not None:
         facts["sampling_rate"] = float(sampling_rate)
     facts.update({k: v for k, v in extra.items() if v is not None})

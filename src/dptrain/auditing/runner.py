@@ -19,8 +19,8 @@ Settings (``setting`` in the result):
   the final model (minus the loss).
 - ``projected``: projected noisy SGD releases only the last iterate w_T (Altschuler & Talwar, "Privacy of Noisy
   Stochastic Gradient Descent: More Iterations without More Privacy Loss", Thm 3.1), so canaries are scored on
-  w_T alone: gradient canaries (full batches only) of norm L, the GLM's Lipschitz constant, added to the batch
-  gradient sum, score_i = -w_T[j_i]; input canaries by minus the loss of w_T.
+  w_T alone: gradient canaries (full batches only) of norm L, the GLM's Lipschitz constant, through the same
+  per-example stage as DP-SGD's, score_i = -w_T[j_i]; input canaries by minus the loss of w_T.
 
 Nothing is written: an audit is an experiment, not a run (its model is trained on canaries).
 """
@@ -48,7 +48,6 @@ from dptrain.auditing.canaries import (
 from dptrain.config import RunConfig
 from dptrain.data import ArrayDataset, DataSplit
 from dptrain.errors import ConfigError
-from dptrain.last_iterate import ConvexGLM
 
 SETTINGS = ("dpsgd", "projected")
 
@@ -138,27 +137,6 @@ def _dpsgd(cfg: RunConfig, randomness, included: torch.Tensor, kind: str):
 # --- projected noisy SGD (last iterate) -----------------------------------------------------------------------
 
 
-class GLMWithCanaries:
-    """A :class:`~dptrain.last_iterate.ConvexGLM` whose full-batch gradient holds the canaries.
-
-    The batch is the ``num_real`` real rows followed by one row per canary, included or not (so b, hence sigma
-    and the bound, do not depend on the secrets): G = (sum over the rows that ``contribute`` of grad f_i(w) +
-    ``canary_sum``) / b + l2 w, :meth:`ConvexGLM.batch_gradient` with the excluded canaries' rows (and the
-    placeholder rows of gradient canaries) contributing nothing and the gradient canaries' L e_j added. Every other
-    attribute is the wrapped GLM's."""
-
-    def __init__(self, glm: ConvexGLM, contribute: torch.Tensor, canary_sum: torch.Tensor):
-        self._glm, self._contribute, self._canary_sum = glm, contribute, canary_sum
-
-    def __getattr__(self, name):
-        return getattr(self._glm, name)
-
-    def batch_gradient(self, w: torch.Tensor, xt: torch.Tensor, yt: torch.Tensor) -> torch.Tensor:
-        rows = self._contribute
-        summed = self._glm.derivative(w, xt[rows], yt[rows]) @ xt[rows]
-        return (summed + self._canary_sum.to(w.dtype)) / xt.shape[0] + float(self._glm.l2) * w
-
-
 def _projected(cfg: RunConfig, randomness, included: torch.Tensor, kind: str):
     """(scores, certified PrivacyReport) of one projected noisy SGD run (full batches); scored on the last
     iterate only."""
@@ -175,12 +153,15 @@ def _projected(cfg: RunConfig, randomness, included: torch.Tensor, kind: str):
         rows = random_examples(m, data.train.input_shape, data.train.num_classes, data.train.x.dtype)
     job = run_module.build_projected(cfg, randomness, _with_train(data, append_examples(data.train, *rows)))
     run = job.run
-    contribute = torch.cat([torch.ones(n, dtype=torch.bool), included if kind == "input" else torch.zeros(m, dtype=torch.bool)])
-    canary_sum = torch.zeros(run.dim, dtype=run.dtype)
+    trainer = run.trainer
+    dirac = None
     if kind == "gradient":
         coordinates = dirac_coordinates(m, run.dim)
-        canary_sum[coordinates[included]] = run.lipschitz
-    run.glm = GLMWithCanaries(run.glm, contribute, canary_sum)
+
+        def dirac(r):  # gradient canaries of norm L, the per-example bound the accounting uses
+            return dirac_gradients(coordinates[r], trainer.params, run.lipschitz)
+
+    trainer.per_example = with_canaries(trainer.per_example, n, included, trainer.max_physical_batch_size, dirac)
     w = run.train()
     report = epsilon(run.ledger, cfg.privacy.delta, job.accountant)
     if kind == "gradient":
@@ -190,4 +171,4 @@ def _projected(cfg: RunConfig, randomness, included: torch.Tensor, kind: str):
     return -losses.to(torch.float64), report
 
 
-__all__ = ["SETTINGS", "GLMWithCanaries", "audit_run"]
+__all__ = ["SETTINGS", "audit_run"]
