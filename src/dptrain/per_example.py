@@ -104,7 +104,7 @@ def _zero_rows(t: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
 def _sq_norms(part) -> torch.Tensor:
     if isinstance(part, _LinearFactors):
         return part.delta.pow(2).sum(1) * part.a.pow(2).sum(1)
-    flat = part.reshape(part.shape[0], -1)
+    flat = part.flatten(1)
     return torch.linalg.vecdot(flat, flat)
 
 

@@ -1,5 +1,11 @@
 """A training job from a typed config: the Python function behind ``dptrain train``.
 
+One pipeline for every algorithm (docs/architecture.md): the config names the algorithm (``training.algorithm``:
+``dpsgd``, or one a package registers, like ``projected_noisy_sgd``) and the stages (registered config sections,
+like DPSGD-F's ``[preprocessing]``); the algorithm's builder returns a :class:`Job` around a
+:class:`~dptrain.engine.PrivateTrainer`, and one loop trains it, evaluates, checkpoints and writes one summary. The
+trainer's release policy decides what the loop may show: every iterate (DP-SGD) or only the last one.
+
 The run directory's files and who may write them are described in :mod:`dptrain.rundir`: shareable outputs
 (config, metrics, ledger, summary, model) at the top, the secret checkpoint in ``private/``, one run at a time
 under a lock. A step is atomic (:mod:`dptrain.interrupts`); Ctrl-C and SIGTERM checkpoint at the next step
@@ -8,21 +14,23 @@ boundary and stop, and ``resume=True`` continues into the same run an uninterrup
 
 from __future__ import annotations
 
-import dataclasses
+import importlib
 import math
 import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
+from torch import nn
 
 from dptrain.accounting import AUTO, Ledger, all_reports, steps_for_epochs, tightest
 from dptrain.accounting.ledger import training_steps
 from dptrain.accounting.proactive import increasing_sample_sizes
-from dptrain.config import RunConfig, config_to_toml, load_config
-from dptrain.data import ArrayDataset, DataSplit, load_dataset, select_classes
-from dptrain.dpsgd_f import FeaturePreprocessing, prepare
+from dptrain.config import ALGORITHMS, SECTIONS, RunConfig, config_to_toml, load_config
+from dptrain.data import DataSplit, load_dataset, select_classes
 from dptrain.engine import (
     Budget,
     PrivateTrainer,
@@ -31,11 +39,11 @@ from dptrain.engine import (
     make_private,
     make_private_with_epsilon,
 )
-from dptrain.errors import AccountingError, ConfigError, DataError
+from dptrain.errors import AccountingError, ConfigError
 from dptrain.interrupts import Terminated, deferred_signals, terminate_as_exception
 from dptrain.models import build_model
 from dptrain.randomness import SEEDED_WARNING, Randomness
-from dptrain.rundir import CONFIG, PLAN, PREPROCESSING, SUMMARY, RunDirectory
+from dptrain.rundir import CONFIG, PLAN, SUMMARY, RunDirectory
 
 #: Wall-clock seconds between checkpoints when evaluations are further apart (bounds what kill -9 can lose).
 CHECKPOINT_INTERVAL_S = 300.0
@@ -45,16 +53,46 @@ EPSILON_REFRESH_S = 5.0
 
 @dataclass
 class Job:
+    """A run ready to train: the trainer and what the loop needs around it. An algorithm's builder makes it."""
+
     cfg: RunConfig
-    data: DataSplit  # what the trainer sees (after any feature preprocessing)
+    data: DataSplit  # what the trainer sees (after any preprocessing)
     trainer: PrivateTrainer
     total_steps: int
     randomness: Randomness
-    preprocessing: FeaturePreprocessing | None = None
-    raw_test: ArrayDataset | None = None  # the test set before preprocessing (for the returned raw-feature model)
+    #: accuracy of the current model on the test set (only ever called on a released model)
+    evaluate: Callable[[], float]
+    #: writes the released model into the run directory; returns summary entries about it
+    save_model: Callable[[RunDirectory], dict]
+    #: per-example losses of the current model on raw examples (x, y): what a black-box attacker can score
+    example_losses: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    #: further summary entries of the algorithm and its stages (e.g. the last-iterate bound beside the certificate)
+    extras: list[Callable[[], dict]] = field(default_factory=list)
+    #: files a stage released before training (written once, read back on resume): name -> JSON-able
+    released: dict[str, Any] = field(default_factory=dict)
+    description: str = ""  # the model, for the report
 
 
-def build_optimizer(cfg: RunConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
+@dataclass
+class Draft:
+    """A DP-SGD job before its trainer is made: what the stages of registered sections may change (the data the
+    trainer sees, the model, the trainer's options) and what they add to the job. ``resumed`` holds what the run
+    directory kept of earlier releases (a stage never releases twice)."""
+
+    cfg: RunConfig
+    randomness: Randomness
+    data: DataSplit
+    model: nn.Module
+    options: dict
+    resumed: dict[str, Any]
+    released: dict[str, Any] = field(default_factory=dict)
+    extras: list[Callable[[], dict]] = field(default_factory=list)
+    save_model: Callable[[RunDirectory, PrivateTrainer], dict] | None = None
+    #: raw examples -> what the trainer sees (a preprocessing stage sets it)
+    transform: Callable[[torch.Tensor], torch.Tensor] | None = None
+
+
+def build_optimizer(cfg: RunConfig, model: nn.Module) -> torch.optim.Optimizer:
     t = cfg.training
     if t.optimizer == "sgd":
         return torch.optim.SGD(
@@ -80,34 +118,14 @@ def _announce_seed(cfg: RunConfig) -> None:
         print(f"dptrain: warning: seed = {cfg.seed}: {SEEDED_WARNING}", file=sys.stderr)
 
 
-def _preprocess(cfg, data, model, fitted, randomness):
-    """The DPSGD-F preprocessing stage (docs/dpsgd_f.md): fit it on the training set (recording its releases in a
-    ledger) or reuse a fitted one (resume), and return the transformed data the trainer sees."""
-    pre = cfg.preprocessing
-    prepared = prepare(
-        model,
-        data.train.x,
-        kind=pre.kind,
-        feature_norm=pre.feature_norm,
-        delta=cfg.privacy.delta,
-        eps_f=pre.eps_f,
-        epsilon=cfg.privacy.target_epsilon,
-        quantile_tail=pre.quantile_tail,
-        randomness=randomness,
-        fitted=fitted,
-    )
-    tf = prepared.preprocessing.transform
-
-    def part(ds: ArrayDataset) -> ArrayDataset:
-        return ArrayDataset(tf(ds.x), ds.y, ds.num_classes, ds.name)
-
-    what = (
-        f"{pre.kind} preprocessing" if pre.kind != "none" else f"features normalized to {pre.feature_norm:g}"
-    )
-    return prepared, DataSplit(part(data.train), part(data.test), f"{data.description}, {what}")
+def resolve(path: str) -> Callable:
+    """``"module:function"`` -> the function (algorithms and stages name their code this way, so that the config
+    layer never imports it)."""
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
-def _resolve_accountant(trainer: PrivateTrainer, total: int) -> str:
+def resolve_accountant(trainer: PrivateTrainer, total: int) -> str:
     """``auto`` with a fixed noise multiplier: the accountant that certifies the planned run tightest."""
     reports, refusals = all_reports(trainer.ledger_after(total - trainer.steps), trainer.delta)
     best = tightest(reports)
@@ -122,37 +140,45 @@ def build_job(
     cfg: RunConfig,
     randomness: Randomness,
     *,
-    noise_multiplier: float | None = None,
+    ledger: Ledger | None = None,
     accountant: str | None = None,
-    fitted: FeaturePreprocessing | None = None,
+    resumed: dict[str, Any] | None = None,
     data: DataSplit | None = None,
 ) -> Job:
-    """Data, model, optimizer and private trainer for ``cfg``. ``noise_multiplier`` and ``accountant`` override
-    calibration (a resumed run keeps those it was calibrated with); ``fitted`` is the released preprocessing of a
-    run being resumed (never fitted, i.e. released, twice); ``data`` replaces the config's data (e.g. an audit's
-    training set with canaries). Writes nothing."""
+    """The job of ``cfg``, built by its algorithm's registered builder. Resuming: ``ledger`` is the checkpoint's
+    (sigma is read from it), ``accountant`` the one that certified the run, ``resumed`` the stages' released
+    files. ``data`` replaces the config's data (e.g. an audit's training set with canaries). Writes nothing."""
+    builder = resolve(ALGORITHMS[cfg.training.algorithm].build)
+    return builder(cfg, randomness, ledger=ledger, accountant=accountant, resumed=resumed or {}, data=data)
+
+
+def build_dpsgd_job(
+    cfg: RunConfig,
+    randomness: Randomness,
+    *,
+    ledger: Ledger | None,
+    accountant: str | None,
+    resumed: dict[str, Any],
+    data: DataSplit | None,
+) -> Job:
+    """DP-SGD: data, model, the stages of the registered sections, optimizer, and the trainer (sigma calibrated
+    for the planned steps, given, or read from a resumed run's ledger)."""
     randomness.seed_torch("init")
     data = load_data(cfg) if data is None else data
     model = build_model(cfg.model.name, data.train.input_shape, data.train.num_classes, **cfg.model.options)
     p, t = cfg.privacy, cfg.training
-    prepared, raw_test = None, None
-    if cfg.preprocessing.kind != "none" or cfg.preprocessing.feature_norm is not None:
-        raw_test = data.test
-        prepared, data = _preprocess(cfg, data, model, fitted, randomness)
-        model = prepared.model
-    optimizer = build_optimizer(cfg, model)
-    settings = {"max_grad_norm": p.max_grad_norm, "accountant": accountant or p.accountant}
-    if prepared is not None:
-        settings.update(prepared.settings)
-        if accountant is not None:
-            settings["accountant"] = accountant
-        if fitted is None:
-            settings["ledger"] = prepared.ledger
-    n = len(data.train)
-    if t.batch_size > n and p.sampling == "poisson":
+    draft = Draft(cfg, randomness, data, model, {"max_grad_norm": p.max_grad_norm, "accountant": p.accountant}, resumed)
+    for section in SECTIONS.values():
+        if section.stage is not None:
+            resolve(section.stage)(draft)
+    options = draft.options
+    if accountant is not None:
+        options["accountant"] = accountant
+    data, model, n = draft.data, draft.model, len(draft.data.train)
+    if t.batch_size > n and p.sampling != "full":
         raise ConfigError(f"training.batch_size must be <= the training set size {n}, got {t.batch_size}")
     common = dict(
-        **settings,
+        **options,
         batch_size=t.batch_size,
         sampling=p.sampling,
         clipping=p.clipping,
@@ -164,9 +190,11 @@ def build_job(
     if t.batch_growth > 0:  # increasing expected batch sizes (Proactive DP, App. B.4): theta = s_max/s_bar ~ 1 + p
         total = t.steps if t.steps is not None else steps_for_epochs(t.epochs, t.batch_size / n)
         common["sample_sizes"] = increasing_sample_sizes(t.batch_size, total, t.batch_growth, n)
-    if p.target_epsilon is None or noise_multiplier is not None:
+    optimizer = build_optimizer(cfg, model)
+    resuming = ledger is not None and training_steps(ledger) > 0
+    if p.target_epsilon is None or resuming:
         budget = None if p.target_epsilon is None else Budget(p.target_epsilon, p.delta)
-        sigma = p.noise_multiplier if noise_multiplier is None else noise_multiplier
+        sigma = ledger_noise_multiplier(ledger) if resuming else p.noise_multiplier
         trainer = make_private(
             model, optimizer, data.train, noise_multiplier=sigma, delta=p.delta, budget=budget, **common
         )
@@ -182,8 +210,45 @@ def build_job(
         )
     total = trainer.steps_for(**cfg.steps_or_epochs)
     if trainer.accountant == AUTO:
-        trainer.accountant = _resolve_accountant(trainer, total)
-    return Job(cfg, data, trainer, total, randomness, None if prepared is None else prepared.preprocessing, raw_test)
+        trainer.accountant = resolve_accountant(trainer, total)
+    save = draft.save_model or (lambda rd, tr: _save_module(rd, tr, cfg, data))
+    return Job(
+        cfg,
+        data,
+        trainer,
+        total,
+        randomness,
+        evaluate=lambda: trainer.evaluate(data.test.x, data.test.y),
+        save_model=lambda rd: save(rd, trainer),
+        example_losses=lambda x, y: model_losses(trainer, draft.transform(x) if draft.transform else x, y),
+        extras=draft.extras,
+        released=draft.released,
+        description=f"{cfg.model.name} (per-example gradients: {trainer.grad_sampler.name})",
+    )
+
+
+@torch.no_grad()
+def model_losses(trainer: PrivateTrainer, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Per-example losses of the trainer's current model (evaluation mode) on (x, y)."""
+    was_training = trainer.model.training
+    trainer.model.eval()
+    try:
+        return trainer.loss_fn(trainer.model(x), y)
+    finally:
+        trainer.model.train(was_training)
+
+
+def _save_module(rd: RunDirectory, trainer: PrivateTrainer, cfg: RunConfig, data: DataSplit) -> dict:
+    rd.save_model(
+        {
+            "state_dict": trainer.model.state_dict(),
+            "model": cfg.model.name,
+            "options": dict(cfg.model.options),
+            "input_shape": list(data.train.input_shape),
+            "num_classes": data.train.num_classes,
+        }
+    )
+    return {}
 
 
 class _Progress:
@@ -228,13 +293,6 @@ def run_training(
         return _resume(rd, progress, stop_after)
     if cfg is None:
         raise ConfigError("a config is needed to start a run")
-    if cfg.training.algorithm == "projected_noisy_sgd":
-        if stop_after is not None or plan is not None:
-            raise ConfigError(
-                "projected noisy SGD runs cannot be cut with --stop-after or planned yet; run them whole (only the "
-                "last iterate is released)"
-            )
-        return run_projected(cfg, rd, progress)
     rd.refuse_if_holding()  # early, before the work of building the job
     start = time.perf_counter()
     job = build_job(cfg, run_randomness(cfg))
@@ -249,16 +307,14 @@ def run_training(
         _announce_seed(cfg)
         if plan is not None:
             rd.write_json(PLAN, plan)
-        if job.preprocessing is not None:  # released statistics (private mean, tau): part of the output
-            rd.write_json(PREPROCESSING, job.preprocessing.to_dict())
+        for name, content in job.released.items():  # released statistics (a private mean, ...): shareable
+            rd.write_json(name, content)
         return _train(job, rd, progress, stop_after, elapsed=0.0, start=start)
 
 
 def _resume(rd: RunDirectory, progress: bool, stop_after: int | None) -> dict:
     with rd.locked():
         cfg = load_config(rd / CONFIG)
-        if cfg.training.algorithm == "projected_noisy_sgd":
-            raise ConfigError("projected noisy SGD runs cannot be resumed; run them whole")
         previous = rd.read_json(SUMMARY)
         if previous is not None and previous.get("finished"):
             print(
@@ -271,13 +327,13 @@ def _resume(rd: RunDirectory, progress: bool, stop_after: int | None) -> dict:
         state = rd.load_checkpoint()
         ledger = Ledger.from_dict(state["ledger"])
         rd.check_ledger_copy(ledger)
+        resumed = {name: rd.read_json(name) for name in state.get("released", [])}
         job = build_job(
             cfg,
             Randomness(cfg.seed, secure=cfg.privacy.secure_noise, warn=False),
-            # sigma lives in the ledger (a run cut before its first step calibrates again: deterministic)
-            noise_multiplier=ledger_noise_multiplier(ledger) if training_steps(ledger) else None,
+            ledger=ledger,
             accountant=state["accountant"],
-            fitted=_load_preprocessing(rd, cfg),
+            resumed=resumed,
         )
         job.trainer.load_state_dict(state)
         rd.truncate_metrics(job.trainer.steps)
@@ -285,8 +341,10 @@ def _resume(rd: RunDirectory, progress: bool, stop_after: int | None) -> dict:
 
 
 def _train(job: Job, rd: RunDirectory, progress: bool, stop_after: int | None, elapsed: float, start: float):
-    """The training loop of a run holding ``rd``'s lock: steps, evaluations, checkpoints, the summary."""
+    """The training loop of a run holding ``rd``'s lock: steps, evaluations, checkpoints, the summary. A
+    last-iterate run is evaluated only at its end (an intermediate iterate is not a release)."""
     trainer, cfg = job.trainer, job.cfg
+    every_iterate = trainer.release == "every_iterate"
     eval_every = cfg.training.eval_every or max(1, round(1 / trainer.sampling_rate))
     remaining = max(0, job.total_steps - trainer.steps)
     if stop_after is not None:
@@ -300,7 +358,7 @@ def _train(job: Job, rd: RunDirectory, progress: bool, stop_after: int | None, e
                 if progress and time.perf_counter() - eps_time > EPSILON_REFRESH_S:
                     eps, eps_time = trainer.epsilon().epsilon, time.perf_counter()
                 bar.update(result, eps)
-                evaluate = result.step % eval_every == 0 and result.step < job.total_steps
+                evaluate = every_iterate and result.step % eval_every == 0 and result.step < job.total_steps
                 if evaluate or time.perf_counter() - last_checkpoint > CHECKPOINT_INTERVAL_S:
                     with deferred_signals():
                         _checkpoint(rd, job, wall())
@@ -323,59 +381,21 @@ def _train(job: Job, rd: RunDirectory, progress: bool, stop_after: int | None, e
     )
     with deferred_signals():
         _checkpoint(rd, job, wall())
-        final = _evaluate_and_log(rd, job, None)
+        released = every_iterate or finished  # a last-iterate run releases its model only at the end
+        final = _evaluate_and_log(rd, job, None) if released else None
         summary = _summary(job, rd, final, wall(), finished)
-        if job.preprocessing is not None:
-            summary.update(_save_raw_model(rd, job))
-        else:
-            rd.save_model(_model_payload(job))
+        if released:
+            summary.update(job.save_model(rd))
+            for extra in job.extras:
+                summary.update(extra())
         rd.write_json(SUMMARY, summary)
     trainer.close()
     return summary
 
 
 def _checkpoint(rd: RunDirectory, job: Job, wall: float) -> None:
-    rd.save_checkpoint({**job.trainer.state_dict(), "elapsed_s": wall}, job.trainer.ledger)
-
-
-def _model_payload(job: Job) -> dict:
-    cfg = job.cfg
-    return {
-        "state_dict": job.trainer.model.state_dict(),
-        "model": cfg.model.name,
-        "options": dict(cfg.model.options),
-        "input_shape": list(job.data.train.input_shape),
-        "num_classes": job.data.train.num_classes,
-    }
-
-
-def _load_preprocessing(rd: RunDirectory, cfg: RunConfig) -> FeaturePreprocessing | None:
-    if cfg.preprocessing.kind == "none" and cfg.preprocessing.feature_norm is None:
-        return None
-    data = rd.read_json(PREPROCESSING)
-    if data is None:
-        raise DataError(
-            f"{rd / PREPROCESSING} is missing or corrupt: the run's released preprocessing is needed to resume it"
-        )
-    try:
-        return FeaturePreprocessing.from_dict(data)
-    except (ValueError, KeyError, TypeError) as e:
-        raise DataError(f"{rd / PREPROCESSING} is corrupt ({type(e).__name__})") from None
-
-
-def _save_raw_model(rd: RunDirectory, job: Job) -> dict:
-    """The returned model of a preprocessing run: the trained linear map with the bias mapped back, so it applies
-    to raw examples (normalized inside). Written as ``model.pt``; its test accuracy on the raw test set is
-    reported beside the trainer's (they agree: docs/dpsgd_f.md)."""
-    prep = job.preprocessing
-    model = prep.raw_model(job.trainer.model)
-    rd.save_model({"state_dict": model.state_dict(), "preprocessing": prep.to_dict()})
-    with torch.no_grad():
-        acc = float((model(job.raw_test.x).argmax(1) == job.raw_test.y).float().mean())
-    return {
-        "preprocessing": {k: v for k, v in prep.to_dict().items() if k != "mean"},
-        "test_accuracy_raw_model": acc,
-    }
+    state = {**job.trainer.state_dict(), "elapsed_s": wall, "released": sorted(job.released)}
+    rd.save_checkpoint(state, job.trainer.ledger)
 
 
 def _evaluate_and_log(rd: RunDirectory, job: Job, result: StepResult | None) -> dict:
@@ -384,7 +404,7 @@ def _evaluate_and_log(rd: RunDirectory, job: Job, result: StepResult | None) -> 
     row = {
         "step": t.steps,
         "epoch": t.expected_epochs,
-        "test_accuracy": t.evaluate(job.data.test.x, job.data.test.y),
+        "test_accuracy": job.evaluate(),
         "epsilon": report.epsilon,
         "delta": report.delta,
     }
@@ -402,8 +422,10 @@ def accountant_table(ledger: Ledger, delta: float) -> dict:
     return table
 
 
-def _summary(job: Job, rd: RunDirectory, final: dict, wall: float, finished: bool) -> dict:
-    t, cfg, report = job.trainer, job.cfg, final["report"]
+def _summary(job: Job, rd: RunDirectory, final: dict | None, wall: float, finished: bool) -> dict:
+    """One summary format for every algorithm (its extras are added by the loop)."""
+    t, cfg = job.trainer, job.cfg
+    report = final["report"] if final is not None else t.epsilon()
     summary = {
         "epsilon": report.epsilon,
         "delta": report.delta,
@@ -411,10 +433,11 @@ def _summary(job: Job, rd: RunDirectory, final: dict, wall: float, finished: boo
         "certified": report.certified,
         "accountant_choice": "auto: the tightest certified" if cfg.privacy.accountant == AUTO else "config",
         "accountants": accountant_table(t.ledger, report.delta),
-        "test_accuracy": final["row"]["test_accuracy"],
+        "test_accuracy": final["row"]["test_accuracy"] if final is not None else None,
         "steps": t.steps,
         "planned_steps": job.total_steps,
         "finished": finished,
+        "release": t.release,
         "epochs": t.expected_epochs,
         "noise_multiplier": t.noise_multiplier,
         "sampling_rate": t.sampling_rate,
@@ -424,8 +447,7 @@ def _summary(job: Job, rd: RunDirectory, final: dict, wall: float, finished: boo
         "target_epsilon": cfg.privacy.target_epsilon,
         "dataset": job.data.description,
         "train_size": len(job.data.train),
-        "model": cfg.model.name,
-        "grad_sampler": t.grad_sampler.name,
+        "model": job.description,
         "randomness": job.randomness.description,
         "secure_noise": job.randomness.secure,
         "wall_time_s": wall,
@@ -445,30 +467,31 @@ def format_report(summary: dict) -> str:
         for k, v in summary.get("accountants", {}).items()
         if "epsilon" in v and k != summary["accountant"]
     )
+    accuracy = summary["test_accuracy"]
     rows = [
         ("privacy", f"epsilon = {summary['epsilon']:.4f}{target} at delta = {summary['delta']:g}{cert}"),
         ("accountant", summary["accountant"] + (f" (others: {others})" if others else "")),
         *([_last_iterate_row(summary)] if "epsilon_last_iterate" in summary else []),
-        ("test accuracy", f"{summary['test_accuracy']:.4f}"),
+        ("test accuracy", "not released yet (last iterate only)" if accuracy is None else f"{accuracy:.4f}"),
         *([_preprocessing_row(summary)] if "preprocessing" in summary else []),
         ("steps", f"{summary['steps']} of {summary['planned_steps']} ({summary['epochs']:.2f} epochs)"),
         (
             "noise multiplier" if "noise_std" not in summary else "noise std (on averaged gradient)",
-            f"{summary['noise_multiplier']:.4f}",
+            f"{summary.get('noise_std', summary['noise_multiplier']):.4f}",
         ),
         (
             "sampling rate",
             f"{summary['sampling_rate']:.6g} ({summary['sampling']}, expected batch {summary['batch_size']})",
         ),
         ("clip norm", f"{summary['max_grad_norm']:g}")
-        if summary["max_grad_norm"] is not None
+        if "lipschitz" not in summary
         else (
             "Lipschitz / diameter",
-            f"L = {summary.get('lipschitz', 0):.4g}, D = {summary.get('diameter', 0):g}",
+            f"L = {summary['lipschitz']:.4g}, D = {summary['diameter']:g}",
         ),
         ("randomness", summary["randomness"]),
         ("data", summary["dataset"]),
-        ("model", f"{summary['model']} (per-example gradients: {summary['grad_sampler']})"),
+        ("model", summary["model"]),
         ("wall time", f"{summary['wall_time_s']:.1f} s"),
         ("outputs", summary["out"]),
     ]
@@ -501,141 +524,3 @@ def _preprocessing_row(summary: dict) -> tuple[str, str]:
         text += f", tau = {pre['tau']:.4g}"
     text += f"; model.pt on raw examples: test accuracy {summary['test_accuracy_raw_model']:.4f}"
     return "preprocessing", text
-
-
-@dataclass
-class ProjectedJob:
-    """A projected noisy SGD run as ``dptrain train`` builds it (nothing trained, nothing written)."""
-
-    cfg: RunConfig
-    data: DataSplit
-    run: object  # dptrain.last_iterate.ProjectedNoisySGD
-    accountant: str
-    randomness: Randomness
-
-
-def build_projected(cfg: RunConfig, randomness: Randomness, data: DataSplit | None = None) -> ProjectedJob:
-    """Projected noisy SGD for ``cfg`` (or on ``data``): the GLM, the steps, sigma (given, or calibrated by
-    ``privacy.accountant``) and the accountant that certifies the run (``auto`` resolved to the tightest certified
-    one for the planned ledger)."""
-    from dptrain.accounting import calibrate
-    from dptrain.last_iterate import ConvexGLM, ProjectedNoisySGD
-
-    p, t, cv = cfg.privacy, cfg.training, cfg.convex
-    data = load_data(cfg) if data is None else data
-    glm = ConvexGLM(cv.loss, cv.feature_norm, fit_bias=cv.fit_bias, l2=cv.l2)
-    n = len(data.train)
-    b = n if cv.batching == "full" else t.batch_size
-    steps = t.steps if t.steps is not None else steps_for_epochs(t.epochs, b / n)
-
-    def trainer(sigma: float) -> ProjectedNoisySGD:
-        return ProjectedNoisySGD(
-            glm,
-            (data.train.x, data.train.y),
-            noise_std=sigma,
-            learning_rate=t.learning_rate,
-            steps=steps,
-            batch_size=b,
-            batching=cv.batching,
-            diameter=cv.diameter,
-            lr_power=cv.lr_power,
-            adjacency=cv.adjacency,
-            randomness=randomness,
-        )
-
-    sigma, accountant = cv.noise_std, p.accountant
-    if sigma is None:
-        cal = calibrate(p.target_epsilon, p.delta, lambda s: trainer(s).planned_ledger(), p.accountant)
-        sigma, accountant = cal.noise_multiplier, cal.accountant
-    run = trainer(sigma)
-    if accountant == AUTO:
-        best = tightest(all_reports(run.planned_ledger(), p.delta)[0])
-        if best is None:
-            raise AccountingError("no accountant certifies this projected run")
-        accountant = best.accountant
-    return ProjectedJob(cfg, data, run, accountant, randomness)
-
-
-def run_projected(cfg: RunConfig, rd: RunDirectory, progress: bool = True) -> dict:
-    """Projected noisy SGD on a convex GLM (Altschuler & Talwar, "Privacy of Noisy Stochastic Gradient Descent").
-    The budget is certified by ``privacy.accountant`` (``auto``: the tightest certified of composition by rdp/pld
-    and, for full and cyclic batches where it is proven for both orderings of a neighbouring pair, the
-    last-iterate bound); every other accountant is reported beside it, and for random batches the last-iterate
-    bound is reported only, not certified (docs/last_iterate.md). Only the final iterate is written (``model.pt``,
-    the release); no intermediate iterate is logged or checkpointed."""
-    from dptrain.accounting import epsilon
-    from dptrain.accounting.last_iterate import (
-        NOT_CERTIFIED,
-        certifiable,
-        last_iterate_report,
-        setting_from_ledger,
-    )
-    from dptrain.last_iterate import accuracy
-
-    rd.refuse_if_holding()
-    start = time.perf_counter()
-    job = build_projected(cfg, run_randomness(cfg))
-    p, cv, run, accountant, data = cfg.privacy, cfg.convex, job.run, job.accountant, job.data
-    glm, steps, b, n = run.glm, run.steps, run.batch_size, run.n
-    with rd.locked(create=True):
-        rd.refuse_if_holding()
-        rd.write_text(CONFIG, config_to_toml(cfg))
-        _announce_seed(cfg)
-        bar = _Progress(steps, 0, progress)
-        try:
-            w = run.train(callback=lambda _: bar.update(None, None))
-        finally:
-            bar.close()
-        rd.save_model({"weights": w, "glm": dataclasses.asdict(glm)})
-        run.ledger.save(rd / "ledger.json")
-        certified = epsilon(run.ledger, p.delta, accountant)
-        setting = setting_from_ledger(run.ledger)
-        li = last_iterate_report(setting, p.delta)  # the last-iterate bound and the composition bound, side by side
-        test_accuracy = accuracy(w, glm, data.test.x, data.test.y)
-        rd.append_metrics(
-            {
-                "step": steps,
-                "test_accuracy": test_accuracy,
-                "epsilon": certified.epsilon,
-                "delta": p.delta,
-                "epsilon_last_iterate": li["epsilon"],
-            }
-        )
-        summary = {
-            "epsilon": certified.epsilon,
-            "delta": p.delta,
-            "accountant": accountant,
-            "certified": certified.certified,
-            "accountant_choice": "auto: the tightest certified" if p.accountant == AUTO else "config",
-            "accountants": accountant_table(run.ledger, p.delta),
-            "epsilon_last_iterate": li["epsilon"],
-            "epsilon_composition": epsilon(run.ledger, p.delta, "rdp").epsilon,
-            "last_iterate_certified": certifiable(setting),
-            **({} if certifiable(setting) else {"last_iterate_note": NOT_CERTIFIED}),
-            "burn_in_steps": li["burn_in_steps"],
-            "test_accuracy": test_accuracy,
-            "steps": steps,
-            "planned_steps": steps,
-            "finished": True,
-            "epochs": steps * b / n,
-            "noise_multiplier": run.noise_std,
-            "noise_std": run.noise_std,
-            "sampling_rate": b / n,
-            "sampling": cv.batching,
-            "max_grad_norm": None,
-            "batch_size": b,
-            "target_epsilon": p.target_epsilon,
-            "dataset": data.description,
-            "train_size": n,
-            "model": f"{cv.loss} GLM (projected noisy SGD, last iterate)",
-            "grad_sampler": "closed form",
-            "lipschitz": run.lipschitz,
-            "smoothness": run.smoothness,
-            "diameter": cv.diameter,
-            "randomness": job.randomness.description,
-            "secure_noise": job.randomness.secure,
-            "wall_time_s": time.perf_counter() - start,
-            "out": str(rd.path),
-        }
-        rd.write_json(SUMMARY, summary)
-    return summary

@@ -150,7 +150,7 @@ def with_canaries(
             yield from stage(torch.cat([idx[idx < num_real], canary + num_real]))
             return
         yield from stage(idx[idx < num_real])
-        for part in canary.split(chunk):
+        for part in canary.split(chunk) if len(canary) else ():
             yield dirac(part), torch.zeros(len(part))
 
     return per_example
@@ -181,17 +181,3 @@ class ReleasedCoordinates:
 
     def remove(self) -> None:
         self._handle.remove()
-
-
-# --- scores -------------------------------------------------------------------------------------------------
-
-
-@torch.no_grad()
-def loss_scores(model: torch.nn.Module, loss_fn, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Minus each canary's loss under the final model (higher: more likely trained on)."""
-    was_training = model.training
-    model.eval()
-    try:
-        return -loss_fn(model(x), y).to(torch.float64)
-    finally:
-        model.train(was_training)

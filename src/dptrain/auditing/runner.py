@@ -30,7 +30,6 @@ from __future__ import annotations
 import torch
 
 from dptrain import run as run_module
-from dptrain.accounting import epsilon
 from dptrain.auditing.bounds import audit
 from dptrain.auditing.canaries import (
     ReleasedCoordinates,
@@ -40,7 +39,6 @@ from dptrain.auditing.canaries import (
     dirac_gradients,
     draw_inclusion,
     flat_size,
-    loss_scores,
     placeholders,
     random_examples,
     with_canaries,
@@ -65,10 +63,7 @@ def audit_run(cfg: RunConfig, canaries: int = 1000, confidence: float = 0.95, ki
         raise ConfigError(f"cfg must be a RunConfig (dptrain.config.load_config), got {type(cfg).__name__}")
     randomness = run_module.run_randomness(cfg)
     included = draw_inclusion(m, randomness.stream("canaries"))
-    if cfg.training.algorithm == "projected_noisy_sgd":
-        setting, (scores, report) = "projected", _projected(cfg, randomness, included, kind)
-    else:
-        setting, (scores, report) = "dpsgd", _dpsgd(cfg, randomness, included, kind)
+    setting, scores, report = _audited_run(cfg, randomness, included, kind)
     delta = cfg.privacy.delta
     found = audit(scores.numpy(), included.numpy().astype(bool), delta, confidence)
     return {
@@ -85,22 +80,16 @@ def audit_run(cfg: RunConfig, canaries: int = 1000, confidence: float = 0.95, ki
     }
 
 
-# --- DP-SGD ---------------------------------------------------------------------------------------------------
-
-
 def _with_train(data: DataSplit, train: ArrayDataset) -> DataSplit:
     return DataSplit(train, data.test, data.description)
 
 
-def _train_all(trainer, steps: int) -> None:
-    for _ in trainer.iter_steps(steps):
-        pass
-
-
-def _dpsgd(cfg: RunConfig, randomness, included: torch.Tensor, kind: str):
-    """(scores, certified PrivacyReport) of one DP-SGD run with the canaries: the job is built exactly as
-    ``dptrain train`` builds it (preprocessing, calibration, accountant) on the real training set followed by one
-    row per canary (placeholders for gradient canaries, the canary examples for input canaries)."""
+def _audited_run(cfg: RunConfig, randomness, included: torch.Tensor, kind: str):
+    """(setting, scores, certified PrivacyReport) of one run with the canaries. The job is built exactly as
+    ``dptrain train`` builds it (its algorithm, stages, calibration, accountant) on the real training set followed
+    by one row per canary (placeholders for gradient canaries, the canary examples for input canaries). What the
+    scores may read is what the run releases: every privatized gradient of DP-SGD, only the final model of a
+    last-iterate run."""
     m = len(included)
     data = run_module.load_data(cfg)
     n = len(data.train)
@@ -110,65 +99,32 @@ def _dpsgd(cfg: RunConfig, randomness, included: torch.Tensor, kind: str):
         rows = random_examples(m, data.train.input_shape, data.train.num_classes, data.train.x.dtype)
     job = run_module.build_job(cfg, randomness, data=_with_train(data, append_examples(data.train, *rows)))
     trainer = job.trainer
+    every_iterate = trainer.release == "every_iterate"
+    dirac, released = None, None
     if kind == "gradient":
         coordinates = dirac_coordinates(m, flat_size(trainer.params))
-        norm = trainer.clipping.sensitivity
+        norm = trainer.clipping.sensitivity  # the per-example bound the accounting uses (C, or L)
 
         def dirac(r):
             return dirac_gradients(coordinates[r], trainer.params, norm)
 
-        released = ReleasedCoordinates(trainer.optimizer, trainer.params, coordinates)
-    trainer.per_example = with_canaries(
-        trainer.per_example, n, included, trainer.max_physical_batch_size, dirac if kind == "gradient" else None
-    )
+        if every_iterate:
+            released = ReleasedCoordinates(trainer.optimizer, trainer.params, coordinates)
+    trainer.per_example = with_canaries(trainer.per_example, n, included, trainer.max_physical_batch_size, dirac)
     try:
-        _train_all(trainer, job.total_steps)
+        for _ in trainer.iter_steps(job.total_steps):
+            pass
     finally:
-        if kind == "gradient":
+        if released is not None:
             released.remove()
         trainer.close()
-    if kind == "gradient":
-        return released.total, trainer.epsilon()
-    x, y = rows
-    x = x if job.preprocessing is None else job.preprocessing.transform(x)
-    return loss_scores(trainer.model, trainer.loss_fn, x, y), trainer.epsilon()
-
-
-# --- projected noisy SGD (last iterate) -----------------------------------------------------------------------
-
-
-def _projected(cfg: RunConfig, randomness, included: torch.Tensor, kind: str):
-    """(scores, certified PrivacyReport) of one projected noisy SGD run (full batches); scored on the last
-    iterate only."""
-    if cfg.convex.batching != "full":
-        raise ConfigError(
-            'auditing projected noisy SGD needs convex.batching = "full" (the canaries enter the full-batch gradient '
-            f"sum, where the last-iterate bound is certified); got {cfg.convex.batching!r}"
-        )
-    data = run_module.load_data(cfg)
-    m, n = len(included), len(data.train)
-    if kind == "gradient":
-        rows = placeholders(m, data.train)
-    else:
-        rows = random_examples(m, data.train.input_shape, data.train.num_classes, data.train.x.dtype)
-    job = run_module.build_projected(cfg, randomness, _with_train(data, append_examples(data.train, *rows)))
-    run = job.run
-    trainer = run.trainer
-    dirac = None
-    if kind == "gradient":
-        coordinates = dirac_coordinates(m, run.dim)
-
-        def dirac(r):  # gradient canaries of norm L, the per-example bound the accounting uses
-            return dirac_gradients(coordinates[r], trainer.params, run.lipschitz)
-
-    trainer.per_example = with_canaries(trainer.per_example, n, included, trainer.max_physical_batch_size, dirac)
-    w = run.train()
-    report = epsilon(run.ledger, cfg.privacy.delta, job.accountant)
-    if kind == "gradient":
-        return -w[coordinates].to(torch.float64), report
-    glm, (x, y) = run.glm, rows
-    losses = glm.per_example_losses(w, glm.prepare_features(x, w.dtype), glm.prepare_labels(y, w.dtype))
-    return -losses.to(torch.float64), report
+    setting = "dpsgd" if every_iterate else "projected"
+    if kind == "input":
+        return setting, -job.example_losses(*rows).to(torch.float64), trainer.epsilon()
+    if released is not None:
+        return setting, released.total, trainer.epsilon()
+    final = torch.cat([p.detach().reshape(-1) for p in trainer.params.values()])  # the last iterate, released
+    return setting, -final[coordinates].to(torch.float64), trainer.epsilon()
 
 
 __all__ = ["SETTINGS", "audit_run"]

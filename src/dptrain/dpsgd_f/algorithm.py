@@ -42,10 +42,10 @@ from torch import nn
 
 from dptrain.accounting import Ledger, gaussian_mechanism_noise
 from dptrain.data import as_tensors
+from dptrain.dpsgd_f.config import KINDS
 from dptrain.errors import ConfigError, ModelError
 from dptrain.randomness import Randomness, Stream
 
-KINDS = ("none", "private_mean", "dpsgd_f_theory")
 #: ||grad of softmax cross-entropy w.r.t. the scores||_2 = ||p - e_y||_2 <= sqrt(2): the G of Sec. 2 / Sec. 5.
 SOFTMAX_LIPSCHITZ = math.sqrt(2.0)
 
@@ -534,3 +534,69 @@ def pipeline_noise(
         return prefix.extended(event, step_facts("poisson", sampling_rate), steps)
 
     return calibrate_noise(target_epsilon, delta, ledger_for, accountant)
+
+
+# --- the stage of a DP-SGD job (config section [preprocessing]) ------------------------------------------------
+
+#: The released preprocessing (the noisy mean, tau): a shareable file of the run, read back on resume.
+RELEASED_FILE = "preprocessing.json"
+
+
+def stage(draft) -> None:
+    """``[preprocessing]`` in a DP-SGD job (:class:`dptrain.run.Draft`): fit the preprocessing on the training set,
+    recording its releases in the ledger the trainer starts from, or reuse the one a resumed run released; the
+    trainer then sees the transformed data and model, and the returned model is mapped back to raw examples."""
+    from dptrain.data import ArrayDataset, DataSplit
+    from dptrain.errors import DataError
+
+    cfg, pre = draft.cfg, draft.cfg.preprocessing
+    if not pre.active:
+        return
+    fitted = None
+    if RELEASED_FILE in draft.resumed:
+        try:
+            fitted = FeaturePreprocessing.from_dict(draft.resumed[RELEASED_FILE])
+        except (ValueError, KeyError, TypeError, AttributeError):
+            raise DataError(
+                f"{RELEASED_FILE} is missing or corrupt: the run's released preprocessing is needed to resume it"
+            ) from None
+    prepared = prepare(
+        draft.model,
+        draft.data.train.x,
+        kind=pre.kind,
+        feature_norm=pre.feature_norm,
+        delta=cfg.privacy.delta,
+        eps_f=pre.eps_f,
+        epsilon=cfg.privacy.target_epsilon,
+        quantile_tail=pre.quantile_tail,
+        randomness=draft.randomness,
+        fitted=fitted,
+    )
+    prep, raw_test = prepared.preprocessing, draft.data.test
+
+    def part(ds: ArrayDataset) -> ArrayDataset:
+        return ArrayDataset(prep.transform(ds.x), ds.y, ds.num_classes, ds.name)
+
+    what = f"{pre.kind} preprocessing" if pre.kind != "none" else f"features normalized to {pre.feature_norm:g}"
+    draft.data = DataSplit(part(draft.data.train), part(raw_test), f"{draft.data.description}, {what}")
+    draft.model = prepared.model
+    draft.options.update(prepared.settings)
+    if fitted is None:
+        draft.options["ledger"] = prepared.ledger
+    draft.released[RELEASED_FILE] = prep.to_dict()
+    draft.transform = prep.transform
+    draft.save_model = lambda rd, trainer: _save_raw_model(rd, trainer, prep, raw_test)
+
+
+def _save_raw_model(rd, trainer, prep: FeaturePreprocessing, raw_test) -> dict:
+    """The returned model of a preprocessing run: the trained linear map with the bias mapped back, so it applies
+    to raw examples (normalized inside). Written as ``model.pt``; its test accuracy on the raw test set is reported
+    beside the trainer's (they agree: docs/dpsgd_f.md)."""
+    model = prep.raw_model(trainer.model)
+    rd.save_model({"state_dict": model.state_dict(), "preprocessing": prep.to_dict()})
+    with torch.no_grad():
+        acc = float((model(raw_test.x).argmax(1) == raw_test.y).float().mean())
+    return {
+        "preprocessing": {k: v for k, v in prep.to_dict().items() if k != "mean"},
+        "test_accuracy_raw_model": acc,
+    }
