@@ -404,7 +404,9 @@ def test_one_run_per_directory_sigterm_checkpoints_and_resume_checks_the_ledger(
     ledger = json.loads((out / "ledger.json").read_text())
     assert 0 < state["steps"] < 20000 and ledger["releases"] == state["steps"]  # checkpoint and copy agree
     # Resume a few steps: the wall time of the first segment is kept.
-    code, stdout, _ = _cli(["train", "--resume", str(out), "--stop-after", "5", "--no-progress", "--json"], capsys)
+    code, stdout, _ = _cli(
+        ["train", "--resume", str(out), "--stop-after", "5", "--no-progress", "--json"], capsys
+    )
     summary = json.loads(stdout)
     assert code == 0 and summary["steps"] == state["steps"] + 5
     assert summary["wall_time_s"] >= state["elapsed_s"] > 0
@@ -467,3 +469,28 @@ def test_the_lock_refuses_a_second_writer_in_the_same_process(tmp_path):
         with pytest.raises(RunDirectoryError, match="in use by another dptrain run"):
             run_training(cfg, tmp_path / "r", progress=False)
     assert not (tmp_path / "r" / "config.toml").exists()
+
+
+def test_the_run_numbers_give_the_trainers_own_planned_ledger():
+    """The numbers built at the edge (steps from epochs, rate, schedule) and the engine agree: the planned ledger
+    RunNumbers gives calibrate/account/plan is the one the trainer itself will record."""
+    from dptrain.accounting import RunNumbers
+
+    x, y = _data(n=400)
+    for growth in (0.0, 1.0):
+        numbers = RunNumbers.planned(
+            "poisson", dataset_size=400, batch_size=40, epochs=2.5, batch_growth=growth, clip_norm=0.7
+        )
+        model = build_model("logistic", (5,), 3)
+        trainer = make_private(
+            model,
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            (x, y),
+            noise_multiplier=1.3,
+            max_grad_norm=0.7,
+            batch_size=40,
+            sample_sizes=numbers.sample_sizes,
+            accountant="rdp",
+        )
+        assert numbers.steps == trainer.steps_for(epochs=2.5) == 25
+        assert numbers.ledger(1.3).to_dict() == trainer.ledger_after(numbers.steps).to_dict()

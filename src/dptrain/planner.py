@@ -17,9 +17,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from dptrain.accounting import accountant_names, epsilon, steps_for_epochs
+from dptrain.accounting import RunNumbers, accountant_names, epsilon
 from dptrain.accounting.base import check_delta, check_epsilon
-from dptrain.accounting.ledger import Ledger, dpsgd_ledger
+from dptrain.accounting.ledger import Ledger
 from dptrain.accounting.proactive import certified_batch, dp_calculator_simple, plan_proactive, sigma_from_eps
 from dptrain.errors import AccountingError, ConfigError
 
@@ -73,7 +73,7 @@ def plan_with_accountant(
 
 def plan_ledger(sigma: float, n: int, epochs: float, batch: int) -> Ledger:
     """The ledger of a plan: Poisson-sampled steps of expected batch ``batch`` for ``epochs`` expected passes."""
-    return dpsgd_ledger(sigma, batch / n, steps_for_epochs(epochs, batch / n), dataset_size=n)
+    return RunNumbers.planned("poisson", dataset_size=n, batch_size=batch, epochs=epochs).ledger(sigma)
 
 
 def plan_budget(

@@ -26,9 +26,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from dptrain.accounting import AUTO, Ledger, all_reports, steps_for_epochs, tightest
+from dptrain.accounting import AUTO, Ledger, RunNumbers, all_reports, tightest
 from dptrain.accounting.ledger import training_steps
-from dptrain.accounting.proactive import increasing_sample_sizes
 from dptrain.config import ALGORITHMS, SECTIONS, RunConfig, config_to_toml, load_config
 from dptrain.data import DataSplit, load_dataset, select_classes
 from dptrain.engine import (
@@ -187,9 +186,17 @@ def build_dpsgd_job(
         randomness=randomness,
         report_not_private=t.log_not_private,
     )
-    if t.batch_growth > 0:  # increasing expected batch sizes (Proactive DP, App. B.4): theta = s_max/s_bar ~ 1 + p
-        total = t.steps if t.steps is not None else steps_for_epochs(t.epochs, t.batch_size / n)
-        common["sample_sizes"] = increasing_sample_sizes(t.batch_size, total, t.batch_growth, n)
+    # The run's numbers, computed once here: steps from epochs, the batch-size schedule (growing batches: Proactive
+    # DP, App. B.4, theta = s_max/s_bar ~ 1 + p). The trainer, the calibration and the summary read them.
+    numbers = RunNumbers.planned(
+        p.sampling,
+        dataset_size=n,
+        batch_size=t.batch_size,
+        batch_growth=t.batch_growth,
+        clip_norm=p.max_grad_norm,
+        **cfg.steps_or_epochs,
+    )
+    common["sample_sizes"] = numbers.sample_sizes
     optimizer = build_optimizer(cfg, model)
     resuming = ledger is not None and training_steps(ledger) > 0
     if p.target_epsilon is None or resuming:
@@ -205,18 +212,17 @@ def build_dpsgd_job(
             data.train,
             target_epsilon=p.target_epsilon,
             target_delta=p.delta,
-            **cfg.steps_or_epochs,
+            steps=numbers.steps,
             **common,
         )
-    total = trainer.steps_for(**cfg.steps_or_epochs)
     if trainer.accountant == AUTO:
-        trainer.accountant = resolve_accountant(trainer, total)
+        trainer.accountant = resolve_accountant(trainer, numbers.steps)
     save = draft.save_model or (lambda rd, tr: _save_module(rd, tr, cfg, data))
     return Job(
         cfg,
         data,
         trainer,
-        total,
+        numbers.steps,
         randomness,
         evaluate=lambda: trainer.evaluate(data.test.x, data.test.y),
         save_model=lambda rd: save(rd, trainer),

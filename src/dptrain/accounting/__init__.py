@@ -33,7 +33,7 @@ from dptrain.accounting.calibration import (
     max_releases,
 )
 from dptrain.accounting.ledger import Ledger, LedgerEntry, dpsgd_ledger, gaussian_step_event, step_facts
-from dptrain.accounting.run_numbers import steps_for_epochs
+from dptrain.accounting.run_numbers import RunNumbers, steps_for_epochs
 
 __all__ = [
     "AUTO",
@@ -47,6 +47,7 @@ __all__ = [
     "Ledger",
     "LedgerEntry",
     "PrivacyReport",
+    "RunNumbers",
     "accountant_names",
     "calibrate_dpsgd_noise",
     "calibrate_noise",

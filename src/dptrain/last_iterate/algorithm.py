@@ -620,7 +620,7 @@ def build_projected(cfg, randomness: Randomness, data=None, ledger: Ledger | Non
     """(ProjectedNoisySGD, data, accountant) for ``cfg``: the GLM, the steps, sigma (read from a resumed run's
     ledger, given by convex.noise_std, or calibrated by ``privacy.accountant``) and the accountant that certifies
     the run (``auto`` resolved to the tightest certified one for the planned ledger)."""
-    from dptrain.accounting import AUTO, all_reports, calibrate, steps_for_epochs, tightest
+    from dptrain.accounting import AUTO, RunNumbers, all_reports, calibrate, tightest
     from dptrain.errors import AccountingError
     from dptrain.run import load_data
 
@@ -629,7 +629,7 @@ def build_projected(cfg, randomness: Randomness, data=None, ledger: Ledger | Non
     glm = ConvexGLM(cv.loss, cv.feature_norm, fit_bias=cv.fit_bias, l2=cv.l2)
     n = len(data.train)
     b = n if cv.batching == "full" else t.batch_size
-    steps = t.steps if t.steps is not None else steps_for_epochs(t.epochs, b / n)
+    steps = RunNumbers.planned(_SAMPLERS[cv.batching], dataset_size=n, batch_size=b, **cfg.steps_or_epochs).steps
 
     def make(sigma: float) -> ProjectedNoisySGD:
         return ProjectedNoisySGD(
