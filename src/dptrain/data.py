@@ -268,7 +268,7 @@ def _check_pixels(pixels: str) -> str:
 
 def load_fashion_mnist(directory: str | os.PathLike | None = None, pixels: str = "standardized") -> DataSplit:
     """Fashion-MNIST from IDX files (default directory ``/usr/share/datasets/fashion-mnist``). ``pixels``:
-    "standardized" (public mean/std) or "raw" (values in [0, 1], as seed 004 feeds its linear models)."""
+    "standardized" (public mean/std) or "raw" (values in [0, 1], as DPSGD-F (Sun, Suresh & Menon) feeds its linear models)."""
     if directory is None:
         directory = DEFAULT_FASHION_MNIST_DIR
     return _load_idx_dataset(

@@ -1,4 +1,4 @@
-"""The utility graph of Proactive DP (seed 002: van Dijk, Nguyen, Nguyen, Nguyen, Nguyen, "Proactive DP: A
+"""The utility graph of Proactive DP (van Dijk, Nguyen, Nguyen, Nguyen, Nguyen, "Proactive DP: A
 Multiple Target Optimization Framework for DP-SGD", Sec. 3.3, Sec. 4.1 and App. D.2).
 
 Step 0 of the paper's pro-active flow chooses the clipping constant C and the largest noise multiplier sigma
@@ -41,7 +41,7 @@ __all__ = ["UtilityGraph", "accuracy_evaluator", "noise_free_trainer", "utility_
 
 @dataclass
 class UtilityGraph:
-    """Accuracy fractions acc(w* + n)/acc(w*) (seed 002, Sec. 3.3) on a (C, sigma) grid.
+    """Accuracy fractions acc(w* + n)/acc(w*) (Proactive DP, Sec. 3.3) on a (C, sigma) grid.
 
     ``fractions[i, j, d]`` is the fraction for ``clips[i]``, ``sigmas[j]`` and noise draw ``d``;
     ``base_accuracy[C]`` is acc(w*) of the noise-free model trained with clipping C.
@@ -165,7 +165,7 @@ def utility_graph(
     draws: int = 5,
     seed: int = 0,
 ) -> UtilityGraph:
-    """The utility graph of seed 002, Sec. 3.3 / App. D.2.
+    """The utility graph of Proactive DP, Sec. 3.3 / App. D.2.
 
     For each clipping constant C, ``train_noise_free(C)`` returns w* trained with clipping C and NO noise
     (see :func:`noise_free_trainer`). For each sigma and each of ``draws`` draws, a copy of w* receives

@@ -1,7 +1,7 @@
 """Basic composition of a pipeline's phases (Dwork & Roth 2014, Theorem 3.16): if phase i is
 (eps_i, delta_i)-DP, the whole run is (sum eps_i, sum delta_i)-DP.
 
-This is how seed 004's theoretical Algorithm 2 (DPSGD-F, Sec. 5 and App. B.5) certifies its three phases:
+This is how the theoretical Algorithm 2 of DPSGD-F (Sun, Suresh & Menon, Sec. 5 and App. B.5) certifies its three phases:
 private mean, private quantile and DP-SGD, each at (eps/3, delta/3). The ledger says which entries are
 preprocessing releases (``facts["mechanism"]`` is ``private_mean`` or ``private_quantile``) and the delta
 each one was given (``facts["delta"]``):

@@ -1,4 +1,4 @@
-"""Last-iterate privacy of projected noisy SGD (seed 003: Altschuler & Talwar, "Privacy of Noisy Stochastic
+"""Last-iterate privacy of projected noisy SGD (Altschuler & Talwar, "Privacy of Noisy Stochastic
 Gradient Descent: More Iterations without More Privacy Loss").
 
 For convex, L-Lipschitz, M-smooth losses on a convex set K of diameter D, with step sizes eta <= 2/M, releasing
@@ -154,7 +154,7 @@ _SQRT_2PI = math.sqrt(2 * math.pi)
 
 def sampled_gaussian_rdp(alpha: float, q: float, s: float) -> float:
     """The standard sampled-Gaussian RDP at order alpha, D_alpha(mixture || N(0)) (Mironov, Talwar, Zhang 2019),
-    from dp_accounting; it upper-bounds S_alpha (digest 4.1). Fractional orders are supported by dp_accounting."""
+    from dp_accounting; it upper-bounds S_alpha (Lemma 2.6, quasi-convexity). Fractional orders are supported by dp_accounting."""
     acc = rdp_privacy_accountant.RdpAccountant([alpha])
     with quiet_absl():  # an order that fails to converge is dropped (infinite): valid, only looser
         acc.compose(dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(s)))
@@ -180,7 +180,7 @@ def step_cost(alpha: float, q: float, s: float, paper_direction: bool = False) -
 
 @dataclass(frozen=True)
 class Setting:
-    """A projected noisy-SGD run, in the paper's notation (digest sections 1-2)."""
+    """A projected noisy-SGD run, in the paper's notation (Sec 1.2, Sec 3.2)."""
 
     n: int
     b: int
@@ -287,7 +287,7 @@ def _pabi(st: Setting, alpha: float, sigma1: float, window) -> np.ndarray | floa
 
 def _window_star(st: Setting, alpha: float, sigma1: float, q_cost: float) -> float:
     """Real minimizer of Tt Q + PABI(Tt): (D/(eta sigma1)) sqrt(alpha/(2Q)) (App. B.2); for c < 1 the corrected
-    first-order condition of (B.3) (digest 4.5: (1 - c^2), not the printed (1 - c)^2): with x = c^(-2 Tt) and
+    first-order condition of (B.3) ((1 - c^2), not the printed (1 - c)^2: docs/last_iterate.md): with x = c^(-2 Tt) and
     g = -alpha D^2 (1 - c^2) log c / (Q eta^2 sigma1^2), (x - 1)^2 / x = g."""
     eta, d, c = st.learning_rate, st.diameter, st.contraction
     if c >= 1:
@@ -423,7 +423,7 @@ MAX_DECAY_STEPS = 10**7
 
 
 def _decaying_bound(st: Setting, alpha: float) -> RdpBound:
-    """(5.7) with the tighter eta_t^2 weighting (digest 4.6): min over the noise split and the window Tt of
+    """(5.7) with the tighter eta_t^2 weighting (docs/last_iterate.md): min over the noise split and the window Tt of
     Tt Q + alpha D^2 / (2 sigma1^2 sum_{t=T-Tt}^{T-1} eta_t^2), with eta_t = eta (t+1)^(-p) and
     Q = S_alpha(b/n, b sigma2/Delta) (unchanged by eta_t); and the composition branch. The shifts a_t =
     D eta_t^2 / sum eta_s^2 minimize sum a_t^2/eta_t^2 subject to sum a_t = D (Cauchy-Schwarz), which is
@@ -459,7 +459,7 @@ def rdp_bound(st: Setting, alpha: float) -> RdpBound:
     """The last-iterate RDP bound at order alpha for a run, choosing the paper's bound that applies:
     (B.2)/(B.3) random batches, (B.1) and (B.2) with b = n for full batch (the smaller), (5.6) cyclic, (5.7)
     decaying step sizes. Combinations the paper does not derive (strongly convex with cyclic batches or decaying
-    steps) are refused (digest 8.14)."""
+    steps) are refused (docs/last_iterate.md)."""
     st.validate()
     if st.lr_power > 0:
         if st.strong_convexity > 0 or st.batching == "cyclic":

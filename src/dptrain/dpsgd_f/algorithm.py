@@ -1,7 +1,7 @@
-"""DPSGD-F: private feature preprocessing before DP-SGD on a linear model (seed 004).
+"""DPSGD-F: private feature preprocessing before DP-SGD on a linear model.
 
 Sun, Suresh & Menon, "The importance of feature preprocessing for differentially private linear
-optimization" (ICLR 2024; ../shared/seeds/004, digest ../shared/digests/004_dpsgd_f.md). DP-SGD on raw
+optimization" (ICLR 2024; docs/dpsgd_f.md). DP-SGD on raw
 features can lose accuracy in proportion to the largest feature norm (Sec. 4, Theorem 3); centering the
 features privately first makes the leading error depend on the data's diameter instead (Theorem 1).
 
@@ -12,7 +12,7 @@ Two pipelines, both recorded in one privacy ledger together with the DP-SGD step
     2. mu_hat = (sum_i x_i + N(0, (sigma_F C_F)^2 I)) / n, sigma_F the analytic-Gaussian multiplier for
        (eps_F, delta) (Balle & Wang 2018). The sum has L2 sensitivity C_F under add/remove adjacency; n is
        treated as public, as the engine's Poisson normalization already does. The paper's Algorithm 3 prints
-       the noise without the 1/n (digest 4 and 8.3): we divide, otherwise the estimate would be useless;
+       the noise without the 1/n (docs/dpsgd_f.md, deviations): we divide, otherwise the estimate would be useless;
     3. x_i <- x_i - mu_hat, then DP-SGD (gradient clipping) on the translated features, with its noise
        calibrated so that the COMPOSITION of the mean and all steps meets the total (epsilon, delta) (the
        paper uses PLD: Lemma 9);
@@ -28,7 +28,7 @@ Two pipelines, both recorded in one privacy ledger together with the DP-SGD step
     3. x'_i = (x_i - mu_hat, tau) (Lemma 5), clipped to norm sqrt(2) tau (Lemma 7);
     4. DP-SGD without bias and with clip norm sqrt(2) G tau, G = sqrt(2) the Lipschitz constant of softmax
        cross-entropy in the scores (so no gradient is clipped: Sec. 5, step 5);
-    5. w = theta[:d], b = tau theta[d] - w . mu_hat (the paper's step 6 prints "- mu_hat", a typo: digest 3).
+    5. w = theta[:d], b = tau theta[d] - w . mu_hat (the paper's step 6 prints "- mu_hat", a typo: docs/dpsgd_f.md).
 """
 
 from __future__ import annotations
@@ -181,7 +181,7 @@ class FeaturePreprocessing:
         )
         if self.tau is not None:  # Alg. 2 step 6: w = theta[:d], b = tau theta[d] (+ the mean term below)
             weight, bias = weight[:, :-1].clone(), bias + self.tau * weight[:, -1]
-        if self.mean is not None:  # Alg. 3 return line: b = b' - W' mu_hat (digest 4)
+        if self.mean is not None:  # Alg. 3 return line: b = b' - W' mu_hat
             bias = bias - weight @ self.mean.double()
         return RawFeatureLinear(weight.float(), bias.float(), self.feature_norm)
 

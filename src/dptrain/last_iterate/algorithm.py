@@ -1,8 +1,8 @@
-"""Projected noisy SGD for convex generalized linear models, releasing only the LAST iterate (seed 003).
+"""Projected noisy SGD for convex generalized linear models, releasing only the LAST iterate.
 
 Paper: Altschuler & Talwar, "Privacy of Noisy Stochastic Gradient Descent: More Iterations without More Privacy
-Loss" (digest: shared/digests/003_noisy_sgd_privacy.md). The paper's guarantee (Thm 3.1; App. B) is for the
-algorithm of its Sec 1.2 / Sec 3.2 Step 1 (digest 2.1)::
+Loss"; docs/last_iterate.md). The paper's guarantee (Thm 3.1; App. B) is for the
+algorithm of its Sec 1.2 / Sec 3.2 Step 1::
 
     w_0 in K;  for t = 0..T-1:  w_{t+1} = Proj_K[ w_t - eta_t (G_t + Z_t) ],   Z_t ~ N(0, sigma^2 I)
     G_t = (1/b) sum_{i in B_t} grad F_i(w_t);     release w_T only
@@ -212,7 +212,7 @@ class ConvexGLM:
         return self.derivative(w, xt, yt)[:, None] * xt
 
     def batch_gradient(self, w: torch.Tensor, xt: torch.Tensor, yt: torch.Tensor) -> torch.Tensor:
-        """G = (1/b) sum_i grad F_i(w) = (1/b) sum_i l'(.) x~_i + l2 w (digest 2.1; the regularized loss)."""
+        """G = (1/b) sum_i grad F_i(w) = (1/b) sum_i l'(.) x~_i + l2 w (Sec 1.2; the regularized loss)."""
         c = self.derivative(w, xt, yt)
         return (c @ xt) / xt.shape[0] + float(self.l2) * w
 
