@@ -162,10 +162,14 @@ def test_theory_pipeline_thirds_and_composition(data):
             epsilon(planned, DELTA, name)
     # features: translated, tau appended, clipped to sqrt(2) tau; clip norm sqrt(2) G tau clips nothing
     z = prep.transform(data.train.x)
-    assert z.shape[1] == 21 and torch.allclose(
-        z[:, -1] / z.norm(dim=1).clamp_min(1e-9) * z.norm(dim=1), z[:, -1]
-    )
-    assert float(z.norm(dim=1).max()) <= math.sqrt(2) * prep.tau * (1 + 1e-5)
+    # recomputed here: x' = (x / ||x|| C_F - mu_hat, tau) (Lemma 5), then clipped to norm sqrt(2) tau (Lemma 7)
+    x = data.train.x.reshape(len(data.train.x), -1)
+    appended = torch.cat([x / x.norm(dim=1, keepdim=True) - prep.mean, torch.full((len(x), 1), prep.tau)], 1)
+    bound = math.sqrt(2) * prep.tau
+    expected = appended * torch.clamp(bound / appended.norm(dim=1, keepdim=True), max=1.0)
+    assert z.shape[1] == 21 and torch.allclose(z, expected, atol=1e-6)
+    assert float(z.norm(dim=1).max()) <= bound * (1 + 1e-5)
+    assert (appended.norm(dim=1) > bound).any()  # the clipping was exercised
     assert t.clipping.max_grad_norm == pytest.approx(2 * prep.tau)
     t.train(epochs=1)
     assert t.model.bias is None and t.model.in_features == 21

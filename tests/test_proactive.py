@@ -141,15 +141,19 @@ def test_bad_inputs_are_clear_errors(capsys):
 def test_closed_form_is_never_below_the_pld_epsilon():
     # Property test over random valid plans: the closed form is a (looser) upper bound of the tight accountant.
     rng = np.random.default_rng(0)
+    checked = 0
     for _ in range(12):
         n = int(rng.integers(10_000, 100_000))
         k = float(rng.uniform(2, 60))
         eps = float(rng.uniform(0.05, 2.0))
-        plan = plan_proactive(eps, 1 / n, n, k)
-        if not plan["valid"]:
+        try:
+            plan = plan_proactive(eps, 1 / n, n, k)
+        except AccountingError:  # no certified batch size for this draw
             continue
         ledger = dpsgd_ledger(plan["noise_multiplier"], plan["s_max"] / n, plan["T_min"], dataset_size=n)
         assert epsilon(ledger, 1 / n, "proactive").epsilon >= epsilon(ledger, 1 / n, "pld").epsilon
+        checked += 1
+    assert checked >= 8  # the property was checked on most draws, not skipped
 
 
 def test_proactive_accountant_on_ledgers():
