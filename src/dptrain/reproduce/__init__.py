@@ -1,10 +1,15 @@
-"""Reproductions of the seed papers' results: ``run_reproduction(name, out_dir)`` writes a markdown report (plus
-JSON and plots) into ``out_dir`` and returns the report's path. The CLI calls it as
-``dptrain reproduce NAME --out DIR``."""
+"""Reproductions of the implemented papers' results: ``run_reproduction(name, out_dir)`` writes a markdown report
+(plus JSON and plots) into ``out_dir`` and returns the report's path. The CLI calls it as
+``dptrain reproduce NAME --out DIR``.
+
+Each reproduction module computes plain JSON-able data, turns it into a :class:`dptrain.reproduce.report.Report`
+with its ``render`` function (from the data alone, so the JSON it writes renders the same report again) and writes
+it with :meth:`~dptrain.reproduce.report.Report.write`, the one writer of markdown, JSON and plots."""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 from pathlib import Path
 from typing import Any
@@ -13,7 +18,7 @@ import numpy as np
 
 from dptrain.errors import ConfigError
 
-__all__ = ["REPRODUCTIONS", "json_default", "md_table", "run_reproduction"]
+__all__ = ["REPRODUCTIONS", "fashion_mnist", "json_default", "md_table", "run_reproduction", "single_thread"]
 
 #: name -> module with ``run(out_dir, quick=False) -> Path``.
 REPRODUCTIONS: dict[str, str] = {
@@ -63,3 +68,12 @@ def single_thread():
         yield
     finally:
         torch.set_num_threads(threads)
+
+
+@functools.lru_cache(maxsize=1)
+def fashion_mnist():
+    """Fashion-MNIST as ``load_dataset("fashion-mnist")`` returns it, read once per process: the reproductions only
+    index it (selecting examples copies them), never change it."""
+    from dptrain.data import load_dataset
+
+    return load_dataset("fashion-mnist")

@@ -21,7 +21,6 @@ such option.
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 import warnings
 from pathlib import Path
@@ -32,14 +31,14 @@ import numpy as np
 import torch
 
 from dptrain import engine
-from dptrain import last_iterate as last_iterate_module
 from dptrain.auditing.bounds import audit
 from dptrain.auditing.runner import audit_run
 from dptrain.clipping import FlatClipping
 from dptrain.config import config_from_dict
-from dptrain.reproduce import json_default, md_table, single_thread
+from dptrain.reproduce import md_table, single_thread
+from dptrain.reproduce.report import Report, Section, figure
 
-__all__ = ["BUGS", "dpsgd_config", "projected_config", "run"]
+__all__ = ["BUGS", "dpsgd_config", "experiment", "projected_config", "render", "run", "summarize"]
 
 REPORT, DATA_JSON, PLOT = "audit.md", "audit.json", "audit_lower_bounds.png"
 CANARIES = 1000
@@ -89,10 +88,12 @@ def projected_config(epsilon: float, seed: int) -> dict:
 # --- the injected bugs --------------------------------------------------------------------------------------------
 
 
-def _noise_divided(module, factor: float):
-    original = module.add_gaussian_noise
+def _noise_divided(factor: float):
+    """The engine's noise stage (shared by DP-SGD and projected noisy SGD) adds 1/factor of the noise its ledger
+    records."""
+    original = engine.add_gaussian_noise
     return mock.patch.object(
-        module, "add_gaussian_noise", lambda s, std, stream: original(s, std / factor, stream)
+        engine, "add_gaussian_noise", lambda s, std, stream: original(s, std / factor, stream)
     )
 
 
@@ -112,8 +113,7 @@ def broken(setting: str, bug: str):
         return contextlib.nullcontext()
     if bug == "clipping off":
         return _clipping_off()
-    factor = float(bug.split("/")[1])
-    return _noise_divided(engine if setting == "dpsgd" else last_iterate_module, factor)
+    return _noise_divided(float(bug.split("/")[1]))
 
 
 # --- the experiment ---------------------------------------------------------------------------------------------
@@ -208,7 +208,7 @@ def _table(rows: list[dict[str, Any]], setting: str) -> str:
     return md_table(head, body)
 
 
-def _verdict(rows: list[dict[str, Any]], ceiling_value: float) -> str:
+def _verdict(rows: list[dict[str, Any]], ceiling_value: float, canaries: int) -> str:
     real = [r for r in rows if r["engine"] == "real"]
     real_ok = all(r["exceeding"] == 0 for r in real)
     caught = sorted(
@@ -224,37 +224,36 @@ def _verdict(rows: list[dict[str, Any]], ceiling_value: float) -> str:
         "- Broken engines caught (setting, canaries, bug, target epsilon): "
         + ("; ".join(f"{s}, {k}, {b}, {e:g}" for s, k, b, e in caught) if caught else "none")
         + ".",
-        f"- A one-run audit with m = {CANARIES} canaries at delta = {DELTA:g} cannot report more than "
+        f"- A one-run audit with m = {canaries} canaries at delta = {DELTA:g} cannot report more than "
         f"{ceiling_value:.2f} even if every guess is right, so a broken engine is only caught where its certificate "
         "is below that ceiling, and only if the bug makes the canaries distinguishable enough.",
     ]
     return "\n".join(lines)
 
 
-def _explanation() -> str:
-    return "\n".join(
-        [
-            "What the numbers mean:",
-            "",
-            "- If a run really is (epsilon, delta)-DP, its audit reports a lower bound above epsilon with "
-            "probability at most 5%: a lower bound above the certificate refutes the certificate (the engine, or "
-            "its accounting, does not do what the ledger says). A lower bound below it proves nothing: an audit "
-            "can refute, never certify.",
-            "- A one-run audit is loose by design: m canaries give at most m "
-            "independent guesses, so even perfect guesses only reach the ceiling above, and DP-SGD's accounting "
-            "covers an adversary who chooses worst-case neighbours and sees every iterate, which the canaries only "
-            "approximate. Lower bounds far below the certificate on the real engine are expected.",
-            "- What matters: the real engine never exceeds its certificate, and a broken one does. Gradient "
-            "(Dirac) canaries already have norm C, so clipping off does not change them: they test the noise. "
-            "Input canaries (random examples, random labels) test clipping: without it their gradients are "
-            "unbounded and the model memorizes them.",
-            "- Projected noisy SGD releases only the last iterate; its certificate (Altschuler & Talwar's "
-            "last-iterate bound) is for the worst-case neighbour (replace adjacency, sensitivity 2L) and a "
-            "contraction argument, while the canary (norm L) is observed through one Gaussian coordinate of w_T. "
-            "The slack is large: a 10x noise bug stays inside it here, a 100x one is caught where the "
-            "certificate is small enough.",
-        ]
-    )
+EXPLANATION = "\n".join(
+    [
+        "What the numbers mean:",
+        "",
+        "- If a run really is (epsilon, delta)-DP, its audit reports a lower bound above epsilon with "
+        "probability at most 5%: a lower bound above the certificate refutes the certificate (the engine, or "
+        "its accounting, does not do what the ledger says). A lower bound below it proves nothing: an audit "
+        "can refute, never certify.",
+        "- A one-run audit is loose by design: m canaries give at most m "
+        "independent guesses, so even perfect guesses only reach the ceiling above, and DP-SGD's accounting "
+        "covers an adversary who chooses worst-case neighbours and sees every iterate, which the canaries only "
+        "approximate. Lower bounds far below the certificate on the real engine are expected.",
+        "- What matters: the real engine never exceeds its certificate, and a broken one does. Gradient "
+        "(Dirac) canaries already have norm C, so clipping off does not change them: they test the noise. "
+        "Input canaries (random examples, random labels) test clipping: without it their gradients are "
+        "unbounded and the model memorizes them.",
+        "- Projected noisy SGD releases only the last iterate; its certificate (Altschuler & Talwar's "
+        "last-iterate bound) is for the worst-case neighbour (replace adjacency, sensitivity 2L) and a "
+        "contraction argument, while the canary (norm L) is observed through one Gaussian coordinate of w_T. "
+        "The slack is large: a 10x noise bug stays inside it here, a 100x one is caught where the "
+        "certificate is small enough.",
+    ]
+)
 
 
 def _calibration_note(rows: list[dict[str, Any]]) -> str:
@@ -275,14 +274,8 @@ def _calibration_note(rows: list[dict[str, Any]]) -> str:
     )
 
 
-def _plot(rows: list[dict[str, Any]], ceiling_value: float, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.4))
-    try:
+def _draw(rows: list[dict[str, Any]], ceiling_value: float, canaries: int):
+    def draw(fig, axes) -> None:
         for ax, setting, title in (
             (axes[0], "dpsgd", "DP-SGD (every iterate released)"),
             (axes[1], "projected", "projected noisy SGD (last iterate)"),
@@ -294,15 +287,14 @@ def _plot(rows: list[dict[str, Any]], ceiling_value: float, path: Path) -> None:
                 ax.plot(x, y, style, color=f"C{i}", label=f"{kind}, {bug}", markersize=6)
             top = max([r["certified"] for r in rows if r["setting"] == setting] + [1.0])
             ax.plot([0, top], [0, top], "k--", linewidth=1, label="lower bound = certificate")
-            ax.axhline(ceiling_value, color="grey", linestyle=":", label=f"one-run ceiling (m = {CANARIES})")
+            ax.axhline(ceiling_value, color="grey", linestyle=":", label=f"one-run ceiling (m = {canaries})")
             ax.set_xlabel("certified epsilon")
             ax.set_ylabel("epsilon lower bound (95%, max over seeds)")
             ax.set_title(title)
             ax.legend(fontsize=7)
         fig.tight_layout()
-        fig.savefig(path, dpi=100)
-    finally:
-        plt.close(fig)
+
+    return draw
 
 
 def _series(rows: list[dict[str, Any]], setting: str) -> list[tuple[tuple[str, str], str]]:
@@ -310,50 +302,62 @@ def _series(rows: list[dict[str, Any]], setting: str) -> list[tuple[tuple[str, s
     return [(k, "o-" if k[1] == "real" else "x--") for k in keys]
 
 
+def render(data: dict[str, Any]) -> Report:
+    """The report of ``data`` (what :func:`run` writes to ``audit.json``)."""
+    rows, canaries, ceiling_value = data["summary"], data["canaries"], data["ceiling"]
+    mode = (
+        "QUICK mode (one seed, fewer settings; not the reported experiment)" if data["quick"] else "full run"
+    )
+    header = f"Produced by `{data['command']}`"
+    return Report(
+        REPORT,
+        "Empirical privacy audit: one-run lower bounds vs certified epsilon",
+        intro=[
+            f"{header} ({mode}). Wall time {data['wall_time_s']:.0f} s. All numbers are in `{DATA_JSON}`; plot "
+            f"`{PLOT}`.",
+            'Method: Steinke, Nasr & Jagielski, "Privacy Auditing with One (1) Training Run" (NeurIPS 2023): '
+            f"m = {canaries} canaries, each included with probability 1/2 (secret bits from the run's canaries "
+            f"stream), one training run with the real engine (`dptrain audit`), the epsilon lower bound of Theorem "
+            f"5.2 at the run's delta = {DELTA:g} with {CONFIDENCE:.0%} confidence (best of 6 guess counts, "
+            f"Bonferroni-corrected). Seeds {data['seeds']} (the audits are seeded experiments).",
+        ],
+        sections=[
+            Section("Summary", [_verdict(rows, ceiling_value, canaries)]),
+            Section(
+                "(a) DP-SGD, every iterate released",
+                [
+                    "Setting: " + " ".join((dpsgd_config.__doc__ or "").split()),
+                    f"{header}:",
+                    _table(rows, "dpsgd"),
+                ],
+            ),
+            Section(
+                "(b) Projected noisy SGD, full batches, last iterate only",
+                [
+                    "Setting: " + " ".join((projected_config.__doc__ or "").split()),
+                    f"{header}:",
+                    _table(rows, "projected"),
+                    f"![lower bound vs certified epsilon]({PLOT})",
+                    _calibration_note(rows),
+                    EXPLANATION,
+                ],
+            ),
+        ],
+        data={DATA_JSON: data},
+        plots=[figure(PLOT, _draw(rows, ceiling_value, canaries), figsize=(11, 4.4), ncols=2)],
+    )
+
+
 def run(out_dir: str | Path, quick: bool = False) -> Path:
     """Run the audits into ``out_dir`` (created if needed); returns the path of ``audit.md``. ``quick``: one seed,
     DP-SGD at certified epsilon 1 and 8 only, the projected setting at 2 with gradient canaries only."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    command = f"dptrain reproduce audit --out {out}" + (" --quick" if quick else "")
+    command = f"dptrain reproduce audit --out {Path(out_dir)}" + (" --quick" if quick else "")
     start = time.perf_counter()
     with single_thread(), warnings.catch_warnings():
         # every audit is seeded (a reproducible experiment, not a private run): silence the seed warnings
         warnings.simplefilter("ignore")
         exp = experiment(quick)
     rows = summarize(exp["audits"])
-    _plot(rows, exp["ceiling"], out / PLOT)
     wall = time.perf_counter() - start
-    mode = "QUICK mode (one seed, fewer settings; not the reported experiment)" if quick else "full run"
-    header = f"Produced by `{command}`"
-    md = "\n\n".join(
-        part
-        for part in [
-            "# Empirical privacy audit: one-run lower bounds vs certified epsilon",
-            f"{header} ({mode}). Wall time {wall:.0f} s. All numbers are in `{DATA_JSON}`; plot `{PLOT}`.",
-            'Method: Steinke, Nasr & Jagielski, "Privacy Auditing with One (1) Training Run" (NeurIPS 2023): '
-            f"m = {CANARIES} canaries, each included with probability 1/2 (secret bits from the run's canaries "
-            f"stream), one training run with the real engine (`dptrain audit`), the epsilon lower bound of Theorem "
-            f"5.2 at the run's delta = {DELTA:g} with {CONFIDENCE:.0%} confidence (best of 6 guess counts, "
-            f"Bonferroni-corrected). Seeds {exp['seeds']} (the audits are seeded experiments).",
-            "## Summary",
-            _verdict(rows, exp["ceiling"]),
-            "## (a) DP-SGD, every iterate released",
-            "Setting: " + " ".join((dpsgd_config.__doc__ or "").split()),
-            f"{header}:",
-            _table(rows, "dpsgd"),
-            "## (b) Projected noisy SGD, full batches, last iterate only",
-            "Setting: " + " ".join((projected_config.__doc__ or "").split()),
-            f"{header}:",
-            _table(rows, "projected"),
-            f"![lower bound vs certified epsilon]({PLOT})",
-            _calibration_note(rows),
-            _explanation(),
-        ]
-        if part
-    )
-    report = out / REPORT
-    report.write_text(md + "\n")
-    payload = {"command": command, "quick": quick, "wall_time_s": wall, **exp, "summary": rows}
-    (out / DATA_JSON).write_text(json.dumps(payload, indent=1, default=json_default))
-    return report
+    data = {"command": command, "quick": quick, "wall_time_s": wall, **exp, "summary": rows}
+    return render(data).write(out_dir)

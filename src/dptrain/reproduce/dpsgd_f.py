@@ -1,5 +1,5 @@
-"""Reproduction of seed 004, "The importance of feature preprocessing for differentially private linear
-optimization" (Sun, Suresh, Menon; digest: shared/digests/004_dpsgd_f.md), Table 1 and Table 2.
+"""Reproduction of Sun, Suresh & Menon, "The importance of feature preprocessing for differentially private
+linear optimization" (docs/dpsgd_f.md), Table 1 and Table 2.
 
 ``run(out_dir, quick=False)`` writes into ``out_dir``:
 
@@ -30,7 +30,6 @@ MNIST (IDX files in $DPTRAIN_MNIST_DIR or /usr/share/datasets/mnist) and CIFAR-1
 
 from __future__ import annotations
 
-import json
 import math
 import multiprocessing
 import os
@@ -43,9 +42,10 @@ import numpy as np
 import torch
 
 from dptrain.accounting import steps_for_epochs
-from dptrain.reproduce import json_default, md_table, single_thread
+from dptrain.reproduce import md_table, single_thread
+from dptrain.reproduce.report import Report, Section, figure
 
-__all__ = ["PAPER", "PAPER_TABLE2", "run"]
+__all__ = ["PAPER", "PAPER_TABLE2", "concentration", "experiment", "render", "run"]
 
 DELTA = 1e-5
 EPSILONS = (1.0, 2.0)
@@ -275,11 +275,10 @@ def _cell_key(t: dict) -> tuple:
 HYPER = ("feature_norm", "batch_size", "learning_rate", "epochs", "eps_f")
 
 
-def run(out_dir: str | Path, quick: bool = False, workers: int | None = None) -> Path:
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    command = f"dptrain reproduce dpsgd-f --out {out_dir}" + (" --quick" if quick else "")
-    workers = workers or (1 if quick else min(2, os.cpu_count() or 1))
+def experiment(quick: bool, command: str, workers: int = 1) -> tuple[list[dict], dict]:
+    """The grid, the selection and the re-runs on every data set present; returns (rows, details): ``rows`` one
+    per (data set, epsilon, method) with the selected configuration and the re-runs' accuracy (``dpsgd_f.json``),
+    ``details`` every run, Table 2 and the data sets skipped (``dpsgd_f_grid.json``)."""
     start = time.perf_counter()
     present, skipped, table2 = [], {}, {}
     for name in ("mnist", "fashion-mnist", "cifar100-features"):
@@ -306,32 +305,7 @@ def run(out_dir: str | Path, quick: bool = False, workers: int | None = None) ->
     for r in reruns:
         r.pop("accuracy"), r.pop("epsilon_spent"), r.pop("seconds")
     rerun_results = _pool_map(_train, reruns, workers, "seeds")
-    rows = []
-    for k, b in sorted(best.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0, kv[0][2])):
-        accs = [r["accuracy"] for r in rerun_results if _cell_key(r) == k]
-        spent = [r["epsilon_spent"] for r in rerun_results if _cell_key(r) == k]
-        paper = PAPER[k[0]].get("non_private" if k[2] == "non_private" else (k[1], k[2]))
-        rows.append(
-            {
-                "dataset": k[0],
-                "epsilon": k[1],
-                "delta": DELTA if k[1] is not None else None,
-                "method": k[2],
-                "accuracy_mean": float(np.mean(accs)),
-                "accuracy_std": float(np.std(accs, ddof=1)) if len(accs) > 1 else 0.0,
-                "seeds": sorted(r["seed"] for r in rerun_results if _cell_key(r) == k),
-                "accuracies": accs,
-                "selection_accuracy_seed0": b["accuracy"],
-                **{h: b.get(h) for h in HYPER},
-                "noise_multiplier": b.get("noise_multiplier"),
-                "epsilon_certified_pld_max": max(spent) if k[1] is not None else None,
-                "paper_accuracy": paper[0] / 100 if paper else None,
-                "paper_std": paper[1] / 100 if paper else None,
-                "command": command,
-            }
-        )
-    wall = time.perf_counter() - start
-    (out / "dpsgd_f.json").write_text(json.dumps(rows, indent=2, default=json_default) + "\n")
+    rows = [_row(k, b, rerun_results, command) for k, b in sorted(best.items(), key=_cell_order)]
     details = {
         "command": command,
         "quick": quick,
@@ -343,13 +317,49 @@ def run(out_dir: str | Path, quick: bool = False, workers: int | None = None) ->
         "skipped": skipped,
         "runs": results,
         "reruns": rerun_results,
-        "wall_time_s": wall,
+        "wall_time_s": time.perf_counter() - start,
+        "cpu_count": os.cpu_count(),
     }
-    (out / "dpsgd_f_grid.json").write_text(json.dumps(details, indent=1, default=json_default) + "\n")
-    _plot(rows, out / "dpsgd_f.png")
-    report = out / "dpsgd_f.md"
-    report.write_text(_report(rows, details, command))
-    return report
+    return rows, details
+
+
+def _cell_order(item: tuple[tuple, dict]) -> tuple:
+    k = item[0]
+    return k[0], k[1] or 0, k[2]
+
+
+def _row(k: tuple, b: dict, rerun_results: list[dict], command: str) -> dict[str, Any]:
+    """The Table 1 row of cell ``k`` = (dataset, epsilon, method): ``b`` the selected grid run, the re-runs'
+    accuracy mean and std (ddof 1) and the largest epsilon certified by their ledgers."""
+    accs = [r["accuracy"] for r in rerun_results if _cell_key(r) == k]
+    spent = [r["epsilon_spent"] for r in rerun_results if _cell_key(r) == k]
+    paper = PAPER[k[0]].get("non_private" if k[2] == "non_private" else (k[1], k[2]))
+    return {
+        "dataset": k[0],
+        "epsilon": k[1],
+        "delta": DELTA if k[1] is not None else None,
+        "method": k[2],
+        "accuracy_mean": float(np.mean(accs)),
+        "accuracy_std": float(np.std(accs, ddof=1)) if len(accs) > 1 else 0.0,
+        "seeds": sorted(r["seed"] for r in rerun_results if _cell_key(r) == k),
+        "accuracies": accs,
+        "selection_accuracy_seed0": b["accuracy"],
+        **{h: b.get(h) for h in HYPER},
+        "noise_multiplier": b.get("noise_multiplier"),
+        "epsilon_certified_pld_max": max(spent) if k[1] is not None else None,
+        "paper_accuracy": paper[0] / 100 if paper else None,
+        "paper_std": paper[1] / 100 if paper else None,
+        "command": command,
+    }
+
+
+def run(out_dir: str | Path, quick: bool = False, workers: int | None = None) -> Path:
+    """Run the reproduction into ``out_dir`` (created if needed); returns the path of ``dpsgd_f.md``. ``quick``:
+    6000 training and 2000 test examples, a 2-point learning-rate grid at 2 epochs, one re-run seed."""
+    command = f"dptrain reproduce dpsgd-f --out {out_dir}" + (" --quick" if quick else "")
+    workers = workers or (1 if quick else min(2, os.cpu_count() or 1))
+    rows, details = experiment(quick, command, workers)
+    return render(rows, details).write(out_dir)
 
 
 # --- output -----------------------------------------------------------------------------------------------
@@ -359,51 +369,35 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}"
 
 
-def _plot(rows: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def _draw(rows: list[dict]):
     datasets = sorted({r["dataset"] for r in rows})
-    fig, axes = plt.subplots(1, len(datasets), figsize=(5 * len(datasets), 4), squeeze=False)
-    for ax, name in zip(axes[0], datasets, strict=True):
-        labels, ours, err, paper = [], [], [], []
-        for r in rows:
-            if r["dataset"] != name:
-                continue
-            labels.append(r["method"] if r["epsilon"] is None else f"{r['method']}\neps={r['epsilon']:g}")
-            ours.append(100 * r["accuracy_mean"])
-            err.append(100 * r["accuracy_std"])
-            paper.append(np.nan if r["paper_accuracy"] is None else 100 * r["paper_accuracy"])
-        xs = np.arange(len(labels))
-        ax.bar(xs - 0.2, ours, 0.4, yerr=err, label="dptrain (measured)", color="tab:blue")
-        ax.bar(xs + 0.2, paper, 0.4, label="paper (Table 1)", color="tab:gray")
-        ax.set_xticks(xs, labels, fontsize=8)
-        ax.set_ylim(max(0, min(ours + [p for p in paper if p == p]) - 10), 100)
-        ax.set_ylabel("test accuracy (%)")
-        ax.set_title(f"{name}, delta = 1e-5")
-        ax.legend(fontsize=8, loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+
+    def draw(fig, axes) -> None:
+        for ax, name in zip(axes[0], datasets, strict=True):
+            labels, ours, err, paper = [], [], [], []
+            for r in rows:
+                if r["dataset"] != name:
+                    continue
+                labels.append(r["method"] if r["epsilon"] is None else f"{r['method']}\neps={r['epsilon']:g}")
+                ours.append(100 * r["accuracy_mean"])
+                err.append(100 * r["accuracy_std"])
+                paper.append(np.nan if r["paper_accuracy"] is None else 100 * r["paper_accuracy"])
+            xs = np.arange(len(labels))
+            ax.bar(xs - 0.2, ours, 0.4, yerr=err, label="dptrain (measured)", color="tab:blue")
+            ax.bar(xs + 0.2, paper, 0.4, label="paper (Table 1)", color="tab:gray")
+            ax.set_xticks(xs, labels, fontsize=8)
+            ax.set_ylim(max(0, min(ours + [p for p in paper if p == p]) - 10), 100)
+            ax.set_ylabel("test accuracy (%)")
+            ax.set_title(f"{name}, delta = 1e-5")
+            ax.legend(fontsize=8, loc="lower right")
+        fig.tight_layout()
+
+    return figure(
+        "dpsgd_f.png", draw, dpi=120, ncols=len(datasets), figsize=(5 * len(datasets), 4), squeeze=False
+    )
 
 
-def _report(rows: list[dict], details: dict, command: str) -> str:
-    grid, npg = details["grid"], details["non_private_grid"]
-    lines = [
-        "# DPSGD-F (seed 004): Table 1 and Table 2, measured",
-        "",
-        f"Produced by `{command}` in {details['wall_time_s'] / 60:.1f} min on this machine "
-        f"({os.cpu_count()} CPU cores). Every number below is measured by that command; the paper's are beside them.",
-        "",
-        "## Table 1: test accuracy (%), delta = 1e-5",
-        "",
-        "Mean (std) over fresh seeds "
-        f"{', '.join(map(str, details['seeds']))} of the configuration that was best for seed 0 (selection by test "
-        "accuracy, as the paper and De et al. 2022; the tuning itself is not private, the paper's footnote 8).",
-        "",
-    ]
+def _table1(rows: list[dict]) -> str:
     head = [
         "data set",
         "epsilon",
@@ -438,7 +432,11 @@ def _report(rows: list[dict], details: dict, command: str) -> str:
                 "-" if r["epsilon_certified_pld_max"] is None else f"{r['epsilon_certified_pld_max']:.4f}",
             ]
         )
-    lines += [md_table(head, table), "", "![accuracy](dpsgd_f.png)", ""]
+    return md_table(head, table)
+
+
+def _gains(rows: list[dict]) -> list[str]:
+    """The gain of DPSGD-F over DPSGD in percentage points, measured and the paper's (Table 1)."""
     gains = []
     for r in rows:
         if r["method"] != "dpsgd_f":
@@ -463,36 +461,34 @@ def _report(rows: list[dict], details: dict, command: str) -> str:
                 f"{pg:+.1f}",
             ]
         )
-    if gains:
-        lines += [
-            "Gain of DPSGD-F over DPSGD (percentage points):",
-            "",
-            md_table(["data set", "epsilon", "dptrain", "paper"], gains),
-            "",
-        ]
-    lines += [
-        "## Table 2: concentration of the unit-normalized training features",
-        "",
-        md_table(
-            ["data set", "diam(D)", "paper", "max ||x - mu||", "paper", "mean ||x - mu||", "paper"],
+    if not gains:
+        return []
+    return [
+        "Gain of DPSGD-F over DPSGD (percentage points):",
+        md_table(["data set", "epsilon", "dptrain", "paper"], gains),
+    ]
+
+
+def render(rows: list[dict], details: dict) -> Report:
+    """The report of ``rows`` and ``details`` (what :func:`run` writes to ``dpsgd_f.json`` and
+    ``dpsgd_f_grid.json``)."""
+    grid, npg = details["grid"], details["non_private_grid"]
+    table2 = md_table(
+        ["data set", "diam(D)", "paper", "max ||x - mu||", "paper", "mean ||x - mu||", "paper"],
+        [
             [
-                [
-                    name,
-                    f"{m['diam']:.2f}",
-                    PAPER_TABLE2[name][0],
-                    f"{m['max_dist_to_mean']:.2f}",
-                    PAPER_TABLE2[name][1],
-                    f"{m['mean_dist_to_mean']:.2f}",
-                    PAPER_TABLE2[name][2],
-                ]
-                for name, m in details["table2"].items()
-            ],
-        ),
-        "",
-        "diam(D) is exact (smallest inner product over all pairs of the training set); mu is the exact training mean.",
-        "",
-        "## The grid",
-        "",
+                name,
+                f"{m['diam']:.2f}",
+                PAPER_TABLE2[name][0],
+                f"{m['max_dist_to_mean']:.2f}",
+                PAPER_TABLE2[name][1],
+                f"{m['mean_dist_to_mean']:.2f}",
+                PAPER_TABLE2[name][2],
+            ]
+            for name, m in details["table2"].items()
+        ],
+    )
+    the_grid = [
         f"- private runs: C_F in {list(grid['feature_norm'])}, batch size in {list(grid['batch_size'])}, learning rate "
         f"in {list(grid['learning_rate'])}, epochs in {list(grid['epochs'])}; DPSGD-F also eps_F in {list(grid['eps_f'])}. "
         f"Gradient clip norm C_G = 1, plain SGD, Poisson sampling, last iterate, delta = {DELTA:g}.",
@@ -502,8 +498,41 @@ def _report(rows: list[dict], details: dict, command: str) -> str:
         "from its own ledger by the PLD accountant (column eps (PLD): the largest over the re-runs).",
         "- The paper's grid is larger (C_F up to 1000, batch 256..16384, lr 2^-5..2^4, epochs 20..320, eps_F up to 0.2, "
         "1400 / 7000 configurations per cell) and its numbers are means over 10 runs.",
-        "",
+    ]
+    sections = [
+        Section(
+            "Table 1: test accuracy (%), delta = 1e-5",
+            [
+                "Mean (std) over fresh seeds "
+                f"{', '.join(map(str, details['seeds']))} of the configuration that was best for seed 0 (selection by "
+                "test accuracy, as the paper and De et al. 2022; the tuning itself is not private, the paper's "
+                "footnote 8).",
+                _table1(rows),
+                "![accuracy](dpsgd_f.png)",
+                *_gains(rows),
+            ],
+        ),
+        Section(
+            "Table 2: concentration of the unit-normalized training features",
+            [
+                table2,
+                "diam(D) is exact (smallest inner product over all pairs of the training set); mu is the exact "
+                "training mean.",
+            ],
+        ),
+        Section("The grid", ["\n".join(the_grid)]),
     ]
     if details["skipped"]:
-        lines += ["## Skipped", ""] + [f"- {k}: {v}" for k, v in details["skipped"].items()] + [""]
-    return "\n".join(lines)
+        sections.append(Section("Skipped", ["\n".join(f"- {k}: {v}" for k, v in details["skipped"].items())]))
+    return Report(
+        "dpsgd_f.md",
+        "DPSGD-F (Sun, Suresh & Menon): Table 1 and Table 2, measured",
+        intro=[
+            f"Produced by `{details['command']}` in {details['wall_time_s'] / 60:.1f} min on this machine "
+            f"({details['cpu_count']} CPU cores). Every number below is measured by that command; the paper's are "
+            "beside them."
+        ],
+        sections=sections,
+        data={"dpsgd_f.json": rows, "dpsgd_f_grid.json": details},
+        plots=[_draw(rows)],
+    )

@@ -1,6 +1,6 @@
-"""Reproduction of the counter-example of seed 004, "The importance of feature preprocessing for differentially
-private linear optimization" (Sun, Suresh & Menon; Sec. 4, Theorem 3, Lemmas 2 and 8, App. A; digest:
-shared/digests/004_dpsgd_f.md, sections 5.4 and 7 items 10-12).
+"""Reproduction of the counter-example of Sun, Suresh & Menon, "The importance of feature preprocessing for
+differentially private linear optimization" (Sec. 4, Theorem 3, Lemmas 2 and 8, App. A;
+docs/dpsgd_f.md).
 
 ``run(out_dir, quick=False)`` writes ``counterexample.md`` (the report), ``counterexample.json`` (every number) and
 ``counterexample.png`` into ``out_dir``.
@@ -19,11 +19,11 @@ Formulas (each cited where it is used):
 - Lemma 8 (App. A, with Bassily et al.'s noise sigma^2 = 8 T C^2 log(1/delta)/(n^2 eps^2) on the averaged
   gradient, w_0(2) <= 0): Pr(avg w(2) <= 0) >= Pr(N(m, v) <= 0) = Phi(-m/sqrt(v)), m = min{1, C/sqrt(mu^2 + 1)},
   v = 16 (2T + 1) C^2 log(1/delta) / (3 (T + 1) n^2 eps^2) (the printed last display has the inequality
-  reversed: digest 5.4).
-- The universal floor (digest 5.4, [derived]): for n < mu/eps, m/sqrt(v) <= n eps/(mu sqrt(8 log(1/delta))) < 1/
-  sqrt(8 log(1/delta)), so Pr(w(2) <= 0) >= Phi(-1/sqrt(8 log(1/delta))) = 0.4585 at delta = 1e-5, whatever
-  C, eta and T.
-- DPSGD-F's residual offset (digest 7 item 12, [derived]): ||mu_hat - mu|| ~ sigma_F R sqrt(d)/n for the
+  reversed; the lemma's statement has the right direction).
+- The universal floor (derived from Lemma 8): since m < C/mu and (2T + 1)/(T + 1) >= 3/2, for n < mu/eps
+  m/sqrt(v) <= n eps/(mu sqrt(8 log(1/delta))) < 1/sqrt(8 log(1/delta)), so Pr(w(2) <= 0) >=
+  Phi(-1/sqrt(8 log(1/delta))) = 0.4585 at delta = 1e-5, whatever C, eta and T.
+- DPSGD-F's residual offset (derived, not in the paper): ||mu_hat - mu|| ~ sigma_F R sqrt(d)/n for the
   Gaussian mean of Algorithm 3 (and of this library's Algorithm 2, which uses the same Gaussian mean instead of
   Huang et al.'s estimator), so DPSGD-F is DPSGD on a counter-example with mu replaced by that offset.
 
@@ -36,8 +36,8 @@ quantile_tail = n/2: tau = a private median of the distances; see the report for
 for what is an optimization limit and what a privacy one).
 
 Hyper-parameters: one grid for every method (normalized learning rate kappa = lr C^2 x clip norm C x schedule);
-the best configuration per (method, mu) is chosen by the mean gap over separate tuning seeds, then re-run on the evaluation seeds (the
-paper also tunes without accounting for it, footnote 8). Both outputs are reported: the model
+the best configuration per (method, mu) is chosen by the mean gap over separate tuning seeds, then re-run on the
+evaluation seeds (the paper also tunes without accounting for it, footnote 8). Both outputs are reported: the model
 ``run.raw_model()`` returns (the last iterate) and the average of the iterates w_1..w_T (Algorithm 1's output;
 post-processing, free), each with its own selection.
 """
@@ -45,7 +45,6 @@ post-processing, free), each with its own selection.
 from __future__ import annotations
 
 import copy
-import json
 import math
 import time
 from dataclasses import asdict, dataclass
@@ -58,7 +57,8 @@ from scipy import stats
 from torch import nn
 
 from dptrain.accounting import certified_epsilon, gaussian_mechanism_noise
-from dptrain.reproduce import json_default, md_table, single_thread
+from dptrain.reproduce import md_table, single_thread
+from dptrain.reproduce.report import Report, Section, figure
 
 __all__ = [
     "FULL",
@@ -69,7 +69,9 @@ __all__ = [
     "experiment",
     "hinge_per_example",
     "lemma8_bound",
+    "render",
     "run",
+    "train_once",
     "universal_floor",
 ]
 
@@ -154,7 +156,8 @@ def hinge_gap(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
 
 
 def universal_floor(delta: float = DELTA) -> float:
-    """Phi(-1/sqrt(8 log(1/delta))): the floor of Pr(w(2) <= 0), hence of the gap, for n < mu/eps (digest 5.4)."""
+    """Phi(-1/sqrt(8 log(1/delta))): the floor of Pr(w(2) <= 0), hence of the gap (Lemma 2), for n < mu/eps,
+    derived from Lemma 8 (App. A) with m < C/mu and (2T + 1)/(T + 1) >= 3/2."""
     return float(stats.norm.cdf(-1.0 / math.sqrt(8 * math.log(1 / delta))))
 
 
@@ -562,10 +565,10 @@ def _observations(results: dict[str, Any]) -> list[str]:
         "**The offset decides.** Take each method's offset: mu for DPSGD, the mean error ||mu_hat - mu|| left "
         "after centering for DPSGD-F (average iterate, mean over seeds): "
         + "; ".join(lines)
-        + ". DPSGD-F behaves like DPSGD on a counter-example with mu replaced by its offset (digest 7 item 12)"
+        + ". DPSGD-F behaves like DPSGD on a counter-example with mu replaced by its offset (the paper's Sec. 4, last paragraph)"
         + (
             f"; the offsets from which these runs fail, at most {_fmt(max(fail_from))}, are far below n eps = "
-            f"{n * EPSILON:g}, where Theorem 3's condition n < mu/eps and the digest's back-of-envelope put the "
+            f"{n * EPSILON:g}, where Theorem 3's condition n < mu/eps and a back-of-envelope estimate put the "
             "threshold. Theorem 3 is only a lower bound"
             + (
                 f": DPSGD already fails at mu = {first_fail:g} on this grid while the non-private reference does not"
@@ -611,22 +614,17 @@ def _observations(results: dict[str, Any]) -> list[str]:
     obs.append(
         "**The private mean's error grows with R.** ||mu_hat - mu|| of Alg. 3 (mean over seeds; in brackets "
         f"sigma_F R sqrt(pi/2)/n, the mean norm of its 2-d Gaussian error): {errs}. After centering, DPSGD-F faces "
-        "the same counter-example with mu replaced by this offset (digest 7 item 12), so it fails too once the "
+        "the same counter-example with mu replaced by this offset (Sec. 4, last paragraph), so it fails too once the "
         "offset is large enough. Huang et al.'s estimator (the paper's Algorithm 2) has an error that scales with "
         "the diameter, not R; both DPSGD-F variants here use the Gaussian mean instead."
     )
     return obs
 
 
-def _plot(results: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def _draw(results: dict[str, Any]):
     mus, n = _mus(results), results["config"]["n"]
-    fig, axes = plt.subplots(1, 2, figsize=(12, 5.4), sharey=True)
-    try:
+
+    def draw(fig, axes) -> None:
         styles = {
             "dpsgd": ("C3", "o"),
             "dpsgd_f": ("C0", "s"),
@@ -673,12 +671,13 @@ def _plot(results: dict[str, Any], path: Path) -> None:
             fontsize=11,
         )
         fig.tight_layout(rect=(0, 0.1, 1, 1))
-        fig.savefig(path, dpi=100)
-    finally:
-        plt.close(fig)
+
+    return draw
 
 
-def _report_md(results: dict[str, Any]) -> str:
+def render(results: dict[str, Any]) -> Report:
+    """The report of ``results`` (what :func:`run` writes to ``counterexample.json``; loaded back from it gives the
+    same report)."""
     config = results["config"]
     n = config["n"]
     floor = universal_floor()
@@ -691,11 +690,7 @@ def _report_md(results: dict[str, Any]) -> str:
         for e, b in config["schedules"]
     )
     mode = "QUICK mode (reduced grid and seeds; not the reported results)" if results["quick"] else "full run"
-    parts = [
-        "# Counter-example for DPSGD and the DPSGD-F fix (seed 004, Sec. 4 / App. A): reproduction",
-        f"Produced by `{results['command']}` ({mode}). Wall time {results['wall_s']:.0f} s. All numbers (the "
-        f"whole tuning grid included) are in `{DATA_JSON}`; the plot is `{PLOT}`.",
-        "## What was run",
+    what_was_run = [
         f"Data D' (d = 2): n/2 = {n // 2:,} copies of x = mu e1 + e2 with y = +1 and {n // 2:,} copies of mu e1 - e2 "
         "with y = -1; hinge loss max{1 - y z, 0} on the score z of `torch.nn.Linear(2, 1)` (bias allowed: footnote "
         "3) started at w = 0, b = 0; min_w L(w, D') = 0 (w* = (0, 1)), so the gap is L(w, D'), evaluated in float64 "
@@ -723,44 +718,51 @@ def _report_md(results: dict[str, Any]) -> str:
         f"{list(config['eval_seeds'])}: the tables give mean +- std (ddof 1) (median) over those. Why C in {{1, R}}: "
         "with C = R DPSGD clips nothing (and lr = kappa/R^2 makes its steps scale-free in mu), with C = 1 it clips "
         "every active gradient by the same factor; Theorem 3 says no C, T or eta helps once n < mu/eps.",
-        "## Gap of the returned model (`run.raw_model()`: the last iterate)",
-        _gap_table(results, "last"),
-        "## Gap of the average iterate w_1..w_T (Algorithm 1's output; post-processing of the same runs)",
-        _gap_table(results, "avg"),
+    ]
+    bounds = (
         f"**floor** = Phi(-1/sqrt(8 log(1/delta))) = {floor:.4f}: the paper's lower bound on Pr(avg w(2) <= 0), "
-        "hence on the gap (Lemma 2), for any DPSGD when n < mu/eps (digest 5.4). **Lemma 8 (DPSGD)** = "
+        "hence on the gap (Lemma 2), for any DPSGD when n < mu/eps (Theorem 3, App. A). **Lemma 8 (DPSGD)** = "
         "Phi(-m/sqrt(v)) with m = min{1, C/sqrt(mu^2 + 1)} and v = 16 (2T + 1) C^2 log(1/delta)/(3 (T + 1) n^2 "
         "eps^2) for the selected DPSGD configuration (its C and T). Both assume Bassily et al.'s calibration "
         "sigma^2 = 8 T C^2 log(1/delta)/(n^2 eps^2) on the averaged gradient and the average iterate; our DP-SGD "
         "adds PLD-calibrated noise (smaller for the same (eps, delta)) on Poisson (or q = 1) batches and the first "
-        "table is the last iterate, so these bounds are indicative, not theorems about these runs.",
-        "## Observations",
-        "\n".join(f"{i}. {o}" for i, o in enumerate(_observations(results), 1)),
-        "## Selected configurations (last iterate)",
-        _selected_table(results, "last"),
-        "## Selected configurations (average iterate)",
-        _selected_table(results, "avg"),
-    ]
-    return "\n\n".join(parts) + "\n"
-
-
-def write_outputs(results: dict[str, Any], out_dir: str | Path) -> Path:
-    """Write the report, the JSON and the plot of ``results`` (from :func:`run`, or loaded back from the JSON)."""
-    out = Path(out_dir)
-    _plot(results, out / PLOT)
-    report = out / REPORT
-    report.write_text(_report_md(results))
-    (out / DATA_JSON).write_text(json.dumps(results, indent=1, default=json_default))
-    return report
+        "table is the last iterate, so these bounds are indicative, not theorems about these runs."
+    )
+    return Report(
+        REPORT,
+        "Counter-example for DPSGD and the DPSGD-F fix (Sun, Suresh & Menon, Sec. 4 / App. A): reproduction",
+        intro=[
+            f"Produced by `{results['command']}` ({mode}). Wall time {results['wall_s']:.0f} s. All numbers (the "
+            f"whole tuning grid included) are in `{DATA_JSON}`; the plot is `{PLOT}`."
+        ],
+        sections=[
+            Section("What was run", what_was_run),
+            Section(
+                "Gap of the returned model (`run.raw_model()`: the last iterate)",
+                [_gap_table(results, "last")],
+            ),
+            Section(
+                "Gap of the average iterate w_1..w_T (Algorithm 1's output; post-processing of the same runs)",
+                [_gap_table(results, "avg"), bounds],
+            ),
+            Section(
+                "Observations", ["\n".join(f"{i}. {o}" for i, o in enumerate(_observations(results), 1))]
+            ),
+            Section("Selected configurations (last iterate)", [_selected_table(results, "last")]),
+            Section("Selected configurations (average iterate)", [_selected_table(results, "avg")]),
+        ],
+        data={DATA_JSON: results},
+        plots=[figure(PLOT, _draw(results), figsize=(12, 5.4), ncols=2, sharey=True)],
+    )
 
 
 def run(out_dir: str | Path, quick: bool = False) -> Path:
     """Run the reproduction into ``out_dir`` (created if needed); returns the path of ``counterexample.md``.
     ``quick``: 3 values of mu, a 6-point learning-rate grid with C = 1 and one schedule, 1 tuning seed and 3
     evaluation seeds (about 20 s)."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    command = f"dptrain reproduce dpsgd-f-counterexample --out {out}" + (" --quick" if quick else "")
+    command = f"dptrain reproduce dpsgd-f-counterexample --out {Path(out_dir)}" + (
+        " --quick" if quick else ""
+    )
     start = time.perf_counter()
     with single_thread():  # a 3-parameter model
         results = experiment(QUICK if quick else FULL)
@@ -774,4 +776,4 @@ def run(out_dir: str | Path, quick: bool = False) -> Path:
         sigma_f=gaussian_mechanism_noise(EPS_F, DELTA),
         floor=universal_floor(),
     )
-    return write_outputs(results, out)
+    return render(results).write(out_dir)

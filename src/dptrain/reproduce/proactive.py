@@ -1,5 +1,5 @@
-"""Reproduction of seed 002, "Proactive DP: A Multiple Target Optimization Framework for DP-SGD" (van Dijk,
-Nguyen, Nguyen, Nguyen, Nguyen).
+"""Reproduction of van Dijk, Nguyen, Nguyen, Nguyen, Nguyen, "Proactive DP: A Multiple Target Optimization
+Framework for DP-SGD" (docs/proactive.md).
 
 ``run(out_dir, quick=False)`` writes ``proactive.md`` (the report), ``proactive.json`` (every number) and PNG
 plots into ``out_dir``. Sections:
@@ -25,9 +25,9 @@ Formulas (each cited where it is used):
 
 from __future__ import annotations
 
-import json
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,9 +40,22 @@ from dptrain.accounting.proactive import dp_calculator_simple, plan_proactive
 from dptrain.engine import make_private
 from dptrain.errors import AccountingError
 from dptrain.planner import plan_from_sigma
-from dptrain.reproduce import json_default, md_table, single_thread
+from dptrain.reproduce import fashion_mnist, md_table, single_thread
+from dptrain.reproduce.report import Plot, Report, Section, figure
 
-__all__ = ["OWN_SETTINGS", "PAPER_TABLES", "run"]
+__all__ = [
+    "FULL",
+    "OWN_SETTINGS",
+    "PAPER_TABLES",
+    "QUICK",
+    "Scale",
+    "logistic_experiment",
+    "ratio_rows",
+    "render",
+    "run",
+    "tables_9_11",
+    "utility_graph_data",
+]
 
 REPORT, DATA_JSON = "proactive.md", "proactive.json"
 
@@ -100,6 +113,38 @@ NEGATIVE_CLASS, POSITIVE_CLASS = 0, 6
 EXPERIMENT = {"sigma": 19.29962, "clip": 0.1, "eta0": 0.1, "beta": 0.01}
 
 
+@dataclass(frozen=True)
+class Scale:
+    """How much of sections (c) and (d) runs: N training examples, k epochs, the seeds, the batch sizes s besides
+    the certified s_max (and the paper-iteration s_max when ``paper_s_max``); (d)'s clip norms, noise multipliers
+    and noise draws per cell."""
+
+    n: int
+    k: int
+    seeds: tuple[int, ...]
+    sizes: tuple[int, ...]
+    paper_s_max: bool
+    clips: tuple[float, ...]
+    sigmas: tuple[float, ...]
+    draws: int
+
+
+FULL = Scale(
+    n=10_000,
+    k=5,
+    seeds=(0, 1, 2, 3, 4),
+    sizes=(1, 5, 10, 15, 20),
+    paper_s_max=True,
+    clips=(0.075, 0.1),
+    sigmas=(0.0, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0),
+    draws=5,
+)
+#: quick: N = 2000, k = 2, one seed, s in {5, s_max}; (d) with one C, three sigmas and two draws.
+QUICK = Scale(
+    n=2000, k=2, seeds=(0,), sizes=(5,), paper_s_max=False, clips=(0.1,), sigmas=(0.0, 1.0, 20.0), draws=2
+)
+
+
 # --- (a) Tables 9-11 --------------------------------------------------------------------------------------
 
 
@@ -123,7 +168,8 @@ def tables_9_11() -> list[dict[str, Any]]:
         s, s_asym = paper["s_max"], paper["s_max_asym"]
         eps_fdp = fdp_epsilon(sigma, n, k, s)
         eps_fdp_asym = fdp_epsilon(sigma, n, k, s_asym)
-        # Diagnostic for the unexplained T_min_asym column (digest 5.2 B): the same CLT with mu times sqrt(2).
+        # Diagnostic for the T_min_asym column of Tables 9-11, which the stated method does not give: the same CLT
+        # with mu times sqrt(2).
         mu_asym = mu_uniform_clt(sigma, s_asym / n, k * n / s_asym)
         rows.append(
             {
@@ -461,21 +507,18 @@ def _epsilons(trainer, n: int) -> dict[str, Any]:
     return out
 
 
-def logistic_experiment(quick: bool) -> dict[str, Any]:
+def logistic_experiment(scale: Scale) -> dict[str, Any]:
     """Section (c): Table 3's LIBSVM parameters (sigma = 19.29962, C = 0.1, k = 5, delta = 1/N, eta0 = 0.1,
-    beta = 0.01) on Fashion-MNIST T-shirt/top vs Shirt with N = 10,000; for each s, T = ceil(kN/s) rounds."""
-    from dptrain.data import load_dataset
-
-    n, k = (2000, 2) if quick else (10_000, 5)
-    seeds = [0] if quick else [0, 1, 2, 3, 4]
+    beta = 0.01) on Fashion-MNIST T-shirt/top vs Shirt with N = 10,000 (``scale`` sets N, k, the seeds and the
+    batch sizes); for each s, T = ceil(kN/s) rounds."""
+    n, k = scale.n, scale.k
+    seeds = list(scale.seeds)
     sigma, clip = EXPERIMENT["sigma"], EXPERIMENT["clip"]
-    calc_fp = plan_from_sigma(sigma, n, k)  # certified: gamma at its fixed point, Thm B.4 checked after rounding
+    # certified: gamma at its fixed point, Thm B.4 checked after rounding
+    calc_fp = plan_from_sigma(sigma, n, k)
     calc_paper = dp_calculator_simple(sigma, n, k, gamma_mode="paper")
-    if quick:
-        sizes = sorted({5, calc_fp["s_max"]})
-    else:
-        sizes = sorted({1, 5, 10, 15, 20, calc_fp["s_max"], calc_paper["s_max"]})
-    data = load_dataset("fashion-mnist")
+    sizes = sorted({*scale.sizes, calc_fp["s_max"]} | ({calc_paper["s_max"]} if scale.paper_s_max else set()))
+    data = fashion_mnist()
     train, test = _binary_subset(data.train, n), _binary_subset(data.test, None)
 
     runs: list[dict[str, Any]] = []
@@ -666,14 +709,8 @@ def _section_c_md(exp: dict[str, Any]) -> str:
     return "\n\n".join(parts)
 
 
-def _plot_accuracy(exp: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    try:
+def _draw_accuracy(exp: dict[str, Any]):
+    def draw(fig, ax) -> None:
         for convention, marker in (("mean", "o"), ("sum", "s")):
             rows = exp["summary"][convention]["rows"]
             ax.errorbar(
@@ -708,26 +745,24 @@ def _plot_accuracy(exp: dict[str, Any], path: Path) -> None:
         )
         ax.legend(fontsize=7)
         fig.tight_layout()
-        fig.savefig(path, dpi=100)
-    finally:
-        plt.close(fig)
+
+    return draw
 
 
 # --- (d) utility graph ------------------------------------------------------------------------------------
 
 
-def utility_graph_section(exp_quick: bool, out_dir: Path) -> dict[str, Any]:
+def utility_graph_data(scale: Scale) -> dict[str, Any]:
     """Section (d): the utility graph (Sec. 3.3) of the section (c) task, w* trained by the engine with clipping
-    C, no noise, Poisson batches of the certified s_max, the same schedule and K = kN."""
-    from dptrain.data import load_dataset
+    C, no noise, Poisson batches of the certified s_max, the same schedule and K = kN. Returns
+    ``UtilityGraph.to_dict()`` with the batch size ``s`` and the largest sigma of the 10% rule per C."""
     from dptrain.utility_graph import accuracy_evaluator, noise_free_trainer, utility_graph
 
-    n, k = (2000, 2) if exp_quick else (10_000, 5)
+    n, k = scale.n, scale.k
     s = plan_from_sigma(EXPERIMENT["sigma"], n, k)["s_max"]
-    data = load_dataset("fashion-mnist")
+    data = fashion_mnist()
     train, test = _binary_subset(data.train, n), _binary_subset(data.test, None)
-    clips = [0.1] if exp_quick else [0.075, 0.1]
-    sigmas = [0.0, 1.0, 20.0] if exp_quick else [0.0, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0]
+    clips, sigmas = list(scale.clips), list(scale.sigmas)
     trainer = noise_free_trainer(
         lambda: _logistic(0),
         train,
@@ -737,15 +772,25 @@ def utility_graph_section(exp_quick: bool, out_dir: Path) -> dict[str, Any]:
         seed=0,
         schedule=_step_size_factor(s, EXPERIMENT["beta"]),
     )
-    graph = utility_graph(
-        trainer, accuracy_evaluator(*test), clips, sigmas, draws=2 if exp_quick else 5, seed=0
+    graph = utility_graph(trainer, accuracy_evaluator(*test), clips, sigmas, draws=scale.draws, seed=0)
+    return {**graph.to_dict(), "s": s, "largest_sigma": {f"{c:g}": graph.largest_sigma(c) for c in clips}}
+
+
+def graph_from_data(d: dict[str, Any]):
+    """The :class:`~dptrain.utility_graph.UtilityGraph` of :func:`utility_graph_data`'s output (or of its JSON)."""
+    from dptrain.utility_graph import UtilityGraph
+
+    clips = [float(c) for c in d["clips"]]
+    return UtilityGraph(
+        clips=clips,
+        sigmas=[float(v) for v in d["sigmas"]],
+        base_accuracy={c: d["base_accuracy"][f"{c:g}"] for c in clips},
+        fractions=np.asarray(d["fractions"], dtype=np.float64),
     )
-    graph.plot(out_dir / "utility_graph.png")
-    return {"graph": graph, "s": s, "largest_sigma": {f"{c:g}": graph.largest_sigma(c) for c in clips}}
 
 
 def _section_d_md(d: dict[str, Any], exp: dict[str, Any]) -> str:
-    g = d["graph"]
+    g = graph_from_data(d)
     return "\n\n".join(
         [
             f"w* per C: the engine with noise multiplier 0 and clipping C, Poisson batch s = {d['s']}, the section (c) "
@@ -760,7 +805,7 @@ def _section_d_md(d: dict[str, Any], exp: dict[str, Any]) -> str:
 
 
 def _utility_verdict(d: dict[str, Any], exp: dict[str, Any]) -> str:
-    g, sigma, clip = d["graph"], EXPERIMENT["sigma"], EXPERIMENT["clip"]
+    g, sigma, clip = graph_from_data(d), EXPERIMENT["sigma"], EXPERIMENT["clip"]
     if clip not in g.clips:
         return ""
     i = g.clips.index(clip)
@@ -789,14 +834,51 @@ def _utility_verdict(d: dict[str, Any], exp: dict[str, Any]) -> str:
 # --- driver -----------------------------------------------------------------------------------------------
 
 
+def render(data: dict[str, Any]) -> Report:
+    """The report of ``data`` (what :func:`run` writes to ``proactive.json``)."""
+    header = f"Produced by `{data['command']}`"
+    timings, exp, ug = data["timings_s"], data["logistic"], data["utility_graph"]
+    mode = (
+        "QUICK mode (reduced section (c)/(d); not the reported experiment)" if data["quick"] else "full run"
+    )
+    return Report(
+        REPORT,
+        "Proactive DP (van Dijk et al.): reproduction",
+        intro=[
+            f"{header} ({mode}). Wall time {timings['total']:.0f} s (a: {timings['a']:.1f} s, b: {timings['b']:.1f} "
+            f"s, c: {timings['c']:.0f} s, d: {timings['d']:.0f} s). All numbers are in `proactive.json`."
+        ],
+        sections=[
+            Section(
+                "(a) Tables 9-11: DP calculator (App. D.4) vs tight f-DP accountant",
+                [f"{header}:", _section_a_md(data["tables_9_11"])],
+            ),
+            Section(
+                "(b) Closed-form epsilon vs tight accountants at T_min",
+                [f"{header}:", _section_b_md(data["ratios"])],
+            ),
+            Section(
+                "(c) Logistic regression, batch size sweep at fixed K = kN (Table 3 / Fig. 1 in spirit)",
+                [f"{header}:", _section_c_md(exp)],
+            ),
+            Section(
+                "(d) Utility graph (Sec. 3.3) for the task of (c)", [f"{header}:", _section_d_md(ug, exp)]
+            ),
+        ],
+        data={DATA_JSON: data},
+        plots=[
+            figure("accuracy_vs_s.png", _draw_accuracy(exp), figsize=(6, 4)),
+            Plot("utility_graph.png", graph_from_data(ug).plot),
+        ],
+    )
+
+
 def run(out_dir: str | Path, quick: bool = False) -> Path:
     """Run the reproduction into ``out_dir`` (created if needed); returns the path of ``proactive.md``.
     ``quick`` keeps (a) and (b) complete and shrinks (c) to N = 2000, k = 2, one seed, s in {5, s_max} and
     (d) to one C and three sigmas."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    command = f"dptrain reproduce proactive --out {out}" + (" --quick" if quick else "")
-    header = f"Produced by `{command}`"
+    scale = QUICK if quick else FULL
+    command = f"dptrain reproduce proactive --out {Path(out_dir)}" + (" --quick" if quick else "")
     start = time.perf_counter()
     timings: dict[str, float] = {}
 
@@ -809,47 +891,19 @@ def run(out_dir: str | Path, quick: bool = False) -> Path:
 
     with single_thread():  # a 1570-parameter model
         t0 = time.perf_counter()
-        exp = logistic_experiment(quick)
-        _plot_accuracy(exp, out / "accuracy_vs_s.png")
+        exp = logistic_experiment(scale)
         timings["c"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        ug = utility_graph_section(quick, out)
+        ug = utility_graph_data(scale)
         timings["d"] = time.perf_counter() - t0
     timings["total"] = time.perf_counter() - start
-
-    mode = "QUICK mode (reduced section (c)/(d); not the reported experiment)" if quick else "full run"
-    md = (
-        "\n\n".join(
-            [
-                "# Proactive DP (seed 002): reproduction",
-                f"{header} ({mode}). Wall time {timings['total']:.0f} s (a: {timings['a']:.1f} s, b: {timings['b']:.1f} s, "
-                f"c: {timings['c']:.0f} s, d: {timings['d']:.0f} s). All numbers are in `proactive.json`.",
-                "## (a) Tables 9-11: DP calculator (App. D.4) vs tight f-DP accountant",
-                f"{header}:",
-                _section_a_md(rows_a),
-                "## (b) Closed-form epsilon vs tight accountants at T_min",
-                f"{header}:",
-                _section_b_md(rows_b),
-                "## (c) Logistic regression, batch size sweep at fixed K = kN (Table 3 / Fig. 1 in spirit)",
-                f"{header}:",
-                _section_c_md(exp),
-                "## (d) Utility graph (Sec. 3.3) for the task of (c)",
-                f"{header}:",
-                _section_d_md(ug, exp),
-            ]
-        )
-        + "\n"
-    )
-    report = out / REPORT
-    report.write_text(md)
-    payload = {
+    data = {
         "command": command,
         "quick": quick,
         "timings_s": timings,
         "tables_9_11": rows_a,
         "ratios": rows_b,
         "logistic": exp,
-        "utility_graph": {**ug["graph"].to_dict(), "s": ug["s"], "largest_sigma": ug["largest_sigma"]},
+        "utility_graph": ug,
     }
-    (out / DATA_JSON).write_text(json.dumps(payload, indent=1, default=json_default))
-    return report
+    return render(data).write(out_dir)
