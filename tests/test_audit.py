@@ -22,8 +22,10 @@ from dptrain.auditing.canaries import (
     draw_inclusion,
     with_canaries,
 )
-from dptrain.auditing.cli import add_parser, cmd_audit
 from dptrain.auditing.runner import audit_run
+from dptrain.cli import add_command
+from dptrain.cli import audit as audit_command
+from dptrain.cli.audit import run as cmd_audit
 from dptrain.clipping import FlatClipping
 from dptrain.config import config_from_dict
 from dptrain.errors import ConfigError
@@ -300,7 +302,7 @@ def test_projected_random_batches_sample_the_canaries_like_examples():
 
 def _parser():
     parser = argparse.ArgumentParser(prog="dptrain")
-    add_parser(parser.add_subparsers(dest="command"))
+    add_command(parser.add_subparsers(dest="command"), audit_command)
     return parser
 
 

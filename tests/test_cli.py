@@ -395,3 +395,107 @@ def test_corrupt_checkpoint_is_refused_on_resume(tmp_path, capsys):
     (out / "private" / "checkpoint.pt").write_bytes(data[: len(data) // 2])
     code, _, err = run_cli(["train", "--resume", str(out), "--no-progress"], capsys)
     assert code == 2 and "checkpoint.pt is corrupt" in err and len(err.strip().splitlines()) == 1
+
+
+# --- the package: one module per command, shared flags defined once, a light parser ------------------------------
+
+
+def test_every_command_is_one_module_with_the_same_interface():
+    import dptrain.cli as cli
+
+    names = [c.NAME for c in cli.COMMANDS]
+    assert names == ["train", "account", "calibrate", "plan", "audit", "reproduce", "utility-graph"]
+    for command in cli.COMMANDS:
+        assert command.__name__ == "dptrain.cli." + command.NAME.replace("-", "_")
+        assert isinstance(command.HELP, str) and callable(command.add_arguments) and callable(command.run)
+    subparsers = next(a for a in cli.build_parser()._actions if a.dest == "command")
+    assert list(subparsers.choices) == names
+
+
+def test_shared_flags_are_the_same_flag_everywhere():
+    from dptrain.cli import build_parser
+
+    commands = next(a for a in build_parser()._actions if a.dest == "command").choices
+
+    def flag(command, name):
+        return next(a for a in commands[command]._actions if name in a.option_strings)
+
+    def same(a, b):  # one definition: the same type, default, choices, help and metavar
+        keys = ("type", "default", "choices", "help", "metavar")
+        return all(getattr(a, k) == getattr(b, k) for k in keys) and type(a) is type(b)
+
+    for name in ("--config", "--set"):
+        assert same(flag("train", name), flag("audit", name))
+    assert flag("utility-graph", "--config").required and not flag("train", "--config").required
+    for name in ("--sampling-rate", "--sampling", "--delta", "--steps"):
+        assert same(flag("account", name), flag("calibrate", name))
+    assert flag("account", "--steps").required and not flag("calibrate", "--steps").required
+    assert flag("account", "--accountant").choices == [*flag("calibrate", "--accountant").choices, "all"]
+    assert flag("account", "--accountant").default == flag("calibrate", "--accountant").default == "auto"
+    assert flag("plan", "--delta").type is flag("account", "--delta").type
+    for command in set(commands) - {"reproduce"}:
+        assert type(flag(command, "--json")).__name__ == "_StoreTrueAction"
+
+
+def test_building_the_parser_imports_no_torch():
+    code = "import sys, dptrain.cli; dptrain.cli.build_parser(); print(sorted(m for m in sys.modules if 'torch' in m))"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stderr
+
+
+def test_account_and_calibrate_reason_about_the_run_numbers(capsys):
+    """The ledger of `account` is the planned ledger of RunNumbers (the one dpsgd_ledger gives for Poisson steps),
+    and `calibrate --epochs` certifies the steps RunNumbers plans for those epochs, as `dptrain train` trains them."""
+    import argparse
+
+    from dptrain.accounting import RunNumbers, dpsgd_ledger
+    from dptrain.cli.common import run_numbers
+
+    args = argparse.Namespace(sampling="poisson", sampling_rate=256 / 60000, steps=14062)
+    assert run_numbers(args).ledger(1.1) == dpsgd_ledger(1.1, 256 / 60000, 14062, "poisson")
+    args = argparse.Namespace(sampling="full", sampling_rate=1.0, steps=7, epochs=None)
+    assert run_numbers(args).ledger(3.0) == dpsgd_ledger(3.0, 1.0, 7, "full")
+    for sampling, rate, epochs in [("poisson", "0.0042666666666666667", "1"), ("full", "1", "3")]:
+        code, out, _ = run_cli(
+            ["calibrate", "--epsilon", "3", "--delta", "1e-5", "--sampling-rate", rate, "--epochs", epochs]
+            + ["--sampling", sampling, "--accountant", "rdp", "--json"],
+            capsys,
+        )
+        planned = RunNumbers.planned(sampling, sampling_rate=float(rate), epochs=float(epochs))
+        assert code == 0 and json.loads(out)["steps"] == planned.steps == (234 if sampling == "poisson" else 3)
+        assert json.loads(out)["sampling_rate"] == planned.sampling_rate
+
+
+def test_main_exit_codes(monkeypatch, capsys):
+    import dptrain.auditing.runner
+    import dptrain.config
+    from dptrain.cli import reproduce
+    from dptrain.interrupts import Terminated
+
+    def raising(exc):
+        def run(args):
+            raise exc
+
+        return run
+
+    monkeypatch.setattr(reproduce, "run", raising(KeyboardInterrupt))
+    assert main(["reproduce", "audit"]) == 130
+    monkeypatch.setattr(reproduce, "run", raising(Terminated))
+    assert main(["reproduce", "audit"]) == Terminated.exit_code == 143
+    # an audit whose lower bound exceeds the certificate: exit code 1 and a FAILED verdict
+    result = {
+        "epsilon_lower_bound": 2.0,
+        "epsilon_certified": 1.0,
+        "confidence": 0.95,
+        "canaries": 10,
+        "guesses": 4,
+        "correct": 4,
+        "kind": "input",
+        "accountant": "pld",
+        "delta": 1e-5,
+        "setting": "dpsgd",
+    }
+    monkeypatch.setattr(dptrain.config, "load_config", lambda path, overrides: None)
+    monkeypatch.setattr(dptrain.auditing.runner, "audit_run", lambda cfg, **kw: result)
+    assert main(["audit", "--config", "any.toml"]) == 1
+    assert capsys.readouterr().out.splitlines()[-1].startswith("FAILED: the lower bound 2.0000 exceeds")

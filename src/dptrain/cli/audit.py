@@ -2,7 +2,7 @@
 
 Prints the epsilon lower bound (with its confidence) beside the certified epsilon of the same run, and exits with
 1 when the lower bound exceeds the certificate (the engine or its accounting is broken), 0 otherwise. Errors in
-the input are one-line :class:`~dptrain.errors.ConfigError` (exit code 2 through ``dptrain.cli.main``).
+the input are one-line :class:`~dptrain.errors.ConfigError` (exit code 2 through :func:`dptrain.cli.main`).
 """
 
 from __future__ import annotations
@@ -11,48 +11,51 @@ import argparse
 import json
 
 from dptrain.auditing import KINDS
-from dptrain.errors import ConfigError
+from dptrain.cli import common
+
+NAME = "audit"
+HELP = "empirical privacy audit: an epsilon lower bound from canaries in one training run"
+DESCRIPTION = (
+    "Insert canaries (each included with probability 1/2), train once exactly as 'dptrain train' would, and "
+    "turn the canaries' scores into an epsilon lower bound (Steinke, Nasr & Jagielski, 'Privacy Auditing "
+    "with One (1) Training Run'), printed beside the run's certified epsilon. Writes nothing."
+)
 
 #: Exit code when the lower bound exceeds the certificate.
 AUDIT_FAILED = 1
 
 
-def add_parser(subparsers) -> argparse.ArgumentParser:
-    """Add the ``audit`` command to ``subparsers`` (an ``add_subparsers()`` result); returns its parser."""
-    a = subparsers.add_parser(
-        "audit",
-        help="empirical privacy audit: an epsilon lower bound from canaries in one training run",
-        description=(
-            "Insert canaries (each included with probability 1/2), train once exactly as 'dptrain train' would, and "
-            "turn the canaries' scores into an epsilon lower bound (Steinke, Nasr & Jagielski, 'Privacy Auditing "
-            "with One (1) Training Run'), printed beside the run's certified epsilon. Writes nothing."
-        ),
-    )
-    a.add_argument("--config", help="TOML config file (see configs/)")
-    a.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a config key, e.g. --set privacy.target_epsilon=2 (repeatable)",
-    )
-    a.add_argument(
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    common.add_config(parser)
+    parser.add_argument(
         "--canaries", type=int, default=1000, metavar="M", help="number of canaries m >= 2 (default 1000)"
     )
-    a.add_argument(
+    parser.add_argument(
         "--confidence",
         type=float,
         default=0.95,
         help="confidence of the lower bound, in (0, 1) (default 0.95)",
     )
-    a.add_argument(
+    parser.add_argument(
         "--kind",
         default="gradient",
         metavar="|".join(KINDS),
         help="gradient: white-box Dirac gradient canaries (default); input: random examples with random labels",
     )
-    a.add_argument("--json", action="store_true", help="print the result as one JSON object")
-    return a
+    common.add_json(parser, help="print the result as one JSON object")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the audit of ``args.config`` (+ ``args.set``) and print it; 1 if the lower bound exceeds the certificate."""
+    # torch is imported here, not at the top: building the parser must stay light.
+    from dptrain.auditing.runner import audit_run
+    from dptrain.config import load_config
+
+    common.require_config(args)
+    cfg = load_config(args.config, list(args.set))
+    result = audit_run(cfg, canaries=args.canaries, confidence=args.confidence, kind=args.kind)
+    print(json.dumps(result, indent=2) if args.json else format_audit(result))
+    return AUDIT_FAILED if result["epsilon_lower_bound"] > result["epsilon_certified"] else 0
 
 
 def format_audit(result: dict) -> str:
@@ -91,19 +94,3 @@ def verdict(result: dict) -> str:
         f"passed: the lower bound {low:.4f} stays below the certified epsilon {cert:.4f} (an audit can refute a "
         "certificate, never prove it; a one-run audit is loose)"
     )
-
-
-def cmd_audit(args) -> int:
-    """Run the audit of ``args.config`` (+ ``args.set``) and print it; 1 if the lower bound exceeds the certificate."""
-    from dptrain.auditing.runner import audit_run
-    from dptrain.config import load_config
-
-    if not args.config and not args.set:
-        raise ConfigError("give --config FILE.toml (see configs/) or --set KEY=VALUE overrides")
-    cfg = load_config(args.config, list(args.set))
-    result = audit_run(cfg, canaries=args.canaries, confidence=args.confidence, kind=args.kind)
-    print(json.dumps(result, indent=2) if args.json else format_audit(result))
-    return AUDIT_FAILED if result["epsilon_lower_bound"] > result["epsilon_certified"] else 0
-
-
-__all__ = ["add_parser", "cmd_audit", "format_audit"]

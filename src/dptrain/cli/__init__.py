@@ -1,0 +1,69 @@
+"""The ``dptrain`` command: a thin layer over the Python API.
+
+One module per command (:data:`COMMANDS`), each with the same small interface:
+
+- ``NAME``: the command's name; ``HELP``: its one line in ``dptrain --help``; optionally ``DESCRIPTION``;
+- ``add_arguments(parser)``: its flags (those several commands share come from :mod:`dptrain.cli.common`);
+- ``run(args) -> int``: the command itself, returning the exit code.
+
+Building the parser imports no torch: a command that needs it imports it inside ``run``.
+
+Every user error (bad config, impossible parameter, corrupt file, unsupported model) is printed as one
+line on stderr and exits with code 2; no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from types import ModuleType
+
+from dptrain.cli import account, audit, calibrate, plan, reproduce, train, utility_graph
+from dptrain.errors import ConfigError, DPTrainError
+from dptrain.interrupts import Terminated
+
+#: The commands, in the order ``dptrain --help`` lists them.
+COMMANDS: tuple[ModuleType, ...] = (train, account, calibrate, plan, audit, reproduce, utility_graph)
+
+
+class OneLineErrorParser(argparse.ArgumentParser):
+    """An argument parser whose errors are one-line :class:`ConfigError` (exit code 2 through :func:`main`);
+    argparse would print the usage block too."""
+
+    def error(self, message: str):
+        raise ConfigError(f"{message} (see '{self.prog} --help')")
+
+
+def add_command(subparsers, command: ModuleType) -> argparse.ArgumentParser:
+    """Add ``command`` (a module of :data:`COMMANDS`) to ``subparsers`` (an ``add_subparsers()`` result)."""
+    parser = subparsers.add_parser(
+        command.NAME, help=command.HELP, description=getattr(command, "DESCRIPTION", None)
+    )
+    command.add_arguments(parser)
+    return parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineErrorParser(prog="dptrain", description="Differentially private training for PyTorch.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineErrorParser)
+    for command in COMMANDS:
+        add_command(sub, command)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``dptrain ARGV``: 0 on success, 2 on a user error (one line on stderr), 130 on Ctrl-C, 143 on SIGTERM,
+    1 when an audit's lower bound exceeds the certificate."""
+    try:
+        args = build_parser().parse_args(argv)
+        return {c.NAME: c for c in COMMANDS}[args.command].run(args)
+    except DPTrainError as e:
+        print(f"dptrain: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except Terminated:
+        return Terminated.exit_code
+
+
+__all__ = ["COMMANDS", "OneLineErrorParser", "add_command", "build_parser", "main"]

@@ -1,0 +1,158 @@
+"""``dptrain account``: epsilon spent by DP-SGD with given parameters (any accountant, or all side by side), or by
+projected noisy SGD with the last-iterate accountant of Altschuler & Talwar, "Privacy of Noisy Stochastic Gradient
+Descent" (its own flags)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from dptrain.accounting import accountant_names, all_reports, check_noise_multiplier, epsilon, tightest
+from dptrain.accounting.last_iterate import (
+    NOT_CERTIFIED,
+    Setting,
+    certifiable,
+    last_iterate_report,
+    rdp_bound,
+)
+from dptrain.cli import common
+from dptrain.cli.common import check, finite_float, positive_int
+from dptrain.errors import ConfigError
+
+NAME = "account"
+HELP = "epsilon spent by DP-SGD (or projected noisy SGD) with given parameters"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    common.add_noise_multiplier(parser)
+    common.add_sampling_rate(parser)
+    common.add_steps(parser)
+    common.add_delta(parser)
+    common.add_sampling(parser)
+    common.add_accountant(parser)
+    li = parser.add_argument_group("last_iterate (projected noisy SGD on a convex loss; Altschuler & Talwar)")
+    li.add_argument("--lipschitz", type=finite_float, metavar="L")
+    li.add_argument("--diameter", type=finite_float, metavar="D")
+    li.add_argument("--smoothness", type=finite_float, metavar="M")
+    li.add_argument("--learning-rate", type=finite_float, metavar="ETA")
+    li.add_argument("--dataset-size", type=positive_int, metavar="n")
+    li.add_argument("--batch-size", type=positive_int, metavar="b")
+    li.add_argument(
+        "--noise-std", type=finite_float, metavar="SIGMA", help="std of the Gaussian on the averaged gradient"
+    )
+    li.add_argument("--strong-convexity", type=finite_float, default=0.0, metavar="m")
+    li.add_argument("--batching", default="random", choices=["random", "cyclic", "full"])
+    li.add_argument("--adjacency", default="replace", choices=["replace", "remove"])
+    li.add_argument("--lr-power", type=finite_float, default=0.0, help="eta_t = ETA (t+1)^-p, p in [0, 1)")
+    li.add_argument(
+        "--rdp-order", type=finite_float, metavar="A", help="also print the RDP bound at this order"
+    )
+    common.add_json(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.accountant == "last_iterate":
+        return _last_iterate(args)
+    for flag in ("noise_multiplier", "sampling_rate"):
+        if getattr(args, flag) is None:
+            raise ConfigError(f"--{flag.replace('_', '-')} is required with --accountant {args.accountant}")
+    common.check_rate_and_delta(args)
+    check_noise_multiplier(args.noise_multiplier, "--noise-multiplier")
+    ledger = common.run_numbers(args).ledger(args.noise_multiplier)
+    if args.accountant == "all":
+        found, refusals = all_reports(ledger, args.delta)
+        names, reports = list(accountant_names()), list(found.values())
+    else:
+        names, reports, refusals = [args.accountant], [epsilon(ledger, args.delta, args.accountant)], {}
+    best = tightest({r.accountant: r for r in reports})
+    if args.json:
+        if len(names) == 1:
+            print(json.dumps(reports[0].to_dict()))
+        else:
+            print(
+                json.dumps(
+                    {
+                        "epsilon": best.epsilon if best else None,
+                        "delta": args.delta,
+                        "accountant": best.accountant if best else None,
+                        "all": [r.to_dict() for r in reports],
+                        "refused": refusals,
+                    }
+                )
+            )
+        return 0
+    for r in reports:
+        mark = "" if r.certified else "   approximation, not a proven bound"
+        if len(names) > 1 and r is best:
+            mark = "   <- tightest certified"
+        print(f"{r.accountant:>4}: epsilon = {r.epsilon:.6g} at delta = {r.delta:g}{mark}")
+    for name, why in refusals.items():
+        print(f"{name:>4}: refused: {why}")
+    return 0
+
+
+def _last_iterate(args: argparse.Namespace) -> int:
+    needed = ("lipschitz", "diameter", "smoothness", "learning_rate", "dataset_size", "noise_std")
+    missing = [f"--{k.replace('_', '-')}" for k in needed if getattr(args, k) is None]
+    if missing:
+        raise ConfigError(f"--accountant last_iterate needs {', '.join(missing)}")
+    common.check_delta(args)
+    b = (
+        args.batch_size
+        if args.batch_size is not None
+        else (args.dataset_size if args.batching == "full" else None)
+    )
+    if b is None:
+        raise ConfigError("--accountant last_iterate needs --batch-size (or --batching full)")
+    st = Setting(
+        n=args.dataset_size,
+        b=b,
+        noise_std=args.noise_std,
+        lipschitz=args.lipschitz,
+        diameter=args.diameter,
+        learning_rate=args.learning_rate,
+        steps=args.steps,
+        batching=args.batching,
+        adjacency=args.adjacency,
+        strong_convexity=args.strong_convexity,
+        smoothness=args.smoothness,
+        lr_power=args.lr_power,
+    )
+    r = last_iterate_report(st, args.delta)
+    certified = certifiable(st)
+    out = {
+        "epsilon": r["epsilon"],
+        "epsilon_composition": r["epsilon_composition"],
+        "delta": args.delta,
+        "accountant": "last_iterate",
+        "certified": certified,
+        **({} if certified else {"note": NOT_CERTIFIED}),
+        "burn_in_steps": r["burn_in_steps"],
+        "order": r["order"],
+        "bound": r["bound"],
+        "window": r["window"],
+    }
+    if args.rdp_order is not None:
+        check(args.rdp_order > 1, "--rdp-order", "a number > 1", args.rdp_order)
+        at = rdp_bound(st, args.rdp_order)
+        out.update(rdp_order=args.rdp_order, rdp=at.rdp, rdp_composition=at.composition)
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    burn = (
+        "none (decaying steps keep growing)"
+        if out["burn_in_steps"] is None
+        else f"{out['burn_in_steps']} steps"
+    )
+    print(
+        f"last_iterate: epsilon = {out['epsilon']:.6g} at delta = {args.delta:g}  (bound {out['bound']}, order "
+        f"{out['order']:g}; only the last iterate released)"
+    )
+    print(f" composition: epsilon = {out['epsilon_composition']:.6g}  (every step charged)")
+    print("   certified: yes (deterministic batches)" if certified else f"  NOT CERTIFIED: {NOT_CERTIFIED}")
+    print(f"     burn-in: {burn}")
+    if args.rdp_order is not None:
+        print(
+            f"   RDP at order {args.rdp_order:g}: {out['rdp']:.6g} (composition {out['rdp_composition']:.6g})"
+        )
+    return 0

@@ -1,0 +1,112 @@
+"""``dptrain calibrate``: the smallest noise multiplier meeting an (epsilon, delta) budget, for T (sub)sampled
+DP-SGD steps (Brent's method on an accountant) or for ONE Gaussian release (the analytic Gaussian mechanism of
+Balle & Wang 2018)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+from dptrain.accounting import calibrate, epsilon, gaussian_mechanism_epsilon, gaussian_mechanism_noise
+from dptrain.accounting.calibration import gaussian_mechanism_delta
+from dptrain.cli import common
+from dptrain.cli.common import check, finite_float
+from dptrain.errors import ConfigError
+
+NAME = "calibrate"
+HELP = "smallest noise multiplier meeting an (epsilon, delta) budget"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--mechanism",
+        default="dpsgd",
+        choices=["dpsgd", "gaussian"],
+        help="dpsgd: T (sub)sampled steps (default); gaussian: ONE Gaussian release of L2 sensitivity 1, analytic "
+        "calibration (Balle & Wang 2018), e.g. a private mean",
+    )
+    parser.add_argument("--epsilon", type=finite_float, required=True)
+    common.add_delta(parser)
+    common.add_sampling_rate(parser)
+    common.add_steps(parser, or_epochs=True)
+    common.add_sampling(parser)
+    common.add_accountant(parser, allow_all=False)
+    common.add_json(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.mechanism == "gaussian":
+        return _gaussian(args)
+    if args.sampling_rate is None or (args.steps is None and args.epochs is None):
+        raise ConfigError("calibrate --mechanism dpsgd needs --sampling-rate and one of --steps / --epochs")
+    common.check_rate_and_delta(args)
+    check(args.epsilon > 0, "--epsilon", "a number > 0", args.epsilon)
+    numbers = common.run_numbers(args)
+    cal = calibrate(args.epsilon, args.delta, numbers.ledger, args.accountant)
+    sigma = cal.noise_multiplier
+    spent = epsilon(numbers.ledger(sigma), args.delta, cal.accountant)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "noise_multiplier": sigma,
+                    "epsilon": spent.epsilon,
+                    "target_epsilon": args.epsilon,
+                    "delta": args.delta,
+                    "steps": numbers.steps,
+                    "sampling_rate": numbers.sampling_rate,
+                    "accountant": cal.accountant,
+                    "others": cal.others,
+                }
+            )
+        )
+    else:
+        print(
+            f"noise multiplier = {sigma:.6f}  ({numbers.steps} steps at sampling rate {numbers.sampling_rate:g}: "
+            f"epsilon = {spent.epsilon:.6g} <= {args.epsilon:g} at delta = {args.delta:g}, {cal.accountant})"
+        )
+    return 0
+
+
+def _gaussian(args: argparse.Namespace) -> int:
+    given = [
+        f
+        for f, v in (
+            ("--sampling-rate", args.sampling_rate),
+            ("--steps", args.steps),
+            ("--epochs", args.epochs),
+        )
+        if v is not None
+    ]
+    if given:
+        raise ConfigError(f"calibrate --mechanism gaussian takes --epsilon and --delta only, not {given[0]}")
+    check(args.epsilon > 0, "--epsilon", "a number > 0", args.epsilon)
+    common.check_delta(args)
+    sigma = gaussian_mechanism_noise(args.epsilon, args.delta)
+    spent = gaussian_mechanism_epsilon(sigma, args.delta)
+    if (
+        gaussian_mechanism_delta(sigma, args.epsilon) <= args.delta
+    ):  # both certified; drop float noise above target
+        spent = min(spent, args.epsilon)
+    classical = math.sqrt(2 * math.log(1.25 / args.delta)) / args.epsilon
+    out = {
+        "mechanism": "gaussian",
+        "noise_multiplier": sigma,
+        "epsilon": spent,
+        "target_epsilon": args.epsilon,
+        "delta": args.delta,
+        "classical_noise_multiplier": classical if args.epsilon < 1 else None,
+        "calibration": "analytic Gaussian mechanism (Balle & Wang 2018, Thm 8)",
+    }
+    if args.json:
+        print(json.dumps(out))
+    else:
+        extra = (
+            f"; the classical sqrt(2 ln(1.25/delta))/eps gives {classical:.4f}" if args.epsilon < 1 else ""
+        )
+        print(
+            f"noise multiplier = {sigma:.6f}  (one Gaussian release of L2 sensitivity 1 is ({out['epsilon']:.6g}, "
+            f"{args.delta:g})-DP, analytic calibration{extra})"
+        )
+    return 0

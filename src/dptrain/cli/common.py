@@ -1,0 +1,152 @@
+"""What several commands share, defined once: the argument types, the flags more than one command takes, and the
+range checks of those flags.
+
+Imports only :mod:`dptrain.accounting` (never torch), so that building the parser stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+from dptrain.accounting import AUTO, RunNumbers, accountant_names
+from dptrain.errors import ConfigError
+
+# --- argument types (argparse turns their ArgumentTypeError into "argument --flag: ...") -----------------------
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {v}")
+    return v
+
+
+def finite_float(text: str) -> float:
+    """A finite number (no nan, no inf)."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(v):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return v
+
+
+def float_list(text: str) -> list[float]:
+    """Comma-separated finite numbers, e.g. ``0.5,1,2``."""
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+    if not values or not all(math.isfinite(v) for v in values):
+        raise argparse.ArgumentTypeError(f"expected comma-separated finite numbers, got {text!r}")
+    return values
+
+
+def check(ok: bool, flag: str, accepted: str, value) -> None:
+    """A range check of a flag's value: a one-line :class:`ConfigError` ``FLAG must be ACCEPTED, got VALUE``."""
+    if not ok:
+        raise ConfigError(f"{flag} must be {accepted}, got {value}")
+
+
+# --- a run's configuration: train, audit, utility-graph ----------------------------------------------------------
+
+CONFIG_HELP = "TOML config file (see configs/)"
+
+
+def add_config(
+    parser: argparse.ArgumentParser,
+    *,
+    required: bool = False,
+    help: str = CONFIG_HELP,
+    overrides: bool = True,
+) -> None:
+    """``--config FILE.toml`` and, with ``overrides``, the repeatable ``--set KEY=VALUE``."""
+    parser.add_argument("--config", required=required, help=help)
+    if overrides:
+        parser.add_argument(
+            "--set",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help="override a config key, e.g. --set privacy.target_epsilon=2 (repeatable)",
+        )
+
+
+def require_config(args: argparse.Namespace) -> None:
+    """A run needs a config file or overrides (``--set`` alone builds one on the defaults)."""
+    if not args.config and not args.set:
+        raise ConfigError("give --config FILE.toml (see configs/) or --set KEY=VALUE overrides")
+
+
+def add_json(parser: argparse.ArgumentParser, help: str | None = None) -> None:
+    parser.add_argument("--json", action="store_true", help=help)
+
+
+# --- the privacy flags: account, calibrate (and plan's --delta) --------------------------------------------------
+
+
+def add_delta(parser: argparse.ArgumentParser, *, required: bool = True, help: str | None = None) -> None:
+    parser.add_argument("--delta", type=finite_float, required=required, help=help)
+
+
+def check_delta(args: argparse.Namespace) -> None:
+    check(0 < args.delta < 1, "--delta", "in (0, 1)", args.delta)
+
+
+def add_accountant(parser: argparse.ArgumentParser, *, allow_all: bool = True) -> None:
+    """``--accountant``: ``auto`` (the default), any registered accountant, and with ``allow_all`` also ``all``."""
+    choices = [AUTO, *accountant_names()] + (["all"] if allow_all else [])
+    parser.add_argument(
+        "--accountant",
+        default=AUTO,
+        choices=choices,
+        help="which accountant certifies epsilon (auto: the tightest certified one"
+        + ("; all: every one side by side)" if allow_all else ")"),
+    )
+
+
+# --- a DP-SGD run's numbers: account, calibrate ------------------------------------------------------------------
+
+
+def add_noise_multiplier(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--noise-multiplier", type=finite_float)
+
+
+def add_sampling_rate(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--sampling-rate", type=finite_float)
+
+
+def add_steps(parser: argparse.ArgumentParser, *, or_epochs: bool = False) -> None:
+    """``--steps T`` (required), or with ``or_epochs`` one of ``--steps T`` / ``--epochs K`` (checked in run)."""
+    if not or_epochs:
+        parser.add_argument("--steps", type=positive_int, required=True)
+        return
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--steps", type=positive_int)
+    group.add_argument("--epochs", type=finite_float)
+
+
+def add_sampling(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--sampling", default="poisson", choices=["poisson", "full"])
+
+
+def check_rate_and_delta(args: argparse.Namespace) -> None:
+    """The range checks of ``--sampling-rate`` (given) and ``--delta``, in this order."""
+    check(0 < args.sampling_rate <= 1, "--sampling-rate", "in (0, 1]", args.sampling_rate)
+    check_delta(args)
+
+
+def run_numbers(args: argparse.Namespace) -> RunNumbers:
+    """The run's numbers from ``--sampling``, ``--sampling-rate`` and ``--steps`` or ``--epochs`` (after
+    :func:`check_rate_and_delta`): epochs become steps in :meth:`RunNumbers.planned`, nowhere else."""
+    epochs = getattr(args, "epochs", None)
+    if epochs is not None:
+        check(epochs > 0, "--epochs", "a number > 0", epochs)
+        return RunNumbers.planned(args.sampling, sampling_rate=args.sampling_rate, epochs=epochs)
+    return RunNumbers.planned(args.sampling, sampling_rate=args.sampling_rate, steps=args.steps)

@@ -1,0 +1,24 @@
+"""``dptrain reproduce NAME``: regenerate a paper's tables and plots (markdown, JSON, PNG) into a directory."""
+
+from __future__ import annotations
+
+import argparse
+
+# numpy only: run_reproduction imports the reproduction (and torch) when it runs
+from dptrain.reproduce import REPRODUCTIONS, run_reproduction
+
+NAME = "reproduce"
+HELP = "regenerate a paper's tables and plots into a directory"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("name", choices=sorted(REPRODUCTIONS))
+    parser.add_argument("--out", default=None, help="output directory (default runs/reproduce-NAME)")
+    parser.add_argument("--quick", action="store_true", help="a small version that runs in about a minute")
+
+
+def run(args: argparse.Namespace) -> int:
+    out = args.out or f"runs/reproduce-{args.name}"
+    report = run_reproduction(args.name, out, quick=args.quick)
+    print(f"wrote {report} (tables, JSON and plots in {out})")
+    return 0

@@ -1,0 +1,84 @@
+"""``dptrain train``: run a training job from a TOML config (or continue an interrupted one), optionally exactly
+as a plan from ``dptrain plan --json`` says."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from dptrain.cli import common
+from dptrain.cli.common import positive_int
+from dptrain.errors import ConfigError
+
+NAME = "train"
+HELP = "run a training job from a TOML config"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    common.add_config(parser)
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="output directory (default: runs/<config name>, or runs/<config name>-2, -3, ... if that holds a run)",
+    )
+    parser.add_argument("--resume", metavar="DIR", help="continue the interrupted run stored in DIR")
+    parser.add_argument(
+        "--stop-after",
+        type=positive_int,
+        metavar="STEPS",
+        help="checkpoint and stop after this many steps (continue later with --resume)",
+    )
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    common.add_json(parser, help="print the summary as JSON instead of a table")
+    parser.add_argument(
+        "--plan",
+        metavar="PLAN.json",
+        help="run exactly a plan from 'dptrain plan --json' (noise, batch size, rounds, delta)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    # torch is imported here, not at the top: building the parser must stay light.
+    from pathlib import Path
+
+    from dptrain.config import load_config
+    from dptrain.run import format_report, run_training
+    from dptrain.rundir import fresh_directory
+
+    if args.resume:
+        if args.config or args.set:
+            raise ConfigError(
+                "--resume continues a run with its own config; do not combine it with --config/--set"
+            )
+        summary = run_training(
+            None, args.resume, resume=True, progress=not args.no_progress, stop_after=args.stop_after
+        )
+    else:
+        common.require_config(args)
+        overrides = list(args.set)
+        plan = None
+        if args.plan:
+            from dptrain.planner import plan_to_overrides
+
+            plan = read_plan(args.plan)
+            overrides = [*plan_to_overrides(plan), *overrides]
+        # The plan fixes sigma, so a config's target_epsilon is dropped (the plan certifies the budget).
+        cfg = load_config(args.config, overrides, unset=("privacy.target_epsilon",) if plan else ())
+        out = args.out or fresh_directory(Path("runs") / (Path(args.config).stem if args.config else "run"))
+        summary = run_training(cfg, out, progress=not args.no_progress, stop_after=args.stop_after, plan=plan)
+    print(json.dumps(summary, indent=2) if args.json else format_report(summary))
+    return 0
+
+
+def read_plan(path: str) -> dict:
+    """The JSON object ``dptrain plan --json`` wrote to ``path``; a one-line ConfigError if it is not one."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"plan file {path} does not exist") from None
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"plan file {path} is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"plan file {path} must hold one JSON object (dptrain plan --json)")
+    return data
