@@ -37,8 +37,9 @@ run: $(STAMP) data
 	  $(BIN)/dptrain train --config configs/digits.toml $(OUTARG); \
 	fi
 
+# Two workers, one per core (tests/conftest.py keeps each worker's torch on one thread).
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

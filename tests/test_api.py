@@ -3,6 +3,7 @@
 import subprocess
 import sys
 
+import pytest
 import torch
 
 import dptrain
@@ -22,6 +23,7 @@ def test_every_exported_name_resolves():
         assert getattr(dptrain, name) is not None
 
 
+@pytest.mark.slow
 def test_quick_start_api_on_digits():
     torch.manual_seed(0)
     split = dptrain.load_dataset("digits")

@@ -67,16 +67,16 @@ def with_sigma(raw: dict, sigma: float = 1.0) -> dict:
 
 
 def projected_config(epsilon: float = 2.0) -> dict:
-    """Projected noisy SGD with full batches on 1000 synthetic 1000-dimensional binary examples; certified by the
-    last-iterate accountant (Altschuler & Talwar), here far below composition."""
+    """Projected noisy SGD with full batches on 560 synthetic 1000-dimensional binary examples, 300 steps;
+    certified by the last-iterate accountant (Altschuler & Talwar), here far below composition."""
     return {
         "seed": SEED,
         "data": {
             "name": "synthetic",
-            "options": {"n": 1250, "dim": 1000, "num_classes": 2, "separation": 0.0},
+            "options": {"n": 700, "dim": 1000, "num_classes": 2, "separation": 0.0},
         },
         "privacy": {"target_epsilon": epsilon, "delta": 1e-5, "accountant": "last_iterate"},
-        "training": {"algorithm": "projected_noisy_sgd", "steps": 1000, "learning_rate": 1.0},
+        "training": {"algorithm": "projected_noisy_sgd", "steps": 300, "learning_rate": 1.0},
         "convex": {"loss": "logistic", "feature_norm": 1.0, "l2": 0.1, "diameter": 1.0, "batching": "full"},
     }
 
@@ -108,6 +108,7 @@ def clipping_off(monkeypatch) -> None:
 # --- the privacy tests -----------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_dpsgd_audit_below_certificate_and_catches_broken_engine(monkeypatch):
     results = {eps: audit_run(cfg(dpsgd_config(eps)), canaries=M) for eps in (1, 2, 4, 8)}
     for eps, r in results.items():
@@ -133,6 +134,7 @@ def test_input_canaries_catch_clipping_off(monkeypatch):
     assert broken["epsilon_lower_bound"] > broken["epsilon_certified"], broken
 
 
+@pytest.mark.slow
 def test_projected_audit_below_last_iterate_certificate(monkeypatch):
     config = cfg(projected_config(2.0))
     r = audit_run(config, canaries=M)
@@ -283,6 +285,7 @@ def test_bad_input_is_one_line_error(options, words):
     assert words in str(e.value) and "\n" not in str(e.value)
 
 
+@pytest.mark.slow
 def test_projected_random_batches_sample_the_canaries_like_examples():
     """With random batches the canaries enter through batch selection like any example (q = b / (n + m)); the
     certificate is then rdp's (the last-iterate bound is not certified for random batches) and the audit stays

@@ -228,16 +228,18 @@ def test_accountant_refuses_what_it_cannot_certify():
         rdp_bound(example(100, batching="cyclic", strong_convexity=0.1, smoothness=1.0), 8)
 
 
+@pytest.mark.slow
 def test_calibration_of_sigma_for_a_budget():
     def ledger_for(sigma):
         return _ledger(10**5, noise_std=sigma)
 
     with pytest.raises(AccountingError, match="only an approximation"):
         calibrate_noise(1.0, 1e-5, ledger_for, "last_iterate")  # not a certificate: budgets refuse it
-    sigma = calibrate_noise(1.0, 1e-5, ledger_for, "last_iterate", require_certified=False)
+    sigma = calibrate_noise(1.0, 1e-5, ledger_for, "last_iterate", rtol=1e-2, require_certified=False)
     assert epsilon(ledger_for(sigma), 1e-5, "last_iterate").epsilon <= 1.0
     assert epsilon(ledger_for(sigma * 0.98), 1e-5, "last_iterate").epsilon > 1.0
-    assert sigma < calibrate_noise(1.0, 1e-5, ledger_for, "rdp")  # composition needs more noise
+    # composition needs more noise: at this sigma rdp is over the budget (epsilon grows as sigma falls)
+    assert epsilon(ledger_for(sigma), 1e-5, "rdp").epsilon > 1.0
 
 
 def test_account_cli_json_keys(capsys):

@@ -177,7 +177,7 @@ def test_increasing_batch_sizes_have_theta_one_plus_p_and_are_certified():
         sizes = increasing_sample_sizes(13, steps, p, n)
         assert sizes.mean() == pytest.approx(13)
         assert sizes.max() / sizes.mean() == pytest.approx(1 + p, rel=2e-3)
-    sizes = increasing_sample_sizes(13, steps, 1.0, n)
+    sizes = increasing_sample_sizes(13, 1000, 1.0, n)  # 1000 distinct steps: theta = 2000/1001
     ledger = Ledger()
     for s in sizes:
         ledger.record(

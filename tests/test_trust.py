@@ -388,6 +388,7 @@ def _wait_for(path: Path, timeout=60.0):
         time.sleep(0.05)
 
 
+@pytest.mark.slow
 def test_one_run_per_directory_sigterm_checkpoints_and_resume_checks_the_ledger(tmp_path, capsys):
     cfg, out = tmp_path / "long.toml", tmp_path / "run"
     cfg.write_text(LONG)
