@@ -157,7 +157,7 @@ class Randomness:
         if purpose not in self._streams:
             seq = self._seed_sequence(purpose)
             if self.secure and purpose in PRIVACY_CRITICAL:
-                from dptrain.secure_random import SecureStream
+                from dptrain.secure_random import SecureStream  # only when asked for: imports cryptography
 
                 self._streams[purpose] = SecureStream(seq.generate_state(8, np.uint32).tobytes())
             else:

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from dptrain.engine import make_private
 from dptrain.errors import ConfigError
 
 __all__ = ["UtilityGraph", "accuracy_evaluator", "noise_free_trainer", "utility_graph"]
@@ -249,8 +250,6 @@ def noise_free_trainer(
     DataSplit (its ``train`` part is used) or a training ArrayDataset.
 
     NOT private (no noise; the batches come from a stream seeded by ``seed``): see the module docstring."""
-    from dptrain.engine import make_private  # the engine imports torch-heavy modules; keep this one light
-
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ConfigError(f"steps must be an integer >= 1, got {steps!r}")
     if not (lr > 0 and math.isfinite(lr)):

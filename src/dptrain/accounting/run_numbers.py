@@ -12,6 +12,8 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from dptrain.accounting.ledger import Ledger, gaussian_step_event, step_facts
+from dptrain.accounting.proactive import increasing_sample_sizes
 from dptrain.errors import ConfigError
 
 
@@ -81,8 +83,6 @@ class RunNumbers:
             raise ConfigError(f"steps must be an integer >= 1, got {steps!r}")
         sizes = None
         if batch_growth > 0:
-            from dptrain.accounting.proactive import increasing_sample_sizes
-
             if sampling != "poisson" or not dataset_size or batch_size is None:
                 raise ConfigError("a growing batch size needs Poisson sampling, a batch size and the data set size")
             sizes = tuple(float(s) for s in increasing_sample_sizes(batch_size, steps, batch_growth, dataset_size))
@@ -95,8 +95,6 @@ class RunNumbers:
         """The planned ledger of a DP-SGD run with these numbers (at ``noise_multiplier``, default the run's), for
         Poisson or full batches: what calibration, ``account`` and ``plan`` reason about. (A trainer's own planned
         ledger is :meth:`dptrain.engine.PrivateTrainer.ledger_after`, which also knows other schemes and facts.)"""
-        from dptrain.accounting.ledger import Ledger, gaussian_step_event, step_facts
-
         sigma = self.noise_multiplier if noise_multiplier is None else noise_multiplier
         if sigma is None:
             raise ConfigError("the run's numbers have no noise multiplier yet")

@@ -40,10 +40,17 @@ import numpy as np
 import torch
 from torch import nn
 
-from dptrain.accounting import Ledger, gaussian_mechanism_noise
-from dptrain.data import as_tensors
+from dptrain.accounting import (
+    Ledger,
+    calibrate_noise,
+    gaussian_mechanism_noise,
+    gaussian_step_event,
+    step_facts,
+)
+from dptrain.data import ArrayDataset, DataSplit, as_tensors
 from dptrain.dpsgd_f.config import KINDS
-from dptrain.errors import ConfigError, ModelError
+from dptrain.engine import make_private, make_private_with_epsilon
+from dptrain.errors import ConfigError, DataError, ModelError
 from dptrain.randomness import Randomness, Stream
 
 #: ||grad of softmax cross-entropy w.r.t. the scores||_2 = ||p - e_y||_2 <= sqrt(2): the G of Sec. 2 / Sec. 5.
@@ -74,7 +81,9 @@ def clip_rows(x: torch.Tensor, bound: float) -> torch.Tensor:
 # --- the two private statistics ---------------------------------------------------------------------------
 
 
-def private_mean(x: torch.Tensor, noise_multiplier: float, sensitivity: float, stream: Stream) -> torch.Tensor:
+def private_mean(
+    x: torch.Tensor, noise_multiplier: float, sensitivity: float, stream: Stream
+) -> torch.Tensor:
     """(sum_i x_i + N(0, (noise_multiplier * sensitivity)^2 I)) / n, for rows of norm <= ``sensitivity``; the noise
     comes from the run's secret "preprocessing" stream."""
     x = flatten(x).to(torch.float64)
@@ -462,8 +471,6 @@ def make_private_dpsgd_f(
     are kept; for Alg. 2 it is rebuilt for the bias-free augmented model. ``kind="none"`` is plain DP-SGD on
     C_F-normalized features (the paper's DPSGD baseline). ``lipschitz`` is G of the loss in the scores (Alg. 2's
     clip norm sqrt(2) G tau; default: softmax cross-entropy's sqrt(2); 1 for the hinge loss). Options go to :func:`dptrain.engine.make_private`."""
-    from dptrain.engine import make_private, make_private_with_epsilon
-
     x, y = as_tensors(data)
     randomness = Randomness(seed, secure=secure_noise)
     prep = prepare(
@@ -515,8 +522,6 @@ def pipeline_noise(
     :func:`make_private_dpsgd_f` runs, without data (the releases' distributions do not depend on it)."""
     import dp_accounting as dpa
 
-    from dptrain.accounting import calibrate_noise, gaussian_step_event, step_facts
-
     prefix = Ledger()
     if kind == "private_mean":
         if eps_f is None or not 0 < eps_f < target_epsilon:
@@ -546,9 +551,6 @@ def stage(draft) -> None:
     """``[preprocessing]`` in a DP-SGD job (:class:`dptrain.run.Draft`): fit the preprocessing on the training set,
     recording its releases in the ledger the trainer starts from, or reuse the one a resumed run released; the
     trainer then sees the transformed data and model, and the returned model is mapped back to raw examples."""
-    from dptrain.data import ArrayDataset, DataSplit
-    from dptrain.errors import DataError
-
     cfg, pre = draft.cfg, draft.cfg.preprocessing
     if not pre.active:
         return
@@ -577,7 +579,9 @@ def stage(draft) -> None:
     def part(ds: ArrayDataset) -> ArrayDataset:
         return ArrayDataset(prep.transform(ds.x), ds.y, ds.num_classes, ds.name)
 
-    what = f"{pre.kind} preprocessing" if pre.kind != "none" else f"features normalized to {pre.feature_norm:g}"
+    what = (
+        f"{pre.kind} preprocessing" if pre.kind != "none" else f"features normalized to {pre.feature_norm:g}"
+    )
     draft.data = DataSplit(part(draft.data.train), part(raw_test), f"{draft.data.description}, {what}")
     draft.model = prepared.model
     draft.options.update(prepared.settings)

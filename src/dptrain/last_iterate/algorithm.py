@@ -23,17 +23,22 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
+from dptrain.accounting import AUTO, RunNumbers, all_reports, calibrate, epsilon, tightest
 from dptrain.accounting.last_iterate import (
     ADJACENCIES,
     BATCHINGS,
     MECHANISM,
+    NOT_CERTIFIED,
+    certifiable,
+    last_iterate_report,
     neighboring_for,
+    setting_from_ledger,
     step_event,
     step_facts,
 )
@@ -41,10 +46,11 @@ from dptrain.accounting.ledger import Ledger
 from dptrain.clipping import ClipStats
 from dptrain.data import as_tensors
 from dptrain.engine import PrivateTrainer
-from dptrain.errors import ConfigError, RunNotFinished
+from dptrain.errors import AccountingError, ConfigError, RunNotFinished
 from dptrain.last_iterate.config import LOSSES
 from dptrain.per_example import PerExampleGrads
 from dptrain.randomness import Randomness
+from dptrain.run import Job, load_data
 
 #: The engine's batch selection for each batching of the paper.
 _SAMPLERS = {"random": "fixed_size", "cyclic": "cyclic", "full": "full"}
@@ -465,7 +471,12 @@ class ProjectedNoisySGD:
         )
         weights = GLMWeights(self.center)
         optimizer = ProjectedSGD(
-            weights.parameters(), self.learning_rate, float(glm.l2), self.lr_power, self.center, self.diameter / 2
+            weights.parameters(),
+            self.learning_rate,
+            float(glm.l2),
+            self.lr_power,
+            self.center,
+            self.diameter / 2,
         )
         self.trainer = PrivateTrainer(
             weights,
@@ -487,7 +498,9 @@ class ProjectedNoisySGD:
         )
         self.randomness = self.trainer.randomness
         # The trainer's event must be the one the last-iterate accounting defines (Delta = factor * L).
-        assert self.trainer.release_event()[0] == step_event(batching, self.n, b, self.noise_std, self.sensitivity)
+        assert self.trainer.release_event()[0] == step_event(
+            batching, self.n, b, self.noise_std, self.sensitivity
+        )
 
     def _check_learning_rate(self) -> None:
         """eta_t <= eta_0 <= 2/M (Lemma 2.1: the gradient step is a contraction); strictly < 2/M when m > 0
@@ -620,16 +633,14 @@ def build_projected(cfg, randomness: Randomness, data=None, ledger: Ledger | Non
     """(ProjectedNoisySGD, data, accountant) for ``cfg``: the GLM, the steps, sigma (read from a resumed run's
     ledger, given by convex.noise_std, or calibrated by ``privacy.accountant``) and the accountant that certifies
     the run (``auto`` resolved to the tightest certified one for the planned ledger)."""
-    from dptrain.accounting import AUTO, RunNumbers, all_reports, calibrate, tightest
-    from dptrain.errors import AccountingError
-    from dptrain.run import load_data
-
     p, t, cv = cfg.privacy, cfg.training, cfg.convex
     data = load_data(cfg) if data is None else data
     glm = ConvexGLM(cv.loss, cv.feature_norm, fit_bias=cv.fit_bias, l2=cv.l2)
     n = len(data.train)
     b = n if cv.batching == "full" else t.batch_size
-    steps = RunNumbers.planned(_SAMPLERS[cv.batching], dataset_size=n, batch_size=b, **cfg.steps_or_epochs).steps
+    steps = RunNumbers.planned(
+        _SAMPLERS[cv.batching], dataset_size=n, batch_size=b, **cfg.steps_or_epochs
+    ).steps
 
     def make(sigma: float) -> ProjectedNoisySGD:
         return ProjectedNoisySGD(
@@ -647,7 +658,9 @@ def build_projected(cfg, randomness: Randomness, data=None, ledger: Ledger | Non
         )
 
     sigma, accountant = cv.noise_std, p.accountant
-    steps_done = [e for e in (ledger.entries if ledger is not None else []) if e.facts.get("mechanism") == MECHANISM]
+    steps_done = [
+        e for e in (ledger.entries if ledger is not None else []) if e.facts.get("mechanism") == MECHANISM
+    ]
     if steps_done:
         sigma = float(steps_done[-1].facts["noise_std"])  # sigma lives in the ledger
     elif sigma is None:
@@ -667,17 +680,6 @@ def build_job(cfg, randomness: Randomness, *, ledger=None, accountant=None, resu
     """The :class:`dptrain.run.Job` of projected noisy SGD: the engine's trainer inside :class:`ProjectedNoisySGD`,
     evaluated and saved only at the end (the last iterate is the release), with the last-iterate bound and the
     composition bound side by side in the summary."""
-    from dataclasses import asdict
-
-    from dptrain.accounting import epsilon
-    from dptrain.accounting.last_iterate import (
-        NOT_CERTIFIED,
-        certifiable,
-        last_iterate_report,
-        setting_from_ledger,
-    )
-    from dptrain.run import Job
-
     run, data, chosen = build_projected(cfg, randomness, data, ledger)
     if accountant is not None:
         run.trainer.accountant = accountant
