@@ -468,7 +468,9 @@ def make_private_dpsgd_f(
     """DPSGD-F in one call: preprocess ``data`` privately (``kind``), then DP-SGD on the linear ``model`` with the
     noise calibrated so that the whole pipeline is (target_epsilon, target_delta)-DP by ``accountant`` (PLD by
     default, as the paper; Alg. 2 is always certified by basic composition). The optimizer's class and settings
-    are kept; for Alg. 2 it is rebuilt for the bias-free augmented model. ``kind="none"`` is plain DP-SGD on
+    are kept; for Alg. 2 it is rebuilt for the bias-free augmented model. ``optimizer`` may also be a factory
+    ``(parameters, clip_norm) -> Optimizer``, called with the clip norm in effect (Alg. 2's sqrt(2) G tau is known
+    only once tau is released), e.g. for a learning rate scaled by 1/C^2. ``kind="none"`` is plain DP-SGD on
     C_F-normalized features (the paper's DPSGD baseline). ``lipschitz`` is G of the loss in the scores (Alg. 2's
     clip norm sqrt(2) G tau; default: softmax cross-entropy's sqrt(2); 1 for the hinge loss). Options go to :func:`dptrain.engine.make_private`."""
     x, y = as_tensors(data)
@@ -485,9 +487,11 @@ def make_private_dpsgd_f(
         randomness=randomness,
         lipschitz=lipschitz,
     )
-    if prep.model is not model:
-        optimizer = type(optimizer)(prep.model.parameters(), **optimizer.defaults)
     settings = {"max_grad_norm": max_grad_norm, "accountant": accountant, **prep.settings}
+    if not isinstance(optimizer, torch.optim.Optimizer):  # a factory: (parameters, clip norm in effect) -> optimizer
+        optimizer = optimizer(prep.model.parameters(), settings["max_grad_norm"])
+    elif prep.model is not model:
+        optimizer = type(optimizer)(prep.model.parameters(), **optimizer.defaults)
     common = dict(batch_size=batch_size, ledger=prep.ledger, randomness=randomness, **settings, **options)
     data = (prep.preprocessing.transform(x), y)
     if noise_multiplier is not None:

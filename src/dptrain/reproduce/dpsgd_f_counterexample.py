@@ -204,13 +204,16 @@ def train_once(
     c = 1.0 if clip == "1" else r
     batch = batch_frac * n
     model = _zero_linear()
-    optimizer = torch.optim.SGD(model.parameters(), lr=kappa / c**2)
+
+    def sgd(params, clip_norm: float) -> torch.optim.Optimizer:  # lr = kappa / C^2, C the clip norm in effect
+        return torch.optim.SGD(params, lr=kappa / clip_norm**2)
+
     torch.manual_seed(seed)
     out: dict[str, Any] = {"seed": seed}
     if method == "nonprivate":
         trainer = make_private(
             model,
-            optimizer,
+            sgd(model.parameters(), c),
             (x, y),
             noise_multiplier=0.0,
             non_private=True,
@@ -230,7 +233,7 @@ def train_once(
             options["quantile_tail"] = n // 2
         run = make_private_dpsgd_f(
             model,
-            optimizer,
+            sgd,
             (x, y),
             target_epsilon=EPSILON,
             target_delta=DELTA,
@@ -246,10 +249,7 @@ def train_once(
         )
         trainer, prep = run.trainer, run.preprocessing
         to_raw = prep.raw_model
-    clip_norm = float(trainer.clipping.sensitivity)
-    for group in trainer.optimizer.param_groups:
-        group["lr"] = kappa / clip_norm**2
-    out["lr"] = kappa / clip_norm**2
+    out["lr"] = trainer.optimizer.param_groups[0]["lr"]
     trained = trainer.model
     total = {k: torch.zeros_like(v, dtype=torch.float64) for k, v in trained.state_dict().items()}
     count = 0
@@ -273,7 +273,7 @@ def train_once(
     out["w2_last"], out["w2_avg"] = w_last[1], w_avg[1]
     out["steps"] = trainer.steps
     out["noise_multiplier"] = trainer.noise_multiplier
-    out["clip_norm"] = clip_norm
+    out["clip_norm"] = float(trainer.clipping.sensitivity)
     if prep is not None:
         if certify is not None:
             out["epsilon"] = float(certify(trainer.ledger, DELTA, trainer.accountant).epsilon)
