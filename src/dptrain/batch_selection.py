@@ -78,6 +78,20 @@ class _Stateless:
         pass
 
 
+class _ExactBatch:
+    """Samplers whose every step uses exactly ``batch_size`` examples (the normalizer is that size)."""
+
+    batch_size: int
+    max_steps = None
+
+    @property
+    def expected_batch_size(self) -> float:
+        return float(self.batch_size)
+
+    def expected_batch_size_at(self, step: int) -> float:
+        return float(self.batch_size)
+
+
 def _poisson_mask(stream: Stream, n: int, rate: float) -> torch.Tensor:
     # u < q' with u on the grid k 2^-53 and q' = floor(q 2^53) 2^-53 <= q: each example joins with probability
     # exactly q' <= q, never more than the rate the ledger records.
@@ -144,20 +158,15 @@ class ScheduledPoissonSampling(PoissonSampling):
 
 
 @dataclass(frozen=True)
-class FullBatch(_Stateless):
+class FullBatch(_Stateless, _ExactBatch):
     """Every example in every step (no amplification by sampling)."""
 
     dataset_size: int
     scheme: str = "full"
 
     @property
-    def expected_batch_size(self) -> float:
-        return float(self.dataset_size)
-
-    max_steps = None
-
-    def expected_batch_size_at(self, step: int) -> float:
-        return float(self.dataset_size)
+    def batch_size(self) -> int:
+        return self.dataset_size
 
     def sample(self, stream: Stream, step: int) -> torch.Tensor:
         return torch.arange(self.dataset_size)
@@ -167,22 +176,13 @@ class FullBatch(_Stateless):
 
 
 @dataclass(frozen=True)
-class FixedSizeSampling(_Stateless):
+class FixedSizeSampling(_Stateless, _ExactBatch):
     """A uniformly random subset of exactly ``batch_size`` examples, drawn independently at every step (the
     first b of a fresh secret permutation)."""
 
     dataset_size: int
     batch_size: int
     scheme: str = "fixed_size"
-
-    @property
-    def expected_batch_size(self) -> float:
-        return float(self.batch_size)
-
-    max_steps = None
-
-    def expected_batch_size_at(self, step: int) -> float:
-        return float(self.batch_size)
 
     def sample(self, stream: Stream, step: int) -> torch.Tensor:
         return stream.permutation(self.dataset_size)[: self.batch_size]
@@ -199,7 +199,7 @@ class FixedSizeSampling(_Stateless):
 
 
 @dataclass
-class PermutationBatches:
+class PermutationBatches(_ExactBatch):
     """Consecutive blocks of ``batch_size`` of a secret permutation: ``cyclic`` draws one permutation before the
     first step and cycles through its blocks (b must divide n); ``shuffled`` draws a fresh one every epoch (the
     last block of an epoch may be smaller). No amplification by sampling is claimed: every step is accounted as
@@ -221,15 +221,6 @@ class PermutationBatches:
     @property
     def blocks(self) -> int:
         return math.ceil(self.dataset_size / self.batch_size)
-
-    @property
-    def expected_batch_size(self) -> float:
-        return float(self.batch_size)
-
-    max_steps = None
-
-    def expected_batch_size_at(self, step: int) -> float:
-        return float(self.batch_size)
 
     def sample(self, stream: Stream, step: int) -> torch.Tensor:
         epoch = 0 if self.scheme == "cyclic" else step // self.blocks
