@@ -36,7 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     li.add_argument("--smoothness", type=finite_float, metavar="M")
     li.add_argument("--learning-rate", type=finite_float, metavar="ETA")
     li.add_argument("--dataset-size", type=positive_int, metavar="n")
-    li.add_argument("--batch-size", type=positive_int, metavar="b")
+    li.add_argument("--batch-size", type=positive_int, metavar="b", help="batch size (ModelMix: the expected B)")
     li.add_argument(
         "--noise-std", type=finite_float, metavar="SIGMA", help="std of the Gaussian on the averaged gradient"
     )
@@ -47,6 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     li.add_argument(
         "--rdp-order", type=finite_float, metavar="A", help="also print the RDP bound at this order"
     )
+    common.add_modelmix(parser)
     common.add_json(parser)
 
 
@@ -58,7 +59,9 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"--{flag.replace('_', '-')} is required with --accountant {args.accountant}")
     common.check_rate_and_delta(args)
     check_noise_multiplier(args.noise_multiplier, "--noise-multiplier")
-    ledger = common.run_numbers(args).ledger(args.noise_multiplier)
+    numbers = common.run_numbers(args)
+    modelmix = common.modelmix_ledgers(args, numbers)
+    ledger = (numbers.ledger if modelmix is None else modelmix)(args.noise_multiplier)
     if args.accountant == "all":
         found, refusals = all_reports(ledger, args.delta)
         names, reports = list(accountant_names()), list(found.values())
@@ -82,10 +85,18 @@ def run(args: argparse.Namespace) -> int:
             )
         return 0
     for r in reports:
-        mark = "" if r.certified else "   approximation, not a proven bound"
+        mark = "" if r.certified else f"   NOT CERTIFIED: {r.details.get('note', 'not a proven bound')}"
         if len(names) > 1 and r is best:
             mark = "   <- tightest certified"
         print(f"{r.accountant:>4}: epsilon = {r.epsilon:.6g} at delta = {r.delta:g}{mark}")
+        if r.accountant == "modelmix":
+            d = r.details
+            print(
+                f"      both orderings (certified: the larger, {d['binding_direction']}, order {d['optimal_order']:g}); "
+                f"the paper's direction {d['epsilon_paper_direction']:.6g}, reverse {d['epsilon_reverse_direction']:.6g}; "
+                f"the paper's method (its direction and Thm 2.2) {d['epsilon_paper_method']:.6g}; plain DP-SGD "
+                f"(rdp) {d['epsilon_dpsgd']:.6g}"
+            )
     for name, why in refusals.items():
         print(f"{name:>4}: refused: {why}")
     return 0

@@ -11,7 +11,7 @@ import math
 from dptrain.accounting import calibrate, epsilon, gaussian_mechanism_epsilon, gaussian_mechanism_noise
 from dptrain.accounting.calibration import gaussian_mechanism_delta
 from dptrain.cli import common
-from dptrain.cli.common import check, finite_float
+from dptrain.cli.common import check, finite_float, positive_int
 from dptrain.errors import ConfigError
 
 NAME = "calibrate"
@@ -32,6 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     common.add_steps(parser, or_epochs=True)
     common.add_sampling(parser)
     common.add_accountant(parser, allow_all=False)
+    parser.add_argument("--batch-size", type=positive_int, metavar="B", help="expected batch size (ModelMix)")
+    common.add_modelmix(parser)
     common.add_json(parser)
 
 
@@ -43,9 +45,10 @@ def run(args: argparse.Namespace) -> int:
     common.check_rate_and_delta(args)
     check(args.epsilon > 0, "--epsilon", "a number > 0", args.epsilon)
     numbers = common.run_numbers(args)
-    cal = calibrate(args.epsilon, args.delta, numbers.ledger, args.accountant)
+    ledger = common.modelmix_ledgers(args, numbers) or numbers.ledger
+    cal = calibrate(args.epsilon, args.delta, ledger, args.accountant)
     sigma = cal.noise_multiplier
-    spent = epsilon(numbers.ledger(sigma), args.delta, cal.accountant)
+    spent = epsilon(ledger(sigma), args.delta, cal.accountant)
     if args.json:
         print(
             json.dumps(
@@ -57,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
                     "steps": numbers.steps,
                     "sampling_rate": numbers.sampling_rate,
                     "accountant": cal.accountant,
+                    "certified": spent.certified,
                     "others": cal.others,
                 }
             )

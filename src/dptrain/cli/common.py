@@ -10,6 +10,8 @@ import argparse
 import math
 
 from dptrain.accounting import AUTO, RunNumbers, accountant_names
+from dptrain.accounting.ledger import Ledger
+from dptrain.accounting.modelmix import modelmix_ledger
 from dptrain.errors import ConfigError
 
 # --- argument types (argparse turns their ArgumentTypeError into "argument --flag: ...") -----------------------
@@ -150,3 +152,72 @@ def run_numbers(args: argparse.Namespace) -> RunNumbers:
         check(epochs > 0, "--epochs", "a number > 0", epochs)
         return RunNumbers.planned(args.sampling, sampling_rate=args.sampling_rate, epochs=epochs)
     return RunNumbers.planned(args.sampling, sampling_rate=args.sampling_rate, steps=args.steps)
+
+
+# --- ModelMix's flags: account, calibrate ------------------------------------------------------------------------
+
+MODELMIX_FLAGS = ("tau_over_lr", "linf_p", "max_grad_norm")
+
+
+def tau_spec(text: str):
+    """``--tau-over-lr``: ``0.3`` (one value), ``0.0075,0.005,0.0025`` (equal phases) or ``0.05:0.5,0.025:0.5``
+    (value:fraction of the run)."""
+    try:
+        parts = [p.strip() for p in text.split(",") if p.strip()]
+        if parts and all(":" in p for p in parts):
+            return [[float(a), float(b)] for a, b in (p.split(":", 1) for p in parts)]
+        values = [float(p) for p in parts]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected R, R1,R2,... (equal phases) or R1:F1,R2:F2,... (fractions of the run), got {text!r}"
+        ) from None
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected at least one number, got {text!r}")
+    return values[0] if len(values) == 1 else values
+
+
+def add_modelmix(parser: argparse.ArgumentParser) -> None:
+    """ModelMix's flags (Xiao, Wan & Devadas); ``--batch-size`` (the expected batch B) is the command's own."""
+    g = parser.add_argument_group("modelmix (DP-SGD with ModelMix; Xiao, Wan & Devadas)")
+    g.add_argument(
+        "--tau-over-lr",
+        type=tau_spec,
+        metavar="R",
+        help="tau as a multiple of the learning rate: R, equal phases R1,R2,... or phases R1:F1,R2:F2,...",
+    )
+    g.add_argument("--max-grad-norm", type=finite_float, metavar="C", help="the L2 clip norm C")
+    g.add_argument("--linf-p", type=positive_int, default=None, metavar="P", help="l-infinity bound C/sqrt(P)")
+
+
+def modelmix_ledgers(args: argparse.Namespace, numbers: RunNumbers):
+    """sigma -> the ModelMix ledger of ``numbers`` when ``--tau-over-lr`` is given, else None. ModelMix's flags are
+    refused with an accountant that cannot read them (one line, naming the flag)."""
+    given = [f for f in MODELMIX_FLAGS if getattr(args, f, None) is not None]
+    if args.accountant == "modelmix" and "tau_over_lr" not in given:
+        raise ConfigError("--accountant modelmix needs --tau-over-lr, --batch-size and --max-grad-norm")
+    if not given:
+        return None
+    if args.accountant not in ("modelmix", "all", AUTO):
+        raise ConfigError(
+            f"--{given[0].replace('_', '-')} is a ModelMix flag: use it with --accountant modelmix (or all, auto), "
+            f"not {args.accountant}"
+        )
+    missing = [f for f in ("tau_over_lr", "batch_size", "max_grad_norm") if getattr(args, f, None) is None]
+    if missing:
+        raise ConfigError(f"ModelMix accounting needs --{missing[0].replace('_', '-')}")
+    check(args.max_grad_norm > 0, "--max-grad-norm", "a number > 0", args.max_grad_norm)
+    check(numbers.sampling == "poisson", "--sampling", "poisson with ModelMix", numbers.sampling)
+
+    def ledger(sigma: float) -> Ledger:
+        return modelmix_ledger(
+            sigma,
+            numbers.sampling_rate,
+            numbers.steps,
+            tau=args.tau_over_lr,
+            batch_size=float(args.batch_size),
+            clip_norm=args.max_grad_norm,
+            linf_p=args.linf_p or 1,
+        )
+
+    ledger(1.0)  # one-line errors for a bad tau now, not inside a search
+    return ledger

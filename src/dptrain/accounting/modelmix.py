@@ -1,0 +1,446 @@
+"""The ``modelmix`` accountant: DP-SGD whose update mixes the last two iterates with secret uniform weights.
+
+Xiao, Wan & Devadas, "Differentially Private Deep Learning with ModelMix": each step releases
+``w_k = mix - eta (G + N) / B`` where coordinate j of ``mix`` is uniform on a segment of width at least
+``tau`` between the two previous (released) iterates. Divided by eta and in units of the per-example bound
+``C / B``, one coordinate of a step's output is the shift (the neighbour's gradient, at most 1), plus
+Gaussian noise of std ``z`` (the noise multiplier), plus a uniform of width ``w = (tau / eta) B / C``:
+
+    P_v = N(v, z^2) * U[-w/2, w/2]          (Thm 4.1; "*" is convolution)
+
+The paper bounds one Poisson-subsampled step by ``D_a((1 - q) P_0 + q P_1 || P_0)`` (Thm 4.1, its one-hot worst
+case; Cor. 4.1: with per-coordinate bound ``1/sqrt(p)`` the worst case is p coordinates shifted by
+``1/sqrt(p)``, so ``A_k`` enters to the power p), composes steps in RDP and converts with its Thm 2.2.
+
+What this module computes, per step and per order a (numpy/scipy only):
+
+- **forward** ("the paper's direction") ``1/(a-1) log E_P0[((1-q) + q L)^a]``, L the likelihood ratio of the
+  worst shift: for p = 1 by direct quadrature of the log-space integrand at any real a > 1 (the paper's Fig. 3
+  needs fractional orders); for p > 1 by Cor. 4.1's binomial form at integer orders,
+  ``log sum_k C(a,k) (1-q)^(a-k) q^k A_k^p`` with ``A_k = E_P0[L_{1/sqrt p}^k]`` (corrected: the printed
+  formula divides by 1 - a and drops the factor T).
+- **reverse** ``1/(a-1) log E_P0[((1-q) + q L)^(1-a)]``, the other ordering of a neighbouring pair, which the
+  paper does not bound for N * U (it cites a theorem proven for pure Gaussians). Certified: the larger of the two
+  after composition. For p > 1 the reverse is taken at the one-hot worst case (p = 1), which dominates every
+  admissible shift in convex order (docs/modelmix.md, check (C)): conservative.
+
+The densities are closed form (App. D.1): ``p_0(o) = (Phi((o + w/2)/z) - Phi((o - w/2)/z)) / w``, evaluated in
+log space with ``log_ndtr``. Integrals use the trapezoid rule on a uniform grid of step z/40 over the whole
+support of the (tilted) integrand, in log space (logsumexp): the integrands are smooth at scale z, where this
+rule converges faster than any power of the step (checked against adaptive quadrature in the tests).
+
+Epsilon: RDP composed over steps (tau phases add, App. E), converted with the improved conversion of Canonne,
+Kamath & Steinke / Asoodeh et al. (dp_accounting's ``compute_epsilon``), minimised over the orders. The paper's own
+number (forward only, its Thm 2.2 conversion ``T RDP(a) + log(1/delta)/(a-1)``) is reported beside it.
+
+The soundness review (what survives of the paper's proof, what is certified and on which range) is
+docs/modelmix.md; :data:`CERTIFIED_RANGE` is the parameter range it checked numerically.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import dp_accounting as dpa
+import numpy as np
+from dp_accounting.rdp import rdp_privacy_accountant
+from scipy import special
+
+from dptrain.accounting.base import PrivacyReport, epsilon, register_accountant
+from dptrain.accounting.checks import check_delta, check_noise_multiplier
+from dptrain.accounting.ledger import (
+    TRAINING_MECHANISMS,
+    Ledger,
+    gaussian_step_event,
+    step_facts,
+)
+from dptrain.accounting.standard import EPSILON_MAX, check_noise, finite_epsilon, no_finite_epsilon
+from dptrain.errors import AccountingError, ConfigError
+
+#: Fractional and integer orders for p = 1 (direct quadrature). Any set of orders gives a valid bound; a denser
+#: one a tighter bound. Dense near 1: in the large-epsilon regime of the paper's Fig. 3 the optimum is below 2.
+FRACTIONAL_ORDERS = tuple(
+    float(a)
+    for a in np.round(
+        np.concatenate(
+            [
+                np.arange(1.01, 2.0, 0.01),
+                np.arange(2.0, 5.0, 0.05),
+                np.arange(5.0, 12.0, 0.25),
+                np.arange(12, 65, 1.0),
+                [72, 80, 96, 112, 128, 160, 192, 256],
+            ]
+        ),
+        4,
+    )
+)
+#: Integer orders for p > 1 (Cor. 4.1's binomial form needs integers).
+INTEGER_ORDERS = tuple(float(a) for a in [*range(2, 65), 72, 80, 96, 112, 128, 160, 192, 256])
+
+#: Where the numerical soundness review (docs/modelmix.md) checked the paper's reductions (worst case one-hot /
+#: p-hot in convex order, divergence non-increasing in the uniform width): noise multiplier z, width over
+#: sensitivity w. Outside it the accountant still answers, but with ``certified: false``.
+CERTIFIED_RANGE = {"noise_multiplier": (0.3, 2.0), "width": (0.0, 30.0)}
+
+_STEPS_PER_Z = 40  # grid step z / 40
+_TAILS = 40.0  # the grid reaches 40 z beyond the support's edges: p_0 is below e^-800 there
+
+
+def log_density(o: np.ndarray, z: float, w: float) -> np.ndarray:
+    """log p_0(o) of N(0, z^2) * U[-w/2, w/2] (App. D.1), stable in the tails (symmetric: evaluated at |o|)."""
+    o = np.abs(np.asarray(o, dtype=np.float64))
+    if w == 0:
+        return -0.5 * (o / z) ** 2 - math.log(z) - 0.5 * math.log(2 * math.pi)
+    a, b = (o - w / 2) / z, (o + w / 2) / z
+    log_qa, log_qb = special.log_ndtr(-a), special.log_ndtr(-b)  # upper tails Q(a) >= Q(b)
+    return log_qa + np.log(-np.expm1(log_qb - log_qa)) - math.log(w)
+
+
+@functools.lru_cache(maxsize=256)
+def _grid(z: float, w: float, shift: float, reach: float) -> tuple[np.ndarray, np.ndarray, float]:
+    """(log p_0, log L) on the uniform grid covering [-w/2 - 40z - shift, w/2 + reach + 40z], and its step."""
+    h = z / _STEPS_PER_Z
+    lo, hi = -w / 2 - _TAILS * z - shift, w / 2 + reach + _TAILS * z
+    o = lo + h * np.arange(int(math.ceil((hi - lo) / h)) + 1)
+    log_p0 = log_density(o, z, w)
+    return log_p0, log_density(o - shift, z, w) - log_p0, h
+
+
+def _log_integral(log_integrand: np.ndarray, h: float) -> np.ndarray:
+    """log of the trapezoid rule (the end points are negligible) along the last axis."""
+    return special.logsumexp(log_integrand, axis=-1) + math.log(h)
+
+
+def _log_mixture_moment(q: float, log_l: np.ndarray, power: np.ndarray) -> np.ndarray:
+    """log ((1 - q) + q L)^power, broadcasting orders (rows) against grid points (columns)."""
+    if q == 1:
+        return power[:, None] * log_l[None, :]
+    base = np.logaddexp(math.log1p(-q), math.log(q) + log_l)
+    return power[:, None] * base[None, :]
+
+
+@functools.lru_cache(maxsize=1024)
+def _direct_rdp(q: float, z: float, w: float, orders: tuple[float, ...], direction: str) -> np.ndarray:
+    """Per-step RDP, one-hot shift 1, by direct quadrature at any real orders > 1."""
+    a = np.asarray(orders)
+    reach = 1.0 + (float(a.max()) if direction == "forward" else 0.0)
+    log_p0, log_l, h = _grid(z, w, 1.0, reach)
+    power = a if direction == "forward" else 1.0 - a
+    out = np.empty(len(a))
+    for block in _blocks(a):  # chunks of orders, each on the part of the grid its integrands reach
+        n = _points_for(a[block].max() if direction == "forward" else 0.0, 1.0, z, w, h, len(log_p0))
+        out[block] = _log_integral(log_p0[None, :n] + _log_mixture_moment(q, log_l[:n], power[block]), h)
+    return np.maximum(out, 0.0) / (a - 1.0)
+
+
+def _blocks(orders: np.ndarray, size: int = 16) -> list[np.ndarray]:
+    """Indices of the orders in chunks of ``size``, ascending (bounded memory, short grids for small orders)."""
+    idx = np.argsort(orders)
+    return [idx[i : i + size] for i in range(0, len(idx), size)]
+
+
+def _points_for(order: float, shift: float, z: float, w: float, h: float, total: int) -> int:
+    """Grid points (from the left end) that the integrand of ``order`` needs: the tilted measure p_0 L^a sits
+    within about a x shift of the support's right edge, and the grid reaches 40 z beyond that."""
+    hi = w / 2 + shift * (order + 1) + _TAILS * z
+    lo = -w / 2 - _TAILS * z - shift
+    return min(total, int(math.ceil((hi - lo) / h)) + 1)
+
+
+@functools.lru_cache(maxsize=1024)
+def _log_moments(z: float, w: float, shift: float, kmax: int) -> np.ndarray:
+    """log A_k = log E_P0[L^k] for k = 0..kmax, L the likelihood ratio of a shift ``shift`` (A_0 = A_1 = 1)."""
+    log_p0, log_l, h = _grid(z, w, shift, shift * (kmax + 1))
+    k = np.arange(kmax + 1, dtype=np.float64)
+    out = np.empty(kmax + 1)
+    for block in _blocks(k):
+        n = _points_for(k[block].max(), shift, z, w, h, len(log_p0))
+        out[block] = _log_integral(log_p0[None, :n] + k[block, None] * log_l[None, :n], h)
+    out[:2] = 0.0
+    return out
+
+
+@functools.lru_cache(maxsize=1024)
+def _binomial_rdp(q: float, z: float, w: float, p: int, orders: tuple[float, ...]) -> np.ndarray:
+    """Per-step RDP at integer orders by Cor. 4.1 (corrected): p coordinates shifted by 1/sqrt(p)."""
+    kmax = int(max(orders))
+    log_a = p * _log_moments(z, w, 1.0 / math.sqrt(p), kmax)
+    out = []
+    for a in orders:
+        n = int(a)
+        k = np.arange(n + 1)
+        log_binom = special.gammaln(n + 1) - special.gammaln(k + 1) - special.gammaln(n - k + 1)
+        if q == 1:
+            terms = log_a[n : n + 1]
+        else:
+            terms = log_binom + (n - k) * math.log1p(-q) + k * math.log(q) + log_a[: n + 1]
+        out.append(max(float(special.logsumexp(terms)), 0.0) / (n - 1))
+    return np.asarray(out)
+
+
+def step_rdp(
+    sampling_rate: float,
+    noise_multiplier: float,
+    width: float,
+    orders: tuple[float, ...] | None = None,
+    *,
+    linf_p: int = 1,
+    direction: str = "forward",
+) -> np.ndarray:
+    """Per-step RDP of one Poisson-subsampled ModelMix step at ``orders``.
+
+    ``width`` is the uniform width over the per-example sensitivity, (tau / eta) B / C; ``direction`` is
+    "forward" (D((1-q) P0 + q P1 || P0), the paper's) or "reverse" (D(P0 || (1-q) P0 + q P1)). For
+    ``linf_p`` > 1 the forward direction takes integer orders only (Cor. 4.1) and the reverse is the one-hot
+    (p = 1) value, which bounds it (see the module docstring). Default orders: FRACTIONAL_ORDERS for p = 1 and
+    for the reverse, INTEGER_ORDERS for the forward direction with p > 1."""
+    q, z, w, p = _check(sampling_rate, noise_multiplier, width, linf_p)
+    if direction not in ("forward", "reverse"):
+        raise AccountingError(f"direction must be forward or reverse, got {direction!r}")
+    binomial = direction == "forward" and p > 1
+    if orders is None:
+        orders = INTEGER_ORDERS if binomial else FRACTIONAL_ORDERS
+    orders = tuple(float(a) for a in orders)
+    if any(not a > 1 for a in orders):
+        raise AccountingError("Renyi orders must be > 1")
+    if binomial:
+        if any(a != int(a) for a in orders):
+            raise AccountingError("with linf_p > 1 the forward direction takes integer orders (Cor. 4.1)")
+        return _binomial_rdp(q, z, w, p, orders)
+    return _direct_rdp(q, z, w, orders, direction)
+
+
+def _check(q: float, z: float, w: float, p: int) -> tuple[float, float, float, int]:
+    if isinstance(q, bool) or not (isinstance(q, int | float) and 0 < q <= 1):
+        raise AccountingError(f"the sampling rate must be in (0, 1], got {q!r}")
+    z = check_noise_multiplier(z)
+    if isinstance(w, bool) or not (isinstance(w, int | float) and math.isfinite(w) and w >= 0):
+        raise AccountingError(f"the uniform width (tau/eta) B / C must be a finite number >= 0, got {w!r}")
+    if isinstance(p, bool) or not (isinstance(p, int) and p >= 1):
+        raise AccountingError(f"linf_p must be an integer >= 1, got {p!r}")
+    return float(q), z, float(w), int(p)
+
+
+# --- phases, epsilon ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Phase:
+    """``steps`` identical ModelMix steps."""
+
+    steps: int
+    sampling_rate: float
+    noise_multiplier: float
+    width: float  # (tau / eta) B / C
+    linf_p: int = 1
+
+
+def _classic_epsilon(orders: np.ndarray, rdp: np.ndarray, delta: float) -> tuple[float, float]:
+    """The paper's Thm 2.2 (Mironov 2017, Prop. 3): min_a RDP(a) + log(1/delta)/(a - 1)."""
+    eps = rdp + math.log(1 / delta) / (orders - 1)
+    i = int(np.argmin(eps))
+    return float(eps[i]), float(orders[i])
+
+
+def _improved_epsilon(orders: np.ndarray, rdp: np.ndarray, delta: float) -> tuple[float, float]:
+    eps, order = rdp_privacy_accountant.compute_epsilon(list(orders), list(rdp), delta)
+    return float(eps), float(order)
+
+
+def _composed(phases: list[Phase], direction: str) -> tuple[np.ndarray, np.ndarray]:
+    """(orders, total RDP) of the phases in one direction. p > 1 anywhere: the forward direction at integer orders."""
+    binomial = direction == "forward" and any(ph.linf_p > 1 for ph in phases)
+    orders = INTEGER_ORDERS if binomial else FRACTIONAL_ORDERS
+    total = np.zeros(len(orders))
+    for ph in phases:
+        total += ph.steps * step_rdp(
+            ph.sampling_rate, ph.noise_multiplier, ph.width, orders, linf_p=ph.linf_p, direction=direction
+        )
+    return np.asarray(orders), total
+
+
+def modelmix_epsilon(phases: list[Phase], delta: float) -> dict[str, Any]:
+    """Epsilon at ``delta`` of a run made of ``phases``: both orderings, each composed in RDP and converted, the
+    larger one binding (``epsilon``); the paper's direction with the same conversion; and the paper's own method
+    (its direction, its Thm 2.2 conversion)."""
+    delta = check_delta(delta)
+    out: dict[str, Any] = {}
+    for direction in ("forward", "reverse"):
+        orders, total = _composed(phases, direction)
+        out[direction] = _improved_epsilon(orders, total, delta)
+        if direction == "forward":
+            out["paper"] = _classic_epsilon(orders, total, delta)
+    binding = "forward" if out["forward"][0] >= out["reverse"][0] else "reverse"
+    return {
+        "epsilon": out[binding][0],
+        "optimal_order": out[binding][1],
+        "binding_direction": binding,
+        "epsilon_paper_direction": out["forward"][0],
+        "epsilon_reverse_direction": out["reverse"][0],
+        "epsilon_paper_method": out["paper"][0],
+        "paper_method_order": out["paper"][1],
+        "in_certified_range": all(_in_range(ph) for ph in phases),
+    }
+
+
+def _in_range(ph: Phase) -> bool:
+    (z0, z1), (w0, w1) = CERTIFIED_RANGE["noise_multiplier"], CERTIFIED_RANGE["width"]
+    return z0 <= ph.noise_multiplier <= z1 and w0 <= ph.width <= w1
+
+
+# --- ledgers ------------------------------------------------------------------------------------------------
+
+
+def tau_phases(tau: float | list) -> list[tuple[float, float]]:
+    """``tau`` (a multiple of the learning rate) as [(tau_over_lr, fraction of the run), ...] summing to 1: a number
+    is one phase; a list of [tau_over_lr, fraction] pairs is taken in order; a list of numbers is equal phases."""
+    if isinstance(tau, bool):
+        raise ConfigError(f"tau must be a number >= 0 or a list of [tau, fraction] pairs, got {tau!r}")
+    if isinstance(tau, int | float):
+        pairs = [(tau, 1.0)]
+    elif isinstance(tau, list | tuple) and tau and all(isinstance(t, int | float) for t in tau):
+        pairs = [(t, 1.0 / len(tau)) for t in tau]
+    elif isinstance(tau, list | tuple) and tau and all(isinstance(t, list | tuple) and len(t) == 2 for t in tau):
+        pairs = [(t[0], t[1]) for t in tau]
+    else:
+        raise ConfigError(f"tau must be a number >= 0 or a list of [tau, fraction] pairs, got {tau!r}")
+    for t, f in pairs:
+        if isinstance(t, bool) or not (isinstance(t, int | float) and math.isfinite(t) and t >= 0):
+            raise ConfigError(f"tau must be >= 0 (a multiple of the learning rate), got {t!r}")
+        if isinstance(f, bool) or not (isinstance(f, int | float) and 0 < f <= 1):
+            raise ConfigError(f"a tau phase's fraction of the run must be in (0, 1], got {f!r}")
+    if abs(sum(f for _, f in pairs) - 1) > 1e-9:
+        raise ConfigError(f"the fractions of the tau phases must add up to 1, got {sum(f for _, f in pairs):g}")
+    return [(float(t), float(f)) for t, f in pairs]
+
+
+def phase_lengths(phases: list[tuple[float, float]], total_steps: int) -> list[int]:
+    """Steps of each phase for a run of ``total_steps``: phase i ends at round(total x cumulative fraction). The one
+    rule the update stage and the accountant's ledgers share."""
+    ends, acc = [], 0.0
+    for _, f in phases:
+        acc += f
+        ends.append(round(total_steps * acc))
+    ends[-1] = total_steps
+    starts = [0, *ends[:-1]]
+    return [e - s for s, e in zip(starts, ends, strict=True)]
+
+
+def tau_at(phases: list[tuple[float, float]], total_steps: int, step: int) -> float:
+    """tau / eta at step ``step`` (0-based) of a run of ``total_steps`` (the last phase continues past the end)."""
+    end = 0
+    for (t, _), n in zip(phases, phase_lengths(phases, total_steps), strict=True):
+        end += n
+        if step < end:
+            return t
+    return phases[-1][0]
+
+
+def modelmix_facts(tau_over_lr: float, batch_size: float, linf_p: int) -> dict[str, Any]:
+    """The facts a ModelMix step adds to DP-SGD's (the clip norm is already one of those)."""
+    return {"update": "modelmix", "tau_over_lr": float(tau_over_lr), "batch_size": float(batch_size),
+            "linf_p": int(linf_p)}
+
+
+def modelmix_ledger(
+    noise_multiplier: float,
+    sampling_rate: float,
+    steps: int,
+    *,
+    tau: float | list,
+    batch_size: float,
+    clip_norm: float,
+    linf_p: int = 1,
+) -> Ledger:
+    """A ledger of ``steps`` ModelMix steps in tau phases (what ``dptrain account --accountant modelmix``, calibration
+    and the reproductions reason about); the same facts the engine records."""
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+        raise AccountingError(f"steps must be an integer >= 0, got {steps!r}")
+    phases = tau_phases(tau)
+    ledger = Ledger()
+    event = gaussian_step_event(noise_multiplier, "poisson", sampling_rate=sampling_rate)
+    facts = step_facts("poisson", sampling_rate, clip_norm=clip_norm)
+    for (t, _), n in zip(phases, phase_lengths(phases, steps), strict=True):
+        if n:
+            ledger.record(event, {**facts, **modelmix_facts(t, batch_size, linf_p)}, n)
+    return ledger
+
+
+def phases_from_ledger(ledger: Ledger) -> list[Phase]:
+    """The ModelMix phases of a ledger; refuses a ledger with anything else (AccountingError saying what)."""
+    if ledger.neighboring != "add_or_remove_one":
+        raise AccountingError(
+            "the modelmix accountant covers add/remove-one adjacency (Poisson sampling) only; this ledger is "
+            f"{ledger.neighboring}"
+        )
+    phases = []
+    for e in ledger.entries:
+        f = e.facts
+        if f.get("mechanism") not in TRAINING_MECHANISMS or f.get("update") != "modelmix":
+            what = f.get("update") or f.get("mechanism", "?")
+            raise AccountingError(
+                f"the modelmix accountant covers ModelMix training steps only; this ledger also records {what!r} "
+                "releases (use rdp or pld, or train with training.update = \"modelmix\")"
+            )
+        missing = [k for k in ("tau_over_lr", "batch_size", "clip_norm") if k not in f]
+        if missing:
+            raise AccountingError(f"the ledger's ModelMix steps lack the facts {', '.join(missing)}")
+        ev = e.event
+        if isinstance(ev, dpa.PoissonSampledDpEvent) and isinstance(ev.event, dpa.GaussianDpEvent):
+            q, z = float(ev.sampling_probability), float(ev.event.noise_multiplier)
+        elif isinstance(ev, dpa.GaussianDpEvent) and f.get("sampling") == "full":
+            q, z = 1.0, float(ev.noise_multiplier)
+        else:
+            raise AccountingError(
+                f"the modelmix accountant covers Poisson-sampled or full-batch Gaussian steps, not "
+                f"{type(ev).__name__} with sampling {f.get('sampling')!r}"
+            )
+        width = float(f["tau_over_lr"]) * float(f["batch_size"]) / float(f["clip_norm"])
+        phases.append(Phase(e.count, q, z, width, int(f.get("linf_p", 1))))  # no l-inf bound recorded: p = 1
+    if not phases:
+        raise AccountingError("the ledger records no ModelMix step")
+    return phases
+
+
+NOT_CERTIFIED = (
+    "outside the range where the soundness review checked the paper's worst-case reductions numerically "
+    "(noise multiplier {z}, width (tau/eta) B/C {w}; docs/modelmix.md)"
+)
+
+
+class ModelMixAccountant:
+    name = "modelmix"
+    description = (
+        "ModelMix (Xiao, Wan & Devadas): RDP of N * U mixtures, both orderings, certified on the reviewed range"
+    )
+    facts_used = ("mechanism", "sampling", "update", "tau_over_lr", "batch_size", "clip_norm", "linf_p")
+
+    def report(self, ledger: Ledger, delta: float) -> PrivacyReport:
+        phases = phases_from_ledger(ledger)
+        check_noise(ledger, self.name)
+        r = modelmix_epsilon(phases, delta)
+        if not r["epsilon"] <= EPSILON_MAX:
+            raise no_finite_epsilon("the modelmix accountant", f"its bound is above {EPSILON_MAX:g}")
+        eps = finite_epsilon(r.pop("epsilon"), self.name)
+        try:
+            r["epsilon_dpsgd"] = epsilon(ledger, delta, "rdp").epsilon
+        except AccountingError as e:
+            r["epsilon_dpsgd"] = None
+            r["epsilon_dpsgd_refused"] = str(e)
+        r["phases"] = [
+            {"steps": ph.steps, "sampling_rate": ph.sampling_rate, "noise_multiplier": ph.noise_multiplier,
+             "width_over_sensitivity": ph.width, "linf_p": ph.linf_p}
+            for ph in phases
+        ]
+        certified = r.pop("in_certified_range")
+        if not certified:
+            zs = sorted({ph.noise_multiplier for ph in phases})
+            ws = sorted({ph.width for ph in phases})
+            r["note"] = NOT_CERTIFIED.format(z=zs, w=ws)
+        return PrivacyReport(eps, delta, self.name, certified, r)
+
+
+register_accountant(ModelMixAccountant())
