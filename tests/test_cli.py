@@ -277,7 +277,7 @@ def test_errors_have_no_traceback_in_a_real_process(tmp_path):
     assert proc.stderr.strip() == (
         "dptrain: error: unknown key 'privacy.bogus'; accepted keys in [privacy]: "
         "noise_multiplier, target_epsilon, delta, max_grad_norm, accountant, "
-        "sampling, clipping, secure_noise"
+        "sampling, clipping, linf_p, secure_noise"
     )
 
 

@@ -52,7 +52,8 @@ class PrivacyConfig:
     max_grad_norm: float = 1.0
     accountant: str = "auto"  # auto: the tightest accountant that certifies the run
     sampling: str = "poisson"
-    clipping: str = "flat"
+    clipping: str = "flat"  # flat | per_layer | l2_linf (L2 to C, then each coordinate to C/sqrt(linf_p))
+    linf_p: int | None = None  # l2_linf's p (ModelMix, Algorithm 2); default 1
     secure_noise: bool = False  # AES-256-CTR noise with a hardened Gaussian sampler (docs/privacy.md)
 
 
@@ -71,6 +72,7 @@ class TrainingConfig:
     eval_every: int | None = None  # steps between evaluations/checkpoints; default: once per epoch
     log_not_private: bool = False  # write the training loss and clip statistics (NOT private) to metrics.jsonl
     algorithm: str = "dpsgd"  # dpsgd, or an algorithm a package registers (projected_noisy_sgd: [convex])
+    update: str = "optimizer"  # optimizer (training.optimizer), or an update rule a package registers (modelmix)
 
 
 #: The sections every run has; algorithms and stages register theirs (:func:`register_section`).
@@ -109,6 +111,14 @@ class Algorithm:
 SECTIONS: dict[str, Section] = {}
 ALGORITHMS: dict[str, Algorithm] = {}
 OPTIMIZERS = ("sgd", "adam")
+#: Update rules of DP-SGD (``training.update``): the optimizer, or one a package registers (ModelMix's mix).
+UPDATES: list[str] = ["optimizer"]
+
+
+def register_update(name: str) -> None:
+    """Accept ``training.update = name`` (the package's section validates and builds it)."""
+    if name not in UPDATES:
+        UPDATES.append(name)
 
 
 def register_section(section: Section) -> Section:
@@ -331,6 +341,14 @@ def _validate_dpsgd(cfg: RunConfig) -> None:
     )
     need(p.sampling in SAMPLING_NAMES, "privacy.sampling", f"one of {', '.join(SAMPLING_NAMES)}", p.sampling)
     need(p.clipping in CLIPPING_NAMES, "privacy.clipping", f"one of {', '.join(CLIPPING_NAMES)}", p.clipping)
+    if p.linf_p is not None:
+        need(p.clipping == "l2_linf", "privacy.linf_p", 'set only with privacy.clipping = "l2_linf"', p.linf_p)
+        need(
+            isinstance(p.linf_p, int) and not isinstance(p.linf_p, bool) and p.linf_p >= 1,
+            "privacy.linf_p",
+            "an integer >= 1",
+            p.linf_p,
+        )
     need(
         finite(t.batch_growth) and t.batch_growth >= 0,
         "training.batch_growth",
@@ -352,6 +370,7 @@ def _validate_dpsgd(cfg: RunConfig) -> None:
             t.max_physical_batch_size,
         )
     need(t.optimizer in OPTIMIZERS, "training.optimizer", f"one of {', '.join(OPTIMIZERS)}", t.optimizer)
+    need(t.update in UPDATES, "training.update", f"one of {', '.join(UPDATES)}", t.update)
     need(0 <= t.momentum < 1, "training.momentum", "in [0, 1)", t.momentum)
     need(finite(t.weight_decay) and t.weight_decay >= 0, "training.weight_decay", "a finite number >= 0", t.weight_decay)
     need(

@@ -136,6 +136,7 @@ class PrivateTrainer:
         delta: float = 1e-5,
         accountant: str = AUTO,
         clipping: str | Clipping = "flat",
+        linf_p: int | None = None,
         loss_fn: LossFn = cross_entropy_per_example,
         max_physical_batch_size: int | None = None,
         grad_sampler="auto",
@@ -169,7 +170,7 @@ class PrivateTrainer:
         self.x, self.y = as_tensors(data)
         self.sampler: BatchSampler = make_sampler(sampling, len(self.x), batch_size, sample_sizes)
         self.clipping: Clipping = (
-            make_clipping(clipping, max_grad_norm) if isinstance(clipping, str) else clipping
+            make_clipping(clipping, max_grad_norm, linf_p) if isinstance(clipping, str) else clipping
         )
         self.loss_fn = loss_fn
         self.grad_sampler = (
@@ -183,6 +184,9 @@ class PrivateTrainer:
         if check_independence:
             independence.check_independence(model, self.grad_sampler, self.x, self.y)
         self.randomness = randomness if randomness is not None else Randomness(seed, secure=secure_noise)
+        bind = getattr(optimizer, "bind_randomness", None)
+        if bind is not None:  # an update stage that draws secret randomness (ModelMix's mixing weights)
+            bind(self.randomness)
         self.report_not_private = bool(report_not_private)
         #: The per-example gradient stage: indices of a logical batch -> (gradients, losses) per physical chunk.
         self.per_example: Callable[[torch.Tensor], Iterator[tuple[PerExampleGrads, torch.Tensor]]] = (
@@ -284,16 +288,28 @@ class PrivateTrainer:
         facts = step_facts(
             self.sampler.scheme, rate, dataset_size=self.sampler.dataset_size, clip_norm=self.clipping.sensitivity
         )
+        facts.update(getattr(self.clipping, "facts", {}))  # e.g. the l-infinity bound of l2_linf clipping
+        update_facts = getattr(self.optimizer, "release_facts", None)
+        if update_facts is not None:  # an update stage (ModelMix): its facts and the divisor B it scales by
+            facts.update(update_facts(step), batch_size=float(self.sampler.expected_batch_size_at(step)))
         return event, facts
+
+    def _runs(self, start: int, stop: int) -> list[tuple[int, int]]:
+        """[start, stop) cut where the recorded facts may change: every step with a batch-size schedule, the
+        update stage's boundaries (ModelMix's tau phases) otherwise."""
+        if self.sampler.max_steps is not None:
+            cuts = list(range(start + 1, stop))
+        else:
+            boundaries = getattr(self.optimizer, "fact_boundaries", None)
+            cuts = [] if boundaries is None else boundaries(start, stop)
+        edges = [start, *cuts, stop]
+        return [(a, b) for a, b in zip(edges[:-1], edges[1:], strict=True) if b > a]
 
     def ledger_after(self, more: int, noise_multiplier: float | None = None) -> Ledger:
         """The ledger as it will be after ``more`` further steps (at ``noise_multiplier``, default the run's)."""
         ledger = self.ledger.copy()
-        for step in range(self.steps, self.steps + more):
-            if self.sampler.max_steps is None:  # identical steps: record them all at once
-                ledger.record(*self.release_event(step, noise_multiplier), count=more)
-                break
-            ledger.record(*self.release_event(step, noise_multiplier))
+        for start, stop in self._runs(self.steps, self.steps + more):  # identical steps recorded at once
+            ledger.record(*self.release_event(start, noise_multiplier), count=stop - start)
         return ledger
 
     def allowed_steps(self) -> int | None:
@@ -382,7 +398,7 @@ class PrivateTrainer:
     def _rolled_back_on_error(self):
         """Until the release is committed, an exception restores the streams (and torch's global generator, which
         dropout uses), so that trying the step again draws the same batch and noise: nothing was released."""
-        saved = {p: self.randomness.stream(p).get_state() for p in ("sampling", "noise")}
+        saved = {p: self.randomness.stream(p).get_state() for p in ("sampling", "noise", "mixing")}
         torch_state = torch.get_rng_state()
         self._committed = False
         try:
@@ -487,7 +503,7 @@ def make_private(
 
     ``batch_size`` is the expected logical batch size (Poisson sampling rate q = batch_size / len(data)).
     Options: sampling ("poisson" | "full"), delta, accountant (default "auto": the tightest certified one),
-    clipping ("flat" | "per_layer"), loss_fn (per-example losses), max_physical_batch_size (default: automatic,
+    clipping ("flat" | "per_layer" | "l2_linf", with linf_p: Algorithm 2 of ModelMix), loss_fn (per-example losses), max_physical_batch_size (default: automatic,
     per-example gradients of a chunk within 256 MiB), grad_sampler ("auto" | "func" | "layerwise"),
     seed (None: secret randomness from the operating system; an integer makes the run reproducible and NOT
     private), secure_noise (AES-CTR noise, :mod:`dptrain.secure_random`), budget (a :class:`Budget` the run

@@ -89,6 +89,8 @@ class Draft:
     save_model: Callable[[RunDirectory, PrivateTrainer], dict] | None = None
     #: raw examples -> what the trainer sees (a preprocessing stage sets it)
     transform: Callable[[torch.Tensor], torch.Tensor] | None = None
+    #: (model, planned steps) -> the update rule, in the optimizer's place (an update stage sets it: ModelMix)
+    make_optimizer: Callable[[nn.Module, int], torch.optim.Optimizer] | None = None
 
 
 def build_optimizer(cfg: RunConfig, model: nn.Module) -> torch.optim.Optimizer:
@@ -181,6 +183,7 @@ def build_dpsgd_job(
         batch_size=t.batch_size,
         sampling=p.sampling,
         clipping=p.clipping,
+        linf_p=p.linf_p,
         max_physical_batch_size=t.max_physical_batch_size,
         grad_sampler=t.grad_sampler,
         randomness=randomness,
@@ -197,7 +200,9 @@ def build_dpsgd_job(
         **cfg.steps_or_epochs,
     )
     common["sample_sizes"] = numbers.sample_sizes
-    optimizer = build_optimizer(cfg, model)
+    optimizer = (
+        build_optimizer(cfg, model) if draft.make_optimizer is None else draft.make_optimizer(model, numbers.steps)
+    )
     resuming = ledger is not None and training_steps(ledger) > 0
     if p.target_epsilon is None or resuming:
         budget = None if p.target_epsilon is None else Budget(p.target_epsilon, p.delta)
