@@ -15,14 +15,19 @@ case; Cor. 4.1: with per-coordinate bound ``1/sqrt(p)`` the worst case is p coor
 What this module computes, per step and per order a (numpy/scipy only):
 
 - **forward** ("the paper's direction") ``1/(a-1) log E_P0[((1-q) + q L)^a]``, L the likelihood ratio of the
-  worst shift: for p = 1 by direct quadrature of the log-space integrand at any real a > 1 (the paper's Fig. 3
-  needs fractional orders); for p > 1 by Cor. 4.1's binomial form at integer orders,
-  ``log sum_k C(a,k) (1-q)^(a-k) q^k A_k^p`` with ``A_k = E_P0[L_{1/sqrt p}^k]`` (corrected: the printed
-  formula divides by 1 - a and drops the factor T).
+  worst shift: for p = 1 by direct quadrature of the log-space integrand at any real a > 1; for p > 1 by Cor.
+  4.1's binomial form at integer orders, ``log sum_k C(a,k) (1-q)^(a-k) q^k A_k^p`` with
+  ``A_k = E_P0[L_{1/sqrt p}^k]`` (corrected: the printed formula divides by 1 - a and drops the factor T).
 - **reverse** ``1/(a-1) log E_P0[((1-q) + q L)^(1-a)]``, the other ordering of a neighbouring pair, which the
-  paper does not bound for N * U (it cites a theorem proven for pure Gaussians). Certified: the larger of the two
-  after composition. For p > 1 the reverse is taken at the one-hot worst case (p = 1), which dominates every
-  admissible shift in convex order (docs/modelmix.md, check (C)): conservative.
+  paper does not bound for N * U (it cites a theorem proven for pure Gaussians): at the one-hot shift by
+  quadrature (reported), and for every admissible shift by :func:`reverse_rdp_bound` (certified).
+
+What is certified (docs/modelmix.md, "Soundness review"): the paper's worst-case argument (App. C: log A_k is
+convex in the squared shift, so a one-hot or p-hot shift maximises every integer moment) holds for integer
+moments, and our numerical review found the one-hot / p-hot shift is NOT the worst case in general (in convex
+order, e.g. for fractional orders or hockey-stick divergences). So the certificate uses the forward direction at
+integer orders (CERTIFIED_ORDERS) and the reverse through the second moment only; the paper's fractional-order
+numbers are reported beside it, not certified.
 
 The densities are closed form (App. D.1): ``p_0(o) = (Phi((o + w/2)/z) - Phi((o - w/2)/z)) / w``, evaluated in
 log space with ``log_ndtr``. Integrals use the trapezoid rule on a uniform grid of step z/40 over the whole
@@ -79,11 +84,14 @@ FRACTIONAL_ORDERS = tuple(
 )
 #: Integer orders for p > 1 (Cor. 4.1's binomial form needs integers).
 INTEGER_ORDERS = tuple(float(a) for a in [*range(2, 65), 72, 80, 96, 112, 128, 160, 192, 256])
+#: The orders at which the forward direction is certified: integers whose moment E[L^k] the soundness review
+#: checked to be convex in the squared shift (the paper's App. C argument, valid for integer moments only).
+CERTIFIED_ORDERS = tuple(float(a) for a in [*range(2, 33), 40, 48, 56, 64])
 
-#: Where the numerical soundness review (docs/modelmix.md) checked the paper's reductions (worst case one-hot /
-#: p-hot in convex order, divergence non-increasing in the uniform width): noise multiplier z, width over
-#: sensitivity w. Outside it the accountant still answers, but with ``certified: false``.
-CERTIFIED_RANGE = {"noise_multiplier": (0.3, 2.0), "width": (0.0, 30.0)}
+#: Where the numerical soundness review (docs/modelmix.md) checked what the certificate relies on (the integer
+#: moments' worst case is one-hot / p-hot, the divergence does not grow with the uniform width): noise multiplier
+#: z, width over sensitivity w. Outside it the accountant still answers, but with ``certified: false``.
+CERTIFIED_RANGE = {"noise_multiplier": (0.3, 8.0), "width": (0.0, 250.0)}
 
 _STEPS_PER_Z = 40  # grid step z / 40
 _TAILS = 40.0  # the grid reaches 40 z beyond the support's edges: p_0 is below e^-800 there
@@ -195,8 +203,8 @@ def step_rdp(
     ``width`` is the uniform width over the per-example sensitivity, (tau / eta) B / C; ``direction`` is
     "forward" (D((1-q) P0 + q P1 || P0), the paper's) or "reverse" (D(P0 || (1-q) P0 + q P1)). For
     ``linf_p`` > 1 the forward direction takes integer orders only (Cor. 4.1) and the reverse is the one-hot
-    (p = 1) value, which bounds it (see the module docstring). Default orders: FRACTIONAL_ORDERS for p = 1 and
-    for the reverse, INTEGER_ORDERS for the forward direction with p > 1."""
+    (p = 1) value (reported only: :func:`reverse_rdp_bound` is the certified reverse). Default orders:
+    FRACTIONAL_ORDERS for p = 1 and for the reverse, INTEGER_ORDERS for the forward direction with p > 1."""
     q, z, w, p = _check(sampling_rate, noise_multiplier, width, linf_p)
     if direction not in ("forward", "reverse"):
         raise AccountingError(f"direction must be forward or reverse, got {direction!r}")
@@ -262,24 +270,68 @@ def _composed(phases: list[Phase], direction: str) -> tuple[np.ndarray, np.ndarr
     return np.asarray(orders), total
 
 
+def reverse_rdp_bound(sampling_rate: float, noise_multiplier: float, width: float, orders, linf_p: int = 1):
+    """A per-step bound on the reverse ordering D_a(P_0 || (1-q) P_0 + q P_v) for EVERY admissible shift v, at any
+    real order a > 1. With y = (1-q) + q L >= 1 - q and f(y) = y^(1-a): f has a negative third derivative, so its
+    second derivative on [1-q, inf) is at most a(a-1)(1-q)^(-a-1), and Taylor's theorem around 1 (E[y] = 1) gives
+    E f(y) <= 1 + a(a-1)/2 (1-q)^(-a-1) q^2 (E_P0[L_v^2] - 1). E[L_v^2] is largest at the one-hot (p-hot) shift:
+    the integer moment k = 2, which the paper's convexity argument covers. At q = 1 the two orderings are equal
+    (the pair is symmetric), so the forward value is returned (None for p > 1: use the forward direction)."""
+    q, z, w, p = _check(sampling_rate, noise_multiplier, width, linf_p)
+    a = np.asarray(orders, dtype=np.float64)
+    if q == 1:
+        return step_rdp(q, z, w, tuple(a), linf_p=p) if p == 1 else None
+    chi2 = math.expm1(p * _log_moments(z, w, 1.0 / math.sqrt(p), 2)[2])
+    log_term = np.log1p(0.5 * a * (a - 1) * np.exp((-a - 1) * math.log1p(-q)) * q * q * chi2)
+    return log_term / (a - 1)
+
+
 def modelmix_epsilon(phases: list[Phase], delta: float) -> dict[str, Any]:
-    """Epsilon at ``delta`` of a run made of ``phases``: both orderings, each composed in RDP and converted, the
-    larger one binding (``epsilon``); the paper's direction with the same conversion; and the paper's own method
-    (its direction, its Thm 2.2 conversion)."""
+    """Epsilon at ``delta`` of a run made of ``phases``.
+
+    Certified (``epsilon``): the larger of the two orderings of a neighbouring pair, each composed over the steps
+    and converted on its own: the paper's direction at CERTIFIED_ORDERS (integers), the reverse by
+    :func:`reverse_rdp_bound`. Reported beside it: the paper's direction at fractional orders for p = 1
+    (``epsilon_paper_direction``), the reverse ordering at the one-hot shift (``epsilon_reverse_direction``),
+    both with the same conversion, and the paper's own method (its direction, fractional orders for p = 1, its
+    Thm 2.2 conversion: ``epsilon_paper_method``). docs/modelmix.md says why only the first is certified."""
     delta = check_delta(delta)
     out: dict[str, Any] = {}
+    certified_orders = np.asarray(CERTIFIED_ORDERS)
+    forward = np.zeros(len(certified_orders))
+    reverse = np.zeros(len(FRACTIONAL_ORDERS))
+    symmetric = False
+    for ph in phases:
+        forward += ph.steps * step_rdp(
+            ph.sampling_rate, ph.noise_multiplier, ph.width, CERTIFIED_ORDERS, linf_p=ph.linf_p
+        )
+        bound = reverse_rdp_bound(ph.sampling_rate, ph.noise_multiplier, ph.width, FRACTIONAL_ORDERS, ph.linf_p)
+        if bound is None:
+            symmetric = True
+        else:
+            reverse += ph.steps * bound
+    out["forward"] = _improved_epsilon(certified_orders, forward, delta)
+    out["reverse_bound"] = _improved_epsilon(np.asarray(FRACTIONAL_ORDERS), reverse, delta)
+    if symmetric:  # full batches with p > 1: the orderings coincide; certify by the forward direction alone
+        out["reverse_bound"] = (max(out["reverse_bound"][0], out["forward"][0]), out["forward"][1])
     for direction in ("forward", "reverse"):
         orders, total = _composed(phases, direction)
-        out[direction] = _improved_epsilon(orders, total, delta)
+        out[f"{direction}_reported"] = _improved_epsilon(orders, total, delta)
         if direction == "forward":
             out["paper"] = _classic_epsilon(orders, total, delta)
-    binding = "forward" if out["forward"][0] >= out["reverse"][0] else "reverse"
+    binding = "forward" if out["forward"][0] >= out["reverse_bound"][0] else "reverse"
+    chosen = out["forward"] if binding == "forward" else out["reverse_bound"]
     return {
-        "epsilon": out[binding][0],
-        "optimal_order": out[binding][1],
+        "epsilon": chosen[0],
+        "optimal_order": chosen[1],
         "binding_direction": binding,
-        "epsilon_paper_direction": out["forward"][0],
-        "epsilon_reverse_direction": out["reverse"][0],
+        "epsilon_forward_certified": out["forward"][0],
+        "epsilon_reverse_certified": out["reverse_bound"][0],
+        "epsilon_paper_direction": out["forward_reported"][0],
+        # the exact reverse at the one-hot shift: the worst case only where it is admissible (p = 1)
+        "epsilon_reverse_direction": (
+            out["reverse_reported"][0] if all(ph.linf_p == 1 for ph in phases) else None
+        ),
         "epsilon_paper_method": out["paper"][0],
         "paper_method_order": out["paper"][1],
         "in_certified_range": all(_in_range(ph) for ph in phases),
@@ -414,7 +466,8 @@ NOT_CERTIFIED = (
 class ModelMixAccountant:
     name = "modelmix"
     description = (
-        "ModelMix (Xiao, Wan & Devadas): RDP of N * U mixtures, both orderings, certified on the reviewed range"
+        "ModelMix (Xiao, Wan & Devadas): RDP of N * U mixtures, both orderings (integer orders, second-moment "
+        "reverse bound), certified on the reviewed range"
     )
     facts_used = ("mechanism", "sampling", "update", "tau_over_lr", "batch_size", "clip_norm", "linf_p")
 

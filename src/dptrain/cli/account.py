@@ -92,10 +92,11 @@ def run(args: argparse.Namespace) -> int:
         if r.accountant == "modelmix":
             d = r.details
             print(
-                f"      both orderings (certified: the larger, {d['binding_direction']}, order {d['optimal_order']:g}); "
-                f"the paper's direction {d['epsilon_paper_direction']:.6g}, reverse {d['epsilon_reverse_direction']:.6g}; "
-                f"the paper's method (its direction and Thm 2.2) {d['epsilon_paper_method']:.6g}; plain DP-SGD "
-                f"(rdp) {d['epsilon_dpsgd']:.6g}"
+                f"      certified: the larger ordering ({d['binding_direction']}, order {d['optimal_order']:g}; "
+                f"forward {d['epsilon_forward_certified']:.6g} at integer orders, reverse "
+                f"{d['epsilon_reverse_certified']:.6g}). Not certified: the paper's direction at fractional orders "
+                f"{d['epsilon_paper_direction']:.6g}, the paper's method (with its Thm 2.2) "
+                f"{d['epsilon_paper_method']:.6g}. Plain DP-SGD (rdp): {d['epsilon_dpsgd']:.6g}"
             )
     for name, why in refusals.items():
         print(f"{name:>4}: refused: {why}")
