@@ -20,13 +20,14 @@ from dptrain.errors import ConfigError
 
 __all__ = ["REPRODUCTIONS", "fashion_mnist", "json_default", "md_table", "run_reproduction", "single_thread"]
 
-#: name -> module with ``run(out_dir, quick=False) -> Path``.
+#: name -> module with ``run(out_dir, quick=False) -> Path`` (or ``"module:function"`` naming another function).
 REPRODUCTIONS: dict[str, str] = {
     "proactive": "dptrain.reproduce.proactive",
     "last-iterate": "dptrain.reproduce.last_iterate",
     "dpsgd-f-counterexample": "dptrain.reproduce.dpsgd_f_counterexample",
     "dpsgd-f": "dptrain.reproduce.dpsgd_f",
     "audit": "dptrain.reproduce.audit",
+    "modelmix-accounting": "dptrain.reproduce.modelmix:run_accounting",
 }
 
 
@@ -35,8 +36,8 @@ def run_reproduction(name: str, out_dir: str | Path, quick: bool = False) -> Pat
     ``quick`` runs a reduced version (seconds, for tests)."""
     if name not in REPRODUCTIONS:
         raise ConfigError(f"unknown reproduction {name!r}; accepted: {', '.join(sorted(REPRODUCTIONS))}")
-    module = importlib.import_module(REPRODUCTIONS[name])
-    return Path(module.run(out_dir, quick=quick))
+    module, _, function = REPRODUCTIONS[name].partition(":")
+    return Path(getattr(importlib.import_module(module), function or "run")(out_dir, quick=quick))
 
 
 def md_table(head: list[str], rows: list[list[Any]]) -> str:
