@@ -36,6 +36,24 @@ def test_reference_values_from_dp_accounting():
     assert epsilon(ledger, DELTA, "pld").epsilon == pytest.approx(2.38, abs=0.01)
 
 
+@pytest.mark.parametrize(
+    "sigma,q,steps", [(1.1, Q, STEPS), (30.0, 0.01, 100), (100.0, 1.0, 1), (300.0, 0.1, 10), (0.8, 0.01, 1000)]
+)
+def test_rdp_tries_the_large_orders_only_where_they_can_win(sigma, q, steps):
+    # dptrain's rdp skips orders above 768 unless the optimum is near them: its epsilon equals dp_accounting's
+    # over every order (the large-sigma cases have their optimum among the large orders)
+    from dp_accounting.rdp import RdpAccountant
+
+    from dptrain.accounting.standard import RDP_ORDERS
+
+    acc = RdpAccountant(RDP_ORDERS)
+    acc.compose(dpa.GaussianDpEvent(sigma) if q == 1 else dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(sigma)),
+                steps)
+    full, order = acc.get_epsilon_and_optimal_order(DELTA)
+    ledger = dpsgd_ledger(sigma, q, steps, sampling="full" if q == 1 else "poisson")
+    assert epsilon(ledger, DELTA, "rdp").epsilon == pytest.approx(full, rel=1e-12)
+
+
 def test_pld_is_tighter_than_rdp_and_gdp_is_flagged_approximate():
     ledger = dpsgd_ledger(SIGMA, Q, STEPS)
     rdp, pld, gdp = (epsilon(ledger, DELTA, a) for a in ("rdp", "pld", "gdp"))

@@ -128,6 +128,13 @@ _EXTRA_ORDERS = (
     8192,
 )
 RDP_ORDERS = tuple(sorted(set(rdp_privacy_accountant.DEFAULT_RDP_ORDERS) | set(_EXTRA_ORDERS)))
+#: dp_accounting computes an integer order alpha in O(alpha) Python steps, so the orders above 768 are 95% of the
+#: cost (0.48 s against 0.09 s per report for a Poisson-sampled ledger). They are tried only when the optimum over
+#: the orders up to 768 lies at 448 or above (near the top of that set), where a larger order can be better; below
+#: that the RDP-to-(epsilon, delta) curve has turned up long before. Either way the answer is the minimum over a
+#: set of orders: a valid bound.
+_SMALL_ORDERS = tuple(a for a in RDP_ORDERS if a <= 768)
+_LARGE_ORDER_TRIGGER = 448
 
 
 class RdpAccountant:
@@ -137,12 +144,13 @@ class RdpAccountant:
 
     def report(self, ledger: Ledger, delta: float) -> PrivacyReport:
         check_noise(ledger, self.name)
-        acc = rdp_privacy_accountant.RdpAccountant(
-            RDP_ORDERS, neighboring_relation=ledger.neighboring_relation
-        )
-        with quiet_absl():
-            _compose(acc, ledger, self.name)
-            eps, order = acc.get_epsilon_and_optimal_order(delta)
+        for orders in (_SMALL_ORDERS, RDP_ORDERS):
+            acc = rdp_privacy_accountant.RdpAccountant(orders, neighboring_relation=ledger.neighboring_relation)
+            with quiet_absl():
+                _compose(acc, ledger, self.name)
+                eps, order = acc.get_epsilon_and_optimal_order(delta)
+            if order < _LARGE_ORDER_TRIGGER:
+                break
         return PrivacyReport(
             finite_epsilon(eps, self.name), delta, self.name, True, {"optimal_order": float(order)}
         )
