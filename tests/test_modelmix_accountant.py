@@ -26,6 +26,7 @@ from dptrain.accounting.modelmix import (
     modelmix_ledger,
     phases_from_ledger,
     reverse_rdp_bound,
+    reviewed_phase,
     step_rdp,
 )
 from dptrain.errors import AccountingError
@@ -252,6 +253,31 @@ def test_width_never_raises_the_rdp(q, z, w):
     for p in (4, 25):
         p_hot = step_rdp(q, z, w, integer_orders, linf_p=p)
         assert np.all(p_hot <= step_rdp(q, z, 0.0, integer_orders) * (1 + 1e-9)), p
+
+
+def test_phases_above_the_reviewed_range_are_accounted_at_a_dominating_phase():
+    # The two dominations reviewed_phase relies on, checked by direct computation at the real parameters: a width
+    # w is no worse than w/m (m copies of the narrower uniform), a noise multiplier z no worse than z0 < z (added
+    # independent noise), in both orderings.
+    orders = (2.0, 3.0, 8.0, 32.0)
+    for direction in ("forward", "reverse"):
+        wide = step_rdp(0.13653, 2.0, 409.6, orders, direction=direction)
+        narrow = step_rdp(0.13653, 2.0, 204.8, orders, direction=direction)
+        assert np.all(wide <= narrow * (1 + 1e-9)) and np.all(narrow > 0)
+        noisy = step_rdp(0.13653, 16.0, 100.0, orders, direction=direction)
+        assert np.all(noisy <= step_rdp(0.13653, 8.0, 100.0, orders, direction=direction) * (1 + 1e-9))
+    ph = Phase(400, 0.13653, 16.0, 409.6)
+    assert reviewed_phase(ph) == Phase(400, 0.13653, 8.0, 204.8)
+    assert reviewed_phase(Phase(400, 0.13653, 16.0, 750.0)).width == 250.0  # m = 3
+    inside = Phase(400, 0.13653, 2.0, 100.0)
+    assert reviewed_phase(inside) is inside
+    r = modelmix_epsilon([ph], 1e-5)
+    assert r["in_certified_range"] and r["accounted_as"] == [{"noise_multiplier": 8.0, "width_over_sensitivity": 204.8}]
+    assert r["epsilon"] == modelmix_epsilon([Phase(400, 0.13653, 8.0, 204.8)], 1e-5)["epsilon"]
+    # the reported (uncertified) numbers are those of the real phase
+    assert r["epsilon_paper_method"] < modelmix_epsilon([Phase(400, 0.13653, 8.0, 204.8)], 1e-5)["epsilon_paper_method"]
+    # below the range nothing is proven: not certified
+    assert not modelmix_epsilon([Phase(100, 0.02, 0.25, 10.0)], 1e-5)["in_certified_range"]
 
 
 # --- 4. the paper's Fig. 3 ------------------------------------------------------------------------------------

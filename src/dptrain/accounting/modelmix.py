@@ -90,7 +90,8 @@ CERTIFIED_ORDERS = tuple(float(a) for a in [*range(2, 33), 40, 48, 56, 64])
 
 #: Where the numerical soundness review (docs/modelmix.md) checked what the certificate relies on (the integer
 #: moments' worst case is one-hot / p-hot, the divergence does not grow with the uniform width): noise multiplier
-#: z, width over sensitivity w. Outside it the accountant still answers, but with ``certified: false``.
+#: z, width over sensitivity w. A phase above it is accounted at a dominating phase inside it
+#: (:func:`reviewed_phase`); below it (z < 0.3) the accountant still answers, but with ``certified: false``.
 CERTIFIED_RANGE = {"noise_multiplier": (0.3, 8.0), "width": (0.0, 250.0)}
 
 _STEPS_PER_Z = 40  # grid step z / 40
@@ -301,7 +302,8 @@ def modelmix_epsilon(phases: list[Phase], delta: float) -> dict[str, Any]:
     forward = np.zeros(len(certified_orders))
     reverse = np.zeros(len(FRACTIONAL_ORDERS))
     symmetric = False
-    for ph in phases:
+    reviewed = [reviewed_phase(ph) for ph in phases]
+    for ph in reviewed:
         forward += ph.steps * step_rdp(
             ph.sampling_rate, ph.noise_multiplier, ph.width, CERTIFIED_ORDERS, linf_p=ph.linf_p
         )
@@ -333,13 +335,41 @@ def modelmix_epsilon(phases: list[Phase], delta: float) -> dict[str, Any]:
         "epsilon_reverse_direction": out["reverse_reported"][0] if one_hot else None,
         "epsilon_paper_method": out["paper"][0],
         "paper_method_order": out["paper"][1],
-        "in_certified_range": all(_in_range(ph) for ph in phases),
+        "in_certified_range": all(_in_range(ph) for ph in reviewed),
+        "accounted_as": [
+            {"noise_multiplier": r.noise_multiplier, "width_over_sensitivity": r.width}
+            for r in reviewed
+        ]
+        if reviewed != list(phases)
+        else None,
     }
 
 
 def _in_range(ph: Phase) -> bool:
     (z0, z1), (w0, w1) = CERTIFIED_RANGE["noise_multiplier"], CERTIFIED_RANGE["width"]
     return z0 <= ph.noise_multiplier <= z1 and w0 <= ph.width <= w1
+
+
+def reviewed_phase(ph: Phase) -> Phase:
+    """A phase inside CERTIFIED_RANGE whose divergences (every order, both orderings) are at least ``ph``'s, where
+    one is proven; else ``ph`` itself (then outside the range: not certified). Two dominations, both garblings
+    (Blackwell: post-processing the pair by a data-independent kernel cannot raise any f- or Renyi divergence):
+
+    - width: U[0, w] is a mixture of m equal shifted copies of U[0, w/m] for every integer m, so the pair at width
+      w is the pair at width w/m with the copy's (data-independent) index forgotten: D(w) <= D(w/m). A width
+      above the range is accounted at w/m with m = ceil(w / w_max) (e.g. 409.6 as 204.8);
+    - noise: N(0, z^2) is N(0, z0^2) plus independent N(0, z^2 - z0^2), noise the releaser could add itself, so
+      D(z) <= D(z0) for z0 <= z. A noise multiplier above the range is accounted at its top (loose, but proven).
+
+    Below the range (z < 0.3) nothing is proven: the phase is returned unchanged."""
+    (_, z_max), (_, w_max) = CERTIFIED_RANGE["noise_multiplier"], CERTIFIED_RANGE["width"]
+    z, w = ph.noise_multiplier, ph.width
+    if w > w_max:
+        w = w / math.ceil(w / w_max)
+    z = min(z, z_max)
+    if (z, w) == (ph.noise_multiplier, ph.width):
+        return ph
+    return Phase(ph.steps, ph.sampling_rate, z, w, ph.linf_p)
 
 
 # --- ledgers ------------------------------------------------------------------------------------------------
@@ -457,8 +487,8 @@ def phases_from_ledger(ledger: Ledger) -> list[Phase]:
 
 
 NOT_CERTIFIED = (
-    "outside the range where the soundness review checked the paper's worst-case reductions numerically "
-    "(noise multiplier {z}, width (tau/eta) B/C {w}; docs/modelmix.md)"
+    "a noise multiplier below {z_min:g} ({z}): outside the range where the soundness review checked the paper's "
+    "worst-case reductions numerically (docs/modelmix.md)"
 )
 
 
@@ -470,13 +500,21 @@ class ModelMixAccountant:
     )
     facts_used = ("mechanism", "sampling", "update", "tau_over_lr", "batch_size", "clip_norm", "linf_p")
 
+    def __init__(self, with_dpsgd: bool = True):
+        self.with_dpsgd = with_dpsgd
+
+    def for_search(self) -> ModelMixAccountant:
+        """Calibration's search: the same epsilon without the plain DP-SGD epsilon beside it (an rdp computation,
+        as long as the modelmix one)."""
+        return ModelMixAccountant(with_dpsgd=False)
+
     def report(self, ledger: Ledger, delta: float) -> PrivacyReport:
         phases = phases_from_ledger(ledger)
         check_noise(ledger, self.name)
         r = modelmix_epsilon(phases, delta)
         eps = finite_epsilon(r.pop("epsilon"), self.name)
         try:
-            r["epsilon_dpsgd"] = epsilon(ledger, delta, "rdp").epsilon
+            r["epsilon_dpsgd"] = epsilon(ledger, delta, "rdp").epsilon if self.with_dpsgd else None
         except AccountingError as e:
             r["epsilon_dpsgd"] = None
             r["epsilon_dpsgd_refused"] = str(e)
@@ -488,8 +526,7 @@ class ModelMixAccountant:
         certified = r.pop("in_certified_range")
         if not certified:
             zs = sorted({ph.noise_multiplier for ph in phases})
-            ws = sorted({ph.width for ph in phases})
-            r["note"] = NOT_CERTIFIED.format(z=zs, w=ws)
+            r["note"] = NOT_CERTIFIED.format(z_min=CERTIFIED_RANGE["noise_multiplier"][0], z=zs)
         return PrivacyReport(eps, delta, self.name, certified, r)
 
 
