@@ -15,10 +15,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", choices=sorted(REPRODUCTIONS))
     parser.add_argument("--out", default=None, help="output directory (default runs/reproduce-NAME)")
     parser.add_argument("--quick", action="store_true", help="a small version that runs in about a minute")
+    parser.add_argument(
+        "--seeds", type=int, default=None, metavar="N", help="training reproductions: seeds 0..N-1 (modelmix: 3)"
+    )
+    parser.add_argument(
+        "--epsilons",
+        default=None,
+        metavar="E1,E2,...",
+        help="training reproductions: the target epsilons (modelmix: 0.2,0.6,1.0)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     out = args.out or f"runs/reproduce-{args.name}"
-    report = run_reproduction(args.name, out, quick=args.quick)
+    options = {}
+    if args.seeds is not None:
+        options["seeds"] = args.seeds
+    if args.epsilons is not None:
+        options["epsilons"] = args.epsilons
+    report = run_reproduction(args.name, out, quick=args.quick, **options)
     print(f"wrote {report} (tables, JSON and plots in {out})")
     return 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import inspect
 from pathlib import Path
 from typing import Any
 
@@ -28,16 +29,27 @@ REPRODUCTIONS: dict[str, str] = {
     "dpsgd-f": "dptrain.reproduce.dpsgd_f",
     "audit": "dptrain.reproduce.audit",
     "modelmix-accounting": "dptrain.reproduce.modelmix:run_accounting",
+    "modelmix": "dptrain.reproduce.modelmix",
 }
 
 
-def run_reproduction(name: str, out_dir: str | Path, quick: bool = False) -> Path:
+def run_reproduction(name: str, out_dir: str | Path, quick: bool = False, **options: Any) -> Path:
     """Run the reproduction ``name`` into ``out_dir``; returns the path of the markdown report it wrote.
-    ``quick`` runs a reduced version (seconds, for tests)."""
+    ``quick`` runs a reduced version (seconds, for tests). ``options`` (e.g. ``seeds``, ``epsilons``) go to the
+    reproductions that take them; a ConfigError names the reproduction that does not."""
     if name not in REPRODUCTIONS:
         raise ConfigError(f"unknown reproduction {name!r}; accepted: {', '.join(sorted(REPRODUCTIONS))}")
     module, _, function = REPRODUCTIONS[name].partition(":")
-    return Path(getattr(importlib.import_module(module), function or "run")(out_dir, quick=quick))
+    fn = getattr(importlib.import_module(module), function or "run")
+    accepted = set(inspect.signature(fn).parameters) - {"out_dir", "quick"}
+    unknown = sorted(set(options) - accepted)
+    if unknown:
+        flags = ", ".join("--" + k for k in unknown)
+        raise ConfigError(
+            f"reproduction {name!r} takes no {flags}"
+            + (f" (it takes {', '.join('--' + k for k in sorted(accepted))})" if accepted else "")
+        )
+    return Path(fn(out_dir, quick=quick, **options))
 
 
 def md_table(head: list[str], rows: list[list[Any]]) -> str:

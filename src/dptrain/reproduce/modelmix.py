@@ -19,6 +19,7 @@ the ModelMix integral), which gives z = 0.36328 for epsilon = 200.
 from __future__ import annotations
 
 import importlib
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ import numpy as np
 from scipy import optimize
 
 from dptrain.accounting.modelmix import Phase, modelmix_epsilon, step_rdp
+from dptrain.errors import ConfigError
 from dptrain.reproduce import md_table
 from dptrain.reproduce.report import Report, Section, figure
 
@@ -192,10 +194,15 @@ def render(data: dict) -> Report:
         )
     )
     sections.append(_section_review(data.get("review")))
+    plots = [figure("fig3.png", _draw_fig3(data["accounting"]), ncols=len(data["accounting"]["fig3"]),
+                    figsize=(11, 4))]
+    files: dict[str, Any] = {}
     training = data.get("training")
     if training is not None:
         render_training = importlib.import_module("dptrain.reproduce.modelmix_training").render_sections
-        sections += render_training(training)
+        more_sections, more_plots, files = render_training(training)
+        sections += more_sections
+        plots += more_plots
     intro = [
         "Columns: the paper's number; the paper's method (its divergence direction, fractional orders for p = 1, "
         "integer orders for p > 1, its Thm 2.2 conversion); with the improved RDP conversion: the forward direction "
@@ -208,9 +215,8 @@ def render(data: dict) -> Report:
         "ModelMix (Xiao, Wan & Devadas): reproduction",
         intro,
         sections,
-        data={"modelmix.json": data},
-        plots=[figure("fig3.png", _draw_fig3(data["accounting"]), ncols=len(data["accounting"]["fig3"]),
-                      figsize=(11, 4))],
+        data={"modelmix.json": data, **files},
+        plots=plots,
     )
 
 
@@ -225,14 +231,44 @@ def run_accounting(out_dir: str | Path, quick: bool = False) -> Path:
     return render(data).write(out_dir)
 
 
-def run(out_dir: str | Path, quick: bool = False) -> Path:
-    """``dptrain reproduce modelmix``: the accounting part and the training experiments."""
+def run(
+    out_dir: str | Path, quick: bool = False, seeds: int = 3, epsilons: str | tuple = (0.2, 0.6, 1.0)
+) -> Path:
+    """``dptrain reproduce modelmix``: the accounting part and the training experiments (hours on CPU: Table I
+    takes about 12 minutes a run on 2 cores). ``seeds``: seeds 0..seeds-1; ``epsilons``: Table I's targets (a
+    comma-separated string from the CLI). Table I's rows so far are written to ``out_dir/table1-partial.json``
+    as they finish."""
+    from dptrain.reproduce import json_default
+
     training = importlib.import_module("dptrain.reproduce.modelmix_training")
+    if isinstance(epsilons, str):
+        try:
+            epsilons = tuple(float(e) for e in epsilons.split(","))
+        except ValueError:
+            raise ConfigError(f"--epsilons takes comma-separated numbers, got {epsilons!r}") from None
+    if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
+        raise ConfigError(f"--seeds takes a number of seeds >= 1, got {seeds!r}")
+    if not epsilons or not all(math.isfinite(e) and e > 0 for e in epsilons):
+        raise ConfigError(f"--epsilons takes positive numbers, got {epsilons!r}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+
+    def save(rows: list) -> None:
+        (out / "table1-partial.json").write_text(json.dumps(rows, indent=1, default=json_default) + "\n")
+
+    command = "dptrain reproduce modelmix" + (" --quick" if quick else "")
+    if seeds != 3:
+        command += f" --seeds {seeds}"
+    if tuple(epsilons) != (0.2, 0.6, 1.0):
+        command += " --epsilons " + ",".join(f"{e:g}" for e in epsilons)
     review = importlib.import_module("dptrain.reproduce.modelmix_review").review(quick=quick)
     data = {
-        "command": "dptrain reproduce modelmix" + (" --quick" if quick else ""),
+        "command": command,
         "accounting": accounting(quick),
         "review": review,
-        "training": training.experiments(quick, Path(out_dir)),
+        "training": {
+            "table1": training.table1(quick, seeds=tuple(range(seeds)), epsilons=tuple(epsilons), on_row=save),
+            "fig2": training.fig2(quick),
+        },
     }
     return render(data).write(out_dir)
