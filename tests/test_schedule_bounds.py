@@ -52,6 +52,16 @@ def unrolled_gd_bound(sigma, *, D, G, M, mu, N, gap) -> float:
     return e / gap
 
 
+def brute_momentum_influence(T, beta, gamma) -> np.ndarray:
+    """The weight of sigma_i^2 in U3 (Thm 4.4, eq. 13), summed term by term."""
+    q = np.zeros(T)
+    for t in range(1, T + 1):
+        a = gamma ** (T - t) * (1 - beta) ** 2 / (1 - beta**t) ** 2
+        for i in range(1, t + 1):
+            q[i - 1] += a * beta ** (2 * (t - i))
+    return q
+
+
 def u3_double_sum(sigma, beta, gamma) -> float:
     """Eq. 13 of the paper as printed, as a double loop."""
     T = len(sigma)
@@ -75,6 +85,11 @@ def test_eps_delta_to_budget_matches_appendix_d():
     assert rho + 2 * math.sqrt(rho * math.log(1e8)) == pytest.approx(4.0, rel=1e-12)
     assert B.eps_from_R(R, 1e-8) == pytest.approx(4.0, rel=1e-12)
     assert B.R_from_rho(0.25) == 0.5
+    # Independently: the smaller root of rho + 2 sqrt(rho L) = eps (the printed "+" root is the other one).
+    L = math.log(1e8)
+    assert rho == pytest.approx(optimize.brentq(lambda r: r + 2 * math.sqrt(r * L) - 4.0, 0, 4), rel=1e-12)
+    for eps, delta in [(0.1, 1e-5), (2.0, 1e-6), (8.0, 1e-10)]:
+        assert B.eps_from_R(B.R_from_eps_delta(eps, delta), delta) == pytest.approx(eps, rel=1e-12)
 
 
 def test_uniform_sigma_from_constant_influence():
@@ -102,11 +117,29 @@ def test_erub_gd_equals_the_unrolled_proof_recursion():
         assert B.erub_gd_from_shares(shares, kappa, alpha) == pytest.approx(expected, rel=1e-12)
 
 
+def test_gamma_from_kappa_and_step_size():
+    # Eq. 2 (eta = 1): gamma = 1 - 1/kappa; the proof of Thm 4.1 contracts by 1 - 2 mu eta_t (1 - M eta_t / 2)
+    M, mu = 3.0, 0.2
+    for eta in (1.0, 0.5, 1.5):
+        assert B.gamma_from_kappa(M / mu, eta) == pytest.approx(
+            1 - 2 * mu * (eta / M) * (1 - eta / 2), rel=1e-14
+        )
+    assert B.gamma_from_kappa(10) == 1 - 1 / 10
+    assert B.gamma_from_kappa(4, 0.5) == pytest.approx(1 - 0.75 / 4, rel=1e-15)
+    assert B.gamma_from_kappa(1.0) == 0.0
+    assert B.kappa_from_gamma(B.gamma_from_kappa(7.0)) == pytest.approx(7.0, rel=1e-14)
+    # Thm 4.4: momentum with step eta0/(2M) contracts by 1 - eta0/kappa
+    assert B.momentum_gamma(20, 2.0) == pytest.approx(0.9, rel=1e-15)
+    assert B.momentum_gamma(4.0, 4.0) == 0.0
+
+
 def test_gd_influence_grows_with_t():
-    q = B.gd_influence(30, 10.0, 1e-3)
+    q = B.gd_influence(30, 0.9, 1e-3)
     assert np.all(np.diff(q) > 0)
     np.testing.assert_allclose(q[1:] / q[:-1], 1 / 0.9)
     assert q[-1] == pytest.approx(1e-3)
+    np.testing.assert_allclose(B.gd_influence(30, 0.9), q / 1e-3, rtol=1e-15)  # alpha defaults to 1
+    np.testing.assert_array_equal(B.gd_influence(3, 0.0), [0.0, 0.0, 1.0])  # gamma = 0: 0^0 = 1
 
 
 def test_erub_gd_of_uniform_and_optimal_schedules_match_the_closed_forms():
@@ -189,8 +222,12 @@ def test_gd_optimal_sigma_decays_exponentially_with_ratio_gamma_quarter():
     np.testing.assert_allclose(sigma[1:] / sigma[:-1], 0.9**0.25, rtol=1e-12)
     assert np.sum(1 / sigma**2) == pytest.approx(R, rel=1e-12)
     np.testing.assert_allclose(sigma, B.gd_optimal_sigma(40, R, gamma=0.9), rtol=1e-12)
-    lemma = B.optimal_allocation(B.gd_influence(40, 10.0, 3e-3), R).sigma
+    lemma = B.optimal_allocation(B.gd_influence(40, 0.9, 3e-3), R).sigma
     np.testing.assert_allclose(sigma, lemma, rtol=1e-10)
+    # eq. 7 written out
+    T, gamma, t = 40, 0.9, np.arange(1, 41)
+    eq7 = (1 / R) * gamma ** ((t - T) / 2) * (1 - gamma ** (T / 2)) / (1 - math.sqrt(gamma))
+    np.testing.assert_allclose(sigma**2, eq7, rtol=1e-12)
 
 
 @pytest.mark.parametrize(
@@ -329,14 +366,15 @@ def test_T_hat_values_and_lemma_b7():
 
 def test_u3_and_exact_momentum_influence():
     rng = np.random.default_rng(3)
-    for T, beta, gamma in ((1, 0.9, 0.99), (12, 0.9, 0.99), (30, 0.5, 0.8), (25, 0.0, 0.9)):
+    for T, beta, gamma in ((1, 0.9, 0.99), (12, 0.9, 0.99), (30, 0.5, 0.8), (25, 0.0, 0.9), (100, 0.9, 0.99)):
         sigma = rng.uniform(1, 20, size=T)
         u3 = u3_double_sum(sigma, beta, gamma)
         assert B.momentum_U3(sigma, beta, gamma) == pytest.approx(u3, rel=1e-12)
         q = B.momentum_influence(T, beta, gamma)
         assert np.sum(q * sigma**2) == pytest.approx(u3, rel=1e-12)
+        np.testing.assert_allclose(q, brute_momentum_influence(T, beta, gamma), rtol=1e-11)
     # beta = 0: the GD influence gamma^(T-t)
-    np.testing.assert_allclose(B.momentum_influence(25, 0.0, 0.9), B.gd_influence(25, 10.0, 1.0), rtol=1e-12)
+    np.testing.assert_allclose(B.momentum_influence(25, 0.0, 0.9), B.gd_influence(25, 0.9), rtol=1e-12)
 
 
 def test_momentum_influence_phases():
@@ -347,6 +385,8 @@ def test_momentum_influence_phases():
     assert q[0] == pytest.approx(0.535, abs=5e-4)
     assert q[-1] == pytest.approx(0.010, abs=5e-4)
     assert np.argmin(q) == 99
+    # not monotone in between: it dips near t = 26, rises again, and falls over the last ~15 steps
+    assert int(np.argmin(q[:80])) + 1 == 26 and np.all(np.diff(q[85:]) < 0)
     for T in (10, 30, 50, 100, T_hat):
         q = B.momentum_influence(T, beta, gamma)
         bound = B.momentum_influence_two_exp(T, beta, gamma)
@@ -377,11 +417,42 @@ def test_two_exponential_influence_with_user_constants():
     t = np.arange(1, T + 1)
     expected = np.where(t <= T_hat, 2.0 * gamma ** (T + t), gamma ** (T_hat - 1) * 3.0 * gamma ** (T - t))
     np.testing.assert_allclose(q, expected, rtol=1e-12)
-    # the default c2 is tight for the proof's late-phase term at t = T_hat + 1
+    # the default c1 = 2 / (gamma (gamma - beta^2)) (Thm 4.6 proof, App. C.2)
     default = B.momentum_influence_two_exp(T, beta, gamma)
+    c1 = 2 / (gamma * (gamma - beta**2))
+    np.testing.assert_allclose(default[:T_hat], c1 * gamma ** (T + t[:T_hat]), rtol=1e-11)
+    # the default c2 is tight for the proof's late-phase term at t = T_hat + 1
     late = gamma ** (2 * (T_hat - 1)) * (gamma ** (T + 1 - t) - beta ** (2 * (T + 1 - t))) / (gamma - beta**2)
     assert np.all(late[T_hat:] <= default[T_hat:] * (1 + 1e-12))
     assert late[T_hat] / default[T_hat] > 0.99
+
+
+def test_log_space_influences_reach_runs_whose_influences_underflow():
+    T, beta, gamma = 80_000, 0.9, 0.99  # gamma^(T-1) = e^-804: below the smallest double
+    t = np.arange(1, T + 1)
+    assert B.gd_influence(T, gamma)[0] == 0.0
+    log_gd = B.log_gd_influence(T, gamma)
+    np.testing.assert_allclose(log_gd, (T - t) * math.log(gamma), rtol=1e-13)
+    # the momentum recursion q_i = w_i + beta^2 q_{i+1} holds in log space all along
+    log_q = B.log_momentum_influence(T, beta, gamma)
+    log_w = (T - t) * math.log(gamma) + 2 * np.log((1 - beta) / (1 - beta**t))
+    # (to 1e-11 in ln q: the vectorised form sums terms scaled by beta^(2t), whose logs reach -17000 here)
+    recursion = np.logaddexp(log_w[:-1], 2 * math.log(beta) + log_q[1:])
+    np.testing.assert_allclose(log_q[:-1], recursion, rtol=0, atol=1e-11)
+    assert log_q[-1] == pytest.approx(log_w[-1], rel=1e-12) and np.all(np.isfinite(log_q))
+    log_two = B.log_momentum_influence_two_exp(T, beta, gamma, c1=2.0, c2=3.0)
+    T_hat = B.momentum_T_hat(beta, gamma)
+    assert log_two[0] == pytest.approx(math.log(2.0) + (T + 1) * math.log(gamma), rel=1e-13)
+    assert log_two[-1] == pytest.approx((T_hat - 1) * math.log(gamma) + math.log(3.0), rel=1e-13)
+    # Lemma 4.1 in log space: shares proportional to sqrt(q_t), summing to 1
+    log_shares = B.optimal_log_shares(log_gd)
+    np.testing.assert_allclose(np.diff(log_shares), -0.5 * math.log(gamma), rtol=1e-9)
+    assert math.fsum(np.exp(log_shares)) == pytest.approx(1.0, rel=1e-12)
+    # and the same as the linear allocation where that is in range
+    q = B.momentum_influence(300, beta, gamma)
+    np.testing.assert_allclose(
+        np.exp(B.optimal_log_shares(np.log(q))), B.optimal_allocation(q, 1.0).shares, rtol=1e-12
+    )
 
 
 def test_uniform_momentum_noise_is_at_most_the_gd_noise():
@@ -435,8 +506,17 @@ def test_erub_momentum_matches_eq11_terms():
 @pytest.mark.parametrize(
     "call, needle",
     [
-        (lambda: B.gd_influence(0, 10.0, 1e-3), "T=0"),
-        (lambda: B.gd_influence(2.5, 10.0, 1e-3), "T=2.5"),
+        (lambda: B.gd_influence(0, 0.9, 1e-3), "T=0"),
+        (lambda: B.gd_influence(2.5, 0.9, 1e-3), "T=2.5"),
+        (lambda: B.gd_influence(5, 10.0), "gamma=10.0"),
+        (lambda: B.gd_influence(5, True), "gamma=True"),
+        (lambda: B.log_gd_influence(5, "0.5"), "gamma='0.5'"),
+        (lambda: B.gamma_from_kappa(4.0, 2.0), "eta=2.0"),
+        (lambda: B.gamma_from_kappa(0.5), "kappa=0.5"),
+        (lambda: B.momentum_gamma(10.0, 11.0), "eta0=11.0"),
+        (lambda: B.momentum_gamma(10.0, 0.0), "eta0=0.0"),
+        (lambda: B.optimal_log_shares([0.0, math.inf]), "log_q[1]=inf"),
+        (lambda: B.log_momentum_influence(5, 1.0, 0.5), "beta=1.0"),
         (lambda: B.erub_uniform(-1, 10.0, 1e-3), "T=-1"),
         (lambda: B.bound_summary(0.5, 1e-3), "kappa=0.5"),
         (lambda: B.bound_summary(math.inf, 1e-3), "kappa=inf"),
@@ -457,6 +537,7 @@ def test_erub_momentum_matches_eq11_terms():
         (lambda: B.momentum_eta0_max(0.9, 0.9), "beta=0.9"),
         (lambda: B.momentum_influence_two_exp(10, 0.99, 0.9), "beta=0.99"),
         (lambda: B.momentum_influence_two_exp(10, 0.5, 0.9, c2=0.0), "c2=0.0"),
+        (lambda: B.log_momentum_influence_two_exp(10, 0.5, 0.9, c1=-1.0), "c1=-1.0"),
         (lambda: B.R_from_eps_delta(4.0, 1.5), "delta=1.5"),
     ],
 )

@@ -1,7 +1,9 @@
 """Utility bounds of "On Dynamic Noise Influence in Differential Private Learning" (anonymous ICLR 2021
 submission; cited below as "Dynamic Noise Influence"): the expected-risk upper bound (ERUB) of private gradient
 descent (PGD) under a per-step noise schedule sigma_t, the step count T that minimises it, and the optimal
-allocation of a privacy budget over the steps. numpy only (no torch, no scipy).
+allocation of a privacy budget over the steps, and the influences q_t those rest on. numpy only (no torch, no scipy).
+This module is the one place where the paper's formulas live: :mod:`dptrain.schedules.kinds` builds its schedule
+shapes from the influences and the allocation here.
 
 Setting (Dynamic Noise Influence, Sec. 3 and Eq. 1). Per-sample losses are G-Lipschitz, the empirical loss f is
 M-smooth and satisfies the Polyak-Lojasiewicz condition with constant mu. Step t releases
@@ -13,6 +15,13 @@ the mean gradient. The quantities used throughout are (Dynamic Noise Influence, 
 
 ERUB is the bound on E f(theta_{T+1}) - f(theta*) divided by the initial gap f(theta_1) - f(theta*): 1 means
 "no better than not training". Everything "optimal" here minimises this *upper bound*, not the true loss.
+
+The ERUB functions take kappa and use the paper's step size eta = 1/M (gamma = 1 - 1/kappa). The influences take
+gamma itself, so they serve any step size: :func:`gamma_from_kappa` gives gamma for the step eta/M, and
+:func:`momentum_gamma` gives the momentum contraction of Thm 4.4. Each influence has a log-space form
+(``log_gd_influence``, ``log_momentum_influence``, ``log_momentum_influence_two_exp``, and :func:`optimal_log_shares`
+for Lemma 4.1) for long runs, where gamma^(T - t) leaves the floating-point range. The linear forms are their
+exponentials.
 
 Budget convention (Dynamic Noise Influence, Thm 3.1 and Lemma B.2). The paper's budget ``R`` charges step t
 ``1/sigma_t^2`` and requires ``sum_t 1/sigma_t^2 <= R``. A Gaussian release with multiplier sigma is
@@ -72,13 +81,18 @@ __all__ = [
     "gd_influence",
     "gd_optimal_sigma",
     "kappa_from_gamma",
+    "log_gd_influence",
+    "log_momentum_influence",
+    "log_momentum_influence_two_exp",
     "momentum_T_hat",
     "momentum_U3",
     "momentum_eta0_max",
+    "momentum_gamma",
     "momentum_influence",
     "momentum_influence_two_exp",
     "noise_term",
     "optimal_allocation",
+    "optimal_log_shares",
     "rho_from_R",
     "uniform_T_argmin",
     "uniform_T_paper",
@@ -92,6 +106,8 @@ _BUDGET_RTOL = 1e-9  # a schedule may overspend R by this relative amount (float
 
 
 def _real(name: str, x) -> float:
+    if isinstance(x, bool | str | bytes):
+        raise ConfigError(f"{name}={x!r} is not a number; accepted: a finite real number")
     try:
         v = float(x)
     except (TypeError, ValueError):
@@ -144,21 +160,20 @@ def _real_steps(T) -> float:
     return v
 
 
-def _vector(name: str, v) -> np.ndarray:
-    """A non-empty 1-D array of finite positive floats."""
+def _vector(name: str, v, positive: bool = True) -> np.ndarray:
+    """A non-empty 1-D array of finite floats, all > 0 when ``positive`` (else logarithms: any finite number)."""
+    accepted = "finite numbers > 0" if positive else "finite numbers"
     try:
         a = np.asarray(v, dtype=float)
     except (TypeError, ValueError):
-        raise ConfigError(f"{name} is not numeric; accepted: a 1-D sequence of finite numbers > 0") from None
+        raise ConfigError(f"{name} is not numeric; accepted: a 1-D sequence of {accepted}") from None
     if a.ndim != 1 or a.size == 0:
-        raise ConfigError(
-            f"{name} has shape {a.shape}; accepted: a non-empty 1-D sequence of finite numbers > 0"
-        )
-    bad = ~(np.isfinite(a) & (a > 0))
+        raise ConfigError(f"{name} has shape {a.shape}; accepted: a non-empty 1-D sequence of {accepted}")
+    bad = ~(np.isfinite(a) & (a > 0)) if positive else ~np.isfinite(a)
     if bad.any():
         i = int(np.argmax(bad))
         raise ConfigError(
-            f"{name}[{i}]={float(a[i])!r} (t={i + 1}) is invalid; accepted: finite numbers > 0 in every entry"
+            f"{name}[{i}]={float(a[i])!r} (t={i + 1}) is invalid; accepted: {accepted} in every entry"
         )
     return a
 
@@ -166,31 +181,53 @@ def _vector(name: str, v) -> np.ndarray:
 def _gamma_parts(kappa: float) -> tuple[float, float, float]:
     """(gamma, ln(1/gamma), 1 - sqrt(gamma)) for gamma = 1 - 1/kappa, computed without cancellation.
     ln(1/gamma) is inf at kappa = 1."""
-    gamma = 1.0 - 1.0 / kappa
+    gamma = gamma_from_kappa(kappa)
     log_inv = -math.log1p(-1.0 / kappa) if kappa > 1 else math.inf
     one_minus_sqrt = (1.0 / kappa) / (1.0 + math.sqrt(gamma))  # 1 - sqrt(g) = (1 - g) / (1 + sqrt(g))
     return gamma, log_inv, one_minus_sqrt
 
 
+def _log_pow(gamma: float, x):
+    """ln gamma**x (elementwise for an array x >= 0) with 0**0 = 1 and 0**x = 0 for x > 0 (ln: 0 and -inf)."""
+    if gamma == 0.0:
+        return np.where(np.asarray(x) == 0, 0.0, -np.inf)
+    return x * math.log(gamma)
+
+
 def _pow(gamma: float, x: float) -> float:
     """gamma**x with 0**0 = 1 and 0**x = 0 for x > 0."""
-    if gamma == 0.0:
-        return 1.0 if x == 0 else 0.0
-    return math.exp(x * math.log(gamma))
+    return math.exp(float(_log_pow(gamma, x)))
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # constants and budget conversions
 
 
-def gamma_from_kappa(kappa: float) -> float:
-    """gamma = 1 - 1/kappa, in [0, 1) (Dynamic Noise Influence, Eq. 2)."""
-    return 1.0 - 1.0 / _kappa(kappa)
+def gamma_from_kappa(kappa: float, eta: float = 1.0) -> float:
+    """gamma of gradient descent with step size eta/M on an M-smooth, mu-PL loss, kappa = M/mu:
+    gamma = 1 - eta (2 - eta)/kappa, in [0, 1). It is the per-step contraction 1 - 2 mu eta_t (1 - M eta_t / 2) of the
+    proof of Dynamic Noise Influence, Thm 4.1 (App. C.1), at eta_t = eta/M (derived here). The paper takes eta = 1,
+    which gives its gamma = 1 - 1/kappa (Eq. 2); eta in (0, 2)."""
+    kappa = _kappa(kappa)
+    eta = _real("eta", eta)
+    if not 0 < eta < 2:
+        raise ConfigError(f"eta={eta!r} is invalid; accepted: a number in (0, 2) (the step size times M)")
+    return max(0.0, 1.0 - eta * (2.0 - eta) / kappa)  # eta (2 - eta) <= 1: never below 0 but for rounding
 
 
 def kappa_from_gamma(gamma: float) -> float:
-    """kappa = 1/(1 - gamma) >= 1, the inverse of gamma = 1 - 1/kappa (Dynamic Noise Influence, Eq. 2)."""
+    """kappa = 1/(1 - gamma) >= 1, the inverse of gamma = 1 - 1/kappa (Dynamic Noise Influence, Eq. 2; eta = 1)."""
     return 1.0 / (1.0 - _gamma(gamma))
+
+
+def momentum_gamma(kappa: float, eta0: float) -> float:
+    """gamma of gradient descent with bias-corrected momentum and step size eta0/(2M): gamma = 1 - eta0/kappa, in
+    [0, 1) for eta0 in (0, kappa] (Dynamic Noise Influence, Thm 4.4; rebuilt from a garbled print of its proof)."""
+    kappa = _kappa(kappa)
+    eta0 = _real("eta0", eta0)
+    if not 0 < eta0 <= kappa:
+        raise ConfigError(f"eta0={eta0!r} is invalid; accepted: a number in (0, kappa] = (0, {kappa:g}]")
+    return max(0.0, 1.0 - eta0 / kappa)
 
 
 def alpha_constant(*, D: float, G: float, M: float, N: float, R: float, initial_gap: float) -> float:
@@ -244,15 +281,21 @@ def eps_from_R(R: float, delta: float) -> float:
 # gradient descent: Theorem 4.1
 
 
-def gd_influence(T: int, kappa: float, alpha: float) -> np.ndarray:
-    """Noise influence q_t = alpha gamma^(T - t), t = 1..T, of PGD with eta = 1/M
-    (Dynamic Noise Influence, Thm 4.1 eq. 3). It grows exponentially with t, so late noise matters most."""
+def log_gd_influence(T: int, gamma: float) -> np.ndarray:
+    """ln(q_t / alpha) = (T - t) ln gamma, t = 1..T: :func:`gd_influence` in log space, finite for any T
+    (Dynamic Noise Influence, Thm 4.1 eq. 3). gamma = 0 gives 0 at t = T and -inf before."""
     T = _steps(T)
-    gamma = gamma_from_kappa(kappa)
+    gamma = _gamma(gamma)
+    return _log_pow(gamma, np.arange(T - 1, -1, -1, dtype=float))
+
+
+def gd_influence(T: int, gamma: float, alpha: float = 1.0) -> np.ndarray:
+    """Noise influence q_t = alpha gamma^(T - t), t = 1..T, of PGD (Dynamic Noise Influence, Thm 4.1 eq. 3; the paper
+    has eta = 1/M and gamma = 1 - 1/kappa, see :func:`gamma_from_kappa` for other step sizes). It grows
+    exponentially with t, so late noise matters most. alpha = 1 gives the shape q_t / alpha."""
     alpha = _positive("alpha", alpha)
-    exps = np.arange(T - 1, -1, -1, dtype=float)
     with np.errstate(under="ignore"):
-        return alpha * np.power(gamma, exps)  # numpy: 0.0 ** 0 = 1
+        return alpha * np.exp(log_gd_influence(T, gamma))
 
 
 def noise_term(q, sigma, R: float) -> float:
@@ -286,8 +329,8 @@ def erub_gd(sigma, R: float, kappa: float, alpha: float) -> float:
     sigma = _vector("sigma", sigma)
     R = _positive("R", R)
     _check_budget(sigma, R)
-    q = gd_influence(sigma.size, kappa, alpha)
-    gamma = 1.0 - 1.0 / float(kappa)
+    gamma = gamma_from_kappa(kappa)
+    q = gd_influence(sigma.size, gamma, alpha)
     return _pow(gamma, sigma.size) + R * float(np.sum(q * sigma * sigma))
 
 
@@ -303,8 +346,8 @@ def erub_gd_from_shares(shares, kappa: float, alpha: float) -> float:
     total = float(np.sum(w))
     if total > 1 + _BUDGET_RTOL:
         raise ConfigError(f"shares sum to {total:.6g}; accepted: positive shares summing to at most 1")
-    q = gd_influence(w.size, kappa, alpha)
-    gamma = 1.0 - 1.0 / float(kappa)
+    gamma = gamma_from_kappa(kappa)
+    q = gd_influence(w.size, gamma, alpha)
     return _pow(gamma, w.size) + float(np.sum(q / w))
 
 
@@ -323,7 +366,7 @@ def erub_uniform(T: float, kappa: float, alpha: float) -> float:
     T = _real_steps(T)
     kappa = _kappa(kappa)
     alpha = _positive("alpha", alpha)
-    g = _pow(1.0 - 1.0 / kappa, T)
+    g = _pow(gamma_from_kappa(kappa), T)
     return g + alpha * kappa * (1.0 - g) * T
 
 
@@ -414,6 +457,22 @@ class Allocation:
     bound: float
 
 
+def _lemma_4_1(log_q: np.ndarray) -> tuple[np.ndarray, float]:
+    """(ln r_t, s) with r_t = sqrt(q_t / max_u q_u) and s = sum_t r_t, from ln q_t: step t's share of the budget is
+    r_t / s (Dynamic Noise Influence, Lemma 4.1). Scaled by the largest q_t, so no q_t range overflows s."""
+    log_r = 0.5 * (log_q - np.max(log_q))
+    return log_r, float(np.sum(np.exp(log_r)))
+
+
+def optimal_log_shares(log_q) -> np.ndarray:
+    """Lemma 4.1 in log space (Dynamic Noise Influence, eq. 6): ln of step t's share of the budget,
+    ln(sqrt(q_t) / sum_s sqrt(q_s)), from the log influences ln q_t, t = 1..T. Any finite ln q_t (long runs whose
+    q_t leave the floating-point range). The noise follows from 1/sigma_t^2 = shares_t R, so sigma_t is proportional
+    to q_t^(-1/4). See :func:`optimal_allocation`."""
+    log_r, s = _lemma_4_1(_vector("log_q", log_q, positive=False))
+    return log_r - math.log(s)
+
+
 def optimal_allocation(q, R: float) -> Allocation:
     """Optimal noise schedule for influences q_1..q_T > 0 under the paper's budget R = 2 rho
     (Dynamic Noise Influence, Lemma 4.1 eq. 6; Cauchy-Schwarz). It is unique: step t's share of the budget is
@@ -422,12 +481,10 @@ def optimal_allocation(q, R: float) -> Allocation:
     sqrt(q_t))."""
     q = _vector("q", q)
     R = _positive("R", R)
-    scale = float(np.max(q))
-    r = np.sqrt(q / scale)  # scaled to avoid overflow; shares do not depend on the scale
-    s = float(np.sum(r))
-    shares = r / s
+    log_r, s = _lemma_4_1(np.log(q))
+    shares = np.exp(log_r) / s
     sigma = np.sqrt(1.0 / (R * shares))
-    bound = scale * s * s
+    bound = float(np.max(q)) * s * s
     return Allocation(shares=shares, sigma=sigma, step_rho=shares * (R / 2.0), bound=bound)
 
 
@@ -451,8 +508,7 @@ def gd_optimal_sigma(
             raise ConfigError(
                 f"kappa={kappa!r} is invalid here; accepted: kappa > 1 (kappa = 1 spends all on step T)"
             )
-        g = 1.0 - 1.0 / k
-        one_minus_sqrt = (1.0 / k) / (1.0 + math.sqrt(g))
+        g, _, one_minus_sqrt = _gamma_parts(k)
     else:
         g = _gamma(gamma)
         if g == 0:
@@ -585,6 +641,21 @@ def momentum_U3(sigma, beta: float, gamma: float) -> float:
     return float(total)
 
 
+def log_momentum_influence(T: int, beta: float, gamma: float) -> np.ndarray:
+    """ln q_i of :func:`momentum_influence`, finite for any T (Dynamic Noise Influence, Thm 4.4 eq. 13, re-indexed)."""
+    T = _steps(T)
+    beta = _beta(beta)
+    gamma = _gamma(gamma)
+    t = np.arange(1, T + 1, dtype=float)
+    log_w = _log_pow(gamma, T - t) + 2.0 * np.log(_bias_factor(T, beta))  # ln gamma^(T-t) b_t^2
+    if beta == 0.0:
+        return log_w
+    lb = 2.0 * math.log(beta)
+    # q_i = w_i + beta^2 q_{i+1} = beta^(-2i) sum_{t >= i} w_t beta^(2t): a reversed cumulative log-sum-exp.
+    tail = np.logaddexp.accumulate((log_w + lb * t)[::-1])[::-1]
+    return tail - lb * t
+
+
 def momentum_influence(T: int, beta: float, gamma: float) -> np.ndarray:
     """Exact per-step noise influence of momentum PGD, obtained by re-indexing U3 (Dynamic Noise Influence,
     Thm 4.4 eq. 13). This is our derivation. It is not printed in the paper, but it is an identity, not a bound::
@@ -597,20 +668,10 @@ def momentum_influence(T: int, beta: float, gamma: float) -> np.ndarray:
     influence is less regular than that bound. Example: beta = 0.9, gamma = 0.99 (T_hat = 230). For every
     T <= T_hat, step 1 has the largest influence. It decreases monotonically only for T <= 49. Longer runs dip
     near t = 26 and bump up before the last steps. From T = 205 on, its minimum sits near t = 26 (U-shape).
-    beta = 0 gives the GD influence gamma^(T - i).
+    beta = 0 gives the GD influence gamma^(T - i). Computed as the exponential of :func:`log_momentum_influence`.
     """
-    T = _steps(T)
-    beta = _beta(beta)
-    gamma = _gamma(gamma)
-    b = _bias_factor(T, beta)
     with np.errstate(under="ignore"):
-        w = np.power(gamma, np.arange(T - 1, -1, -1, dtype=float)) * b * b  # gamma^(T-t) b_t^2
-    q = np.empty(T)
-    acc, b2 = 0.0, beta * beta
-    for i in range(T - 1, -1, -1):  # q_i = w_i + beta^2 q_{i+1}
-        acc = w[i] + b2 * acc
-        q[i] = acc
-    return q
+        return np.exp(log_momentum_influence(T, beta, gamma))
 
 
 def momentum_T_hat(beta: float, gamma: float) -> int:
@@ -659,6 +720,26 @@ def momentum_eta0_max(beta: float, gamma: float) -> float:
     return 8.0 / (math.sqrt(1.0 + 64.0 * A) + 1.0)
 
 
+def log_momentum_influence_two_exp(
+    T: int, beta: float, gamma: float, *, c1: float | None = None, c2: float | None = None
+) -> np.ndarray:
+    """ln q_t of :func:`momentum_influence_two_exp`, finite for any T (Dynamic Noise Influence, Thm 4.6)."""
+    T = _steps(T)
+    beta = _beta(beta)
+    gamma = _gamma(gamma)
+    if not beta < gamma:
+        raise ConfigError(f"beta={beta!r} >= gamma={gamma!r}; accepted: beta < gamma (Thm 4.6)")
+    T_hat = momentum_T_hat(beta, gamma)
+    lg = math.log(gamma)  # gamma > beta >= 0
+    log_gap = math.log(gamma - beta * beta)  # gamma - beta^2 > gamma - beta > 0
+    log_c1 = math.log(2.0 / gamma) - log_gap if c1 is None else math.log(_positive("c1", c1))
+    log_c2 = T_hat * lg - log_gap if c2 is None else math.log(_positive("c2", c2))
+    t = np.arange(1, T + 1, dtype=float)
+    early = log_c1 + (T + t) * lg
+    late = (T_hat - 1) * lg + log_c2 + (T - t) * lg
+    return np.where(t <= T_hat, early, late)
+
+
 def momentum_influence_two_exp(
     T: int, beta: float, gamma: float, *, c1: float | None = None, c2: float | None = None
 ) -> np.ndarray:
@@ -674,22 +755,10 @@ def momentum_influence_two_exp(
       gamma^(2(T_hat - 1)) (gamma^(T + 1 - t) - beta^(2(T + 1 - t))) / (gamma - beta^2).
 
     Pass your own c1, c2 (> 0) to use other constants, for example ones fitted by grid search as in Sec. 5
-    ("momexpinfl").
+    ("momexpinfl"). Computed as the exponential of :func:`log_momentum_influence_two_exp`.
     """
-    T = _steps(T)
-    beta = _beta(beta)
-    gamma = _gamma(gamma)
-    if not beta < gamma:
-        raise ConfigError(f"beta={beta!r} >= gamma={gamma!r}; accepted: beta < gamma (Thm 4.6)")
-    T_hat = momentum_T_hat(beta, gamma)
-    c1 = 2.0 / (gamma * (gamma - beta * beta)) if c1 is None else _positive("c1", c1)
-    c2 = gamma**T_hat / (gamma - beta * beta) if c2 is None else _positive("c2", c2)
-    t = np.arange(1, T + 1, dtype=float)
-    lg = math.log(gamma)
     with np.errstate(under="ignore"):
-        early = c1 * np.exp((T + t) * lg)
-        late = c2 * np.exp((T_hat - 1 + T - t) * lg)
-    return np.where(t <= T_hat, early, late)
+        return np.exp(log_momentum_influence_two_exp(T, beta, gamma, c1=c1, c2=c2))
 
 
 def erub_momentum(sigma, R: float, kappa: float, alpha: float, beta: float, eta0: float) -> float:
@@ -709,7 +778,7 @@ def erub_momentum(sigma, R: float, kappa: float, alpha: float, beta: float, eta0
     eta0 = _positive("eta0", eta0)
     if not eta0 < kappa:
         raise ConfigError(f"eta0={eta0!r} >= kappa={kappa!r}; accepted: 0 < eta0 < kappa (Thm 4.4)")
-    gamma = 1.0 - eta0 / kappa
+    gamma = momentum_gamma(kappa, eta0)
     limit = momentum_eta0_max(beta, gamma)
     if eta0 > limit:
         raise ConfigError(
