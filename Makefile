@@ -10,10 +10,12 @@ OUTARG := $(if $(OUT),--out $(OUT),)
 
 .PHONY: run test lint bench data clean
 
+# --no-compile: no .pyc files for all of torch at install time (73 s -> 19 s here); Python compiles the modules it
+# imports on first use.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q --no-compile torch==2.13.0
+	$(BIN)/pip install -q --no-compile -e '.[dev]'
 	touch $(STAMP)
 
 # Fashion-MNIST comes from Debian's package; install it when missing and we can (root).
