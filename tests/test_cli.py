@@ -404,7 +404,16 @@ def test_every_command_is_one_module_with_the_same_interface():
     import dptrain.cli as cli
 
     names = [c.NAME for c in cli.COMMANDS]
-    assert names == ["train", "account", "calibrate", "plan", "audit", "reproduce", "utility-graph"]
+    assert names == [
+        "train",
+        "account",
+        "calibrate",
+        "schedule",
+        "plan",
+        "audit",
+        "reproduce",
+        "utility-graph",
+    ]
     for command in cli.COMMANDS:
         assert command.__name__ == "dptrain.cli." + command.NAME.replace("-", "_")
         assert isinstance(command.HELP, str) and callable(command.add_arguments) and callable(command.run)

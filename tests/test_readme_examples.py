@@ -3,9 +3,9 @@
 The "Examples:" block lists commands (``$ dptrain ...``) each followed by its expected output. Every example runs
 in-process through :func:`dptrain.cli.main`:
 
-- ``account``, ``calibrate`` and the one-line error: output compared with the README's (JSON as parsed objects,
-  floats to 1e-9 relative; text lines exactly; a line ``...`` stands for any lines, and ``...`` inside a line for
-  any text);
+- ``account``, ``calibrate``, ``schedule`` and the one-line error: output compared with the README's (JSON as
+  parsed objects, floats to 1e-9 relative; text lines exactly; a line ``...`` stands for any lines, and ``...``
+  inside a line for any text);
 - ``audit``: run as written plus ``--set seed=0`` (deterministic; the README's run used secret randomness), and
   compared the same way with the lower bound masked in both (it depends on the randomness; the certified epsilon,
   the labels and the verdict do not);
@@ -154,7 +154,7 @@ def perturbed(line: str) -> str | None:
 
 # --- the examples -------------------------------------------------------------------------------------------------
 
-COMPARED = ("account", "calibrate")
+COMPARED = ("account", "calibrate", "schedule")
 
 
 def test_the_readme_has_the_examples_this_test_expects():
@@ -244,7 +244,7 @@ def test_every_flag_and_choice_in_the_synopsis_exists():
         name, rest = line.split(" ", 1)
         sub = commands[name]
         flags = {s: a for a in sub._actions for s in a.option_strings}
-        for flag in re.findall(r"(?<![\w-])--[a-z][a-z-]*", rest):
+        for flag in re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", rest):
             assert flag in flags, f"README synopsis: dptrain {name} has no {flag}"
         for flag, listed in re.findall(r"(--[a-z][a-z-]*) ([\w-]+(?:\|[\w-]+)+)", rest):
             action = flags[flag]

@@ -18,12 +18,21 @@ import argparse
 import sys
 from types import ModuleType
 
-from dptrain.cli import account, audit, calibrate, plan, reproduce, train, utility_graph
+from dptrain.cli import account, audit, calibrate, plan, reproduce, schedule, train, utility_graph
 from dptrain.errors import ConfigError, DPTrainError
 from dptrain.interrupts import Terminated
 
 #: The commands, in the order ``dptrain --help`` lists them.
-COMMANDS: tuple[ModuleType, ...] = (train, account, calibrate, plan, audit, reproduce, utility_graph)
+COMMANDS: tuple[ModuleType, ...] = (
+    train,
+    account,
+    calibrate,
+    schedule,
+    plan,
+    audit,
+    reproduce,
+    utility_graph,
+)
 
 
 class OneLineErrorParser(argparse.ArgumentParser):
