@@ -442,6 +442,11 @@ def main(argv: list[str] | None = None) -> int:
         help="measure peak memory in child processes (default on)",
     )
     p.add_argument("--json", metavar="PATH", help="write all numbers and machine info to this JSON file")
+    p.add_argument(
+        "--ways",
+        default=",".join(WAYS),
+        help=f"comma-separated subset of {', '.join(WAYS)} (default: all; e.g. dptrain-layerwise,dptrain-modelmix)",
+    )
     p.add_argument("--memory-child", nargs=3, metavar=("WAY", "LOGICAL", "PHYSICAL"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
 
@@ -458,8 +463,11 @@ def main(argv: list[str] | None = None) -> int:
         f"nproc {info['nproc']}, torch threads {info['torch_num_threads']}"
     )
     print(f"  CPU: {info['cpu_model']}")
-    ways = list(WAYS)
-    if opacus is None:
+    ways = [w.strip() for w in args.ways.split(",") if w.strip()]
+    unknown = [w for w in ways if w not in WAYS]
+    if unknown or not ways:
+        p.error(f"--ways: unknown {', '.join(unknown) or '(none given)'}; accepted: {', '.join(WAYS)}")
+    if opacus is None and "opacus" in ways:
         ways.remove("opacus")
         print(
             f"  Opacus is not importable ({OPACUS_ERROR}): skipping its rows. "
