@@ -175,3 +175,17 @@ def test_bad_input_is_one_line_and_exit_2(case, tmp_path, capsys):
     code, out, err = run_cli([a.replace("{tmp}", str(tmp_path)) for a in argv], capsys)
     assert code == 2 and out == ""
     assert len(err.strip().splitlines()) == 1 and err.startswith("dptrain: error: ") and message in err, err
+
+
+def test_a_closed_pipe_stops_quietly():
+    """`dptrain ... | head`: the reader closes the pipe early; no traceback, exit 141 (128 + SIGPIPE)."""
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "dptrain", "schedule", "--kind", "uniform", "--steps", "20000", "--rho", "1",
+           "--json"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.read(10)
+    proc.stdout.close()
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 141 and b"Traceback" not in err and b"Exception ignored" not in err, err

@@ -15,6 +15,7 @@ line on stderr and exits with code 2; no traceback.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from types import ModuleType
 
@@ -62,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``dptrain ARGV``: 0 on success, 2 on a user error (one line on stderr), 130 on Ctrl-C, 143 on SIGTERM,
-    1 when an audit's lower bound exceeds the certificate."""
+    141 when stdout's reader closed the pipe, 1 when an audit's lower bound exceeds the certificate."""
     try:
         args = build_parser().parse_args(argv)
         return {c.NAME: c for c in COMMANDS}[args.command].run(args)
@@ -73,6 +74,10 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except Terminated:
         return Terminated.exit_code
+    except BrokenPipeError:  # the reader went away (`dptrain ... | head`): stop quietly, as cat does
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # Python's flush at exit would hit the closed pipe again
+        return 141  # 128 + SIGPIPE, the shell's code for a command stopped by a closed pipe
 
 
 __all__ = ["COMMANDS", "OneLineErrorParser", "add_command", "build_parser", "main"]
