@@ -209,6 +209,7 @@ def render(data: dict) -> Report:
         "at fractional orders and the exact reverse at the one-hot shift (reported, not certified), the forward "
         "direction at integer orders and the second-moment reverse bound (certified), and the certified epsilon "
         "(the larger of the two). docs/modelmix.md explains the difference. Command: `" + data["command"] + "`.",
+        *([data["note"]] if data.get("note") else []),
     ]
     return Report(
         "modelmix.md",
