@@ -581,7 +581,7 @@ def _table1_section(table: dict):
     )
 
 
-def _fig2_section(fig: dict):
+def _fig2_section(fig: dict, png: str = "fig2.png"):
     from dptrain.reproduce import md_table
     from dptrain.reproduce.report import Section
 
@@ -601,13 +601,14 @@ def _fig2_section(fig: dict):
             ]
         )
     return Section(
-        f"Fig. 2: the same noise (z = {fig['noise_multiplier']:.4f}, {fig['calibrated_by']} epsilon "
+        f"Fig. 2, C = {fig['max_grad_norm']:g}: the same noise (z = {fig['noise_multiplier']:.4f}, "
+        f"{fig['calibrated_by']} epsilon "
         f"{fig['target_epsilon']:g} for plain DP-SGD), {fig['steps']} steps at q = {fig['sampling_rate']:g}",
         [
             md_table(["run", "learning rate", "test accuracy %", "test loss", "rdp eps", "pld eps", "modelmix eps"],
                      rows),
-            f"C = {fig['max_grad_norm']}, ModelMix tau = {fig['runs'][-1]['tau_over_lr']} x learning rate; one seed "
-            "(the same initial model for the three runs). Curves: fig2.png.",
+            f"C = {fig['max_grad_norm']}, eta = {fig['eta']:g}, ModelMix tau = {fig['runs'][-1]['tau_over_lr']} x "
+            f"learning rate; one seed (the same initial model for the three runs). Curves: {png}.",
         ],
     )
 
@@ -639,7 +640,9 @@ def render_sections(training: dict):
         keys = ("dataset", "epsilon", "method", "calibration", "accuracy_median", "accuracies", "seeds",
                 "certified_epsilon", "accountant", "certified_by", "noise_multiplier")
         files["table1.json"] = [{k: r[k] for k in keys} for r in training["table1"]["rows"]]
-    if training.get("fig2") is not None:
-        sections.append(_fig2_section(training["fig2"]))
-        plots.append(figure("fig2.png", _draw_fig2(training["fig2"]), ncols=2, figsize=(11, 4)))
+    # "fig2": the paper's settings; other "fig2_*" keys: the same experiment at other settings (fig2(**setting))
+    for key in sorted(k for k in training if k.startswith("fig2") and training[k] is not None):
+        fig, png = training[key], key.replace("_", "-") + ".png"
+        sections.append(_fig2_section(fig, png))
+        plots.append(figure(png, _draw_fig2(fig), ncols=2, figsize=(11, 4)))
     return sections, plots, files
