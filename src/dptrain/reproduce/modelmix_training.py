@@ -383,13 +383,7 @@ def table1(
         if on_row is not None:
             on_row(rows)
     return {
-        "experiment": "table1",
-        "quick": bool(quick),
-        "dataset": "fashion_mnist",
-        "features": {"name": "ScatterNet", "J": 2, "L": 8, "shape": list(x.shape[1:])},
-        "model": "scatter_cnn_fmnist (GroupNorm(27, 81) + Tramer & Boneh's CNN)",
-        "n_train": len(x),
-        "n_test": len(x_test),
+        **_header("table1", quick, x, x_test),
         "sampling_rate": q,
         "expected_batch_size": batch_size,
         "physical_batch_size": PHYSICAL_BATCH,
@@ -401,6 +395,19 @@ def table1(
         "torch_threads": torch.get_num_threads(),
         "cpu_count": os.cpu_count(),
         "wall_time_s": time.perf_counter() - start,
+    }
+
+
+def _header(experiment: str, quick: bool, x: torch.Tensor, x_test: torch.Tensor) -> dict[str, Any]:
+    """What every experiment's data starts with: its name, the data and the model."""
+    return {
+        "experiment": experiment,
+        "quick": bool(quick),
+        "dataset": "fashion_mnist",
+        "features": {"name": "ScatterNet", "J": 2, "L": 8, "shape": list(x.shape[1:])},
+        "model": "scatter_cnn_fmnist (GroupNorm(27, 81) + Tramer & Boneh's CNN)",
+        "n_train": len(x),
+        "n_test": len(x_test),
     }
 
 
@@ -491,13 +498,7 @@ def fig2(
         )
         trainer.close()
     return {
-        "experiment": "fig2",
-        "quick": bool(quick),
-        "dataset": "fashion_mnist",
-        "features": {"name": "ScatterNet", "J": 2, "L": 8, "shape": list(x.shape[1:])},
-        "model": "scatter_cnn_fmnist (GroupNorm(27, 81) + Tramer & Boneh's CNN)",
-        "n_train": len(x),
-        "n_test": len(x_test),
+        **_header("fig2", quick, x, x_test),
         "seed": seed,
         "sampling_rate": q,
         "expected_batch_size": batch_size,
