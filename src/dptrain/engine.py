@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -78,15 +79,45 @@ PER_EXAMPLE_GRADIENT_MEMORY = 256 * 2**20
 RELEASES = ("every_iterate", "last_iterate")
 
 
-def ledger_noise_multiplier(ledger: Ledger) -> float:
-    """The noise multiplier of a ledger's last training step, as the trainer counts it (std over the per-example
-    bound): the event's multiplier, times 2 under replace-one adjacency. The ledger is where a run's sigma lives;
-    a resumed run reads it from there."""
-    entry = next(e for e in reversed(ledger.entries) if e.facts.get("mechanism") in TRAINING_MECHANISMS)
+#: The fact a run with a noise schedule records beside every step: the scale c of sigma_t = c s_t (the event holds
+#: sigma_t itself). A resumed run reads c from it exactly (sigma_t / s_t need not round-trip to c).
+NOISE_SCALE_FACT = "noise_scale"
+
+
+def _event_noise_multiplier(entry, neighboring: str) -> float:
+    """The noise multiplier of one ledger entry's release as the trainer counts it (std over the per-example bound):
+    the event's multiplier, times 2 under replace-one adjacency."""
     event = entry.event
     while not hasattr(event, "noise_multiplier"):
         event = event.event
-    return event.noise_multiplier * (2.0 if ledger.neighboring == "replace_one" else 1.0)
+    return event.noise_multiplier * (2.0 if neighboring == "replace_one" else 1.0)
+
+
+def ledger_noise_multiplier(ledger: Ledger) -> float:
+    """The run's noise multiplier from its ledger (the ledger is where a run's sigma lives; a resumed run reads it
+    from there): the last training step's, or with a noise schedule the scale c recorded beside its steps."""
+    entry = next(e for e in reversed(ledger.entries) if e.facts.get("mechanism") in TRAINING_MECHANISMS)
+    if NOISE_SCALE_FACT in entry.facts:
+        return float(entry.facts[NOISE_SCALE_FACT])
+    return _event_noise_multiplier(entry, ledger.neighboring)
+
+
+def check_noise_schedule(schedule) -> tuple[float, ...] | None:
+    """A noise schedule's shape s_1..s_T as a tuple of floats (sigma_t = noise_multiplier x s_t), or None. Accepts
+    any sequence of finite numbers > 0, or a calibrated :class:`dptrain.schedules.kinds.Schedule` (its shape)."""
+    if schedule is None:
+        return None
+    shape = schedule.shape if hasattr(schedule, "sigmas") else schedule  # a calibrated Schedule: its shape
+    try:
+        values = tuple(float(v) for v in (shape.tolist() if hasattr(shape, "tolist") else shape))
+    except (TypeError, ValueError):
+        raise ConfigError(f"noise_schedule must be a sequence of numbers > 0, got {type(schedule).__name__}") from None
+    if not values:
+        raise ConfigError("noise_schedule must hold T >= 1 numbers > 0, got none")
+    bad = next((i for i, v in enumerate(values) if not (math.isfinite(v) and v > 0)), None)
+    if bad is not None:
+        raise ConfigError(f"noise_schedule must hold finite numbers > 0, got noise_schedule[{bad}]={values[bad]!r}")
+    return values
 
 
 def auto_physical_batch_size(params: dict[str, torch.Tensor]) -> int:
@@ -151,6 +182,7 @@ class PrivateTrainer:
         non_private: bool = False,
         release_facts: dict | None = None,
         release: str = "every_iterate",
+        noise_schedule=None,
     ):
         check_private_compatible(model)
         self.non_private = bool(non_private)
@@ -203,6 +235,18 @@ class PrivateTrainer:
         self.ledger = ledger if ledger is not None else Ledger(neighboring=neighboring)
         self.steps = training_steps(self.ledger)
         self._allowed_steps: int | None = None
+        #: The noise schedule's shape (None: constant noise): step t (from 0) adds noise of multiplier
+        #: noise_multiplier x noise_schedule[t] (Dynamic Noise Influence; :mod:`dptrain.schedules`). It also
+        #: bounds the run: a schedule of T steps allows T steps.
+        self.noise_schedule = check_noise_schedule(noise_schedule)
+        if self.noise_schedule is not None:
+            if self.non_private:
+                raise ConfigError("a non_private baseline adds no noise: it takes no noise_schedule")
+            if release_facts is not None:
+                raise ConfigError(
+                    "a noise schedule is a stage of DP-SGD steps; this run records its own release facts "
+                    f"({release_facts.get('mechanism', 'custom')}), whose analysis assumes one noise multiplier"
+                )
 
     def _check_optimizer(self) -> None:
         in_opt = {id(p) for g in self.optimizer.param_groups for p in g["params"]}
@@ -267,9 +311,28 @@ class PrivateTrainer:
             steps = steps_for_epochs(epochs, self.sampling_rate)
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
             raise ConfigError(f"steps must be an integer >= 0, got {steps!r}")
-        if self.sampler.max_steps is not None:
-            steps = min(steps, self.sampler.max_steps)
+        if self.max_steps is not None:
+            steps = min(steps, self.max_steps)
         return steps
+
+    @property
+    def max_steps(self) -> int | None:
+        """The most steps the run can take whatever its budget: a finite batch-size schedule's or a noise schedule's
+        length (None: unbounded)."""
+        bounds = [n for n in (self.sampler.max_steps, self.noise_schedule and len(self.noise_schedule)) if n]
+        return min(bounds) if bounds else None
+
+    def noise_multiplier_at(self, step: int, scale: float | None = None) -> float:
+        """sigma of step number ``step`` (from 0): the run's noise multiplier (or ``scale``), times the noise
+        schedule's s_step when there is one."""
+        c = self._noise_multiplier if scale is None else scale
+        if self.noise_schedule is None:
+            return c
+        if not 0 <= step < len(self.noise_schedule):
+            raise BudgetExhausted(
+                f"the noise schedule has {len(self.noise_schedule)} steps; step {step + 1} is beyond it"
+            )
+        return c * self.noise_schedule[step]
 
     # -- the privacy side ---------------------------------------------------------------------------------
     def release_event(self, step: int | None = None, noise_multiplier: float | None = None):
@@ -279,7 +342,7 @@ class PrivateTrainer:
         records std over the sensitivity of the released sum under the ledger's adjacency: C for add/remove, 2C
         for replace-one (replacing an example moves the sum by up to 2C)."""
         step = self.steps if step is None else step
-        sigma = self._noise_multiplier if noise_multiplier is None else noise_multiplier
+        sigma = self.noise_multiplier_at(step, noise_multiplier)
         factor = 2.0 if self.ledger.neighboring == "replace_one" else 1.0
         event = self.sampler.event(sigma / factor, step)
         if self.release_facts is not None:
@@ -292,6 +355,8 @@ class PrivateTrainer:
         update_facts = getattr(self.optimizer, "release_facts", None)
         if update_facts is not None:  # an update stage (ModelMix): its facts and the divisor B it scales by
             facts.update(update_facts(step), batch_size=float(self.sampler.expected_batch_size_at(step)))
+        if self.noise_schedule is not None:
+            facts[NOISE_SCALE_FACT] = float(self._noise_multiplier if noise_multiplier is None else noise_multiplier)
         return event, facts
 
     def _runs(self, start: int, stop: int) -> list[tuple[int, int]]:
@@ -302,6 +367,9 @@ class PrivateTrainer:
         else:
             boundaries = getattr(self.optimizer, "fact_boundaries", None)
             cuts = [] if boundaries is None else boundaries(start, stop)
+            shape = self.noise_schedule
+            if shape is not None:  # where the noise schedule changes level
+                cuts = sorted({*cuts, *(t for t in range(start + 1, min(stop, len(shape))) if shape[t] != shape[t - 1])})
         edges = [start, *cuts, stop]
         return [(a, b) for a, b in zip(edges[:-1], edges[1:], strict=True) if b > a]
 
@@ -317,9 +385,16 @@ class PrivateTrainer:
         if self.budget is None:
             return None
         if self._allowed_steps is None:
-            limit = 10**9 if self.sampler.max_steps is None else self.sampler.max_steps - self.steps
+            limit = 10**9 if self.max_steps is None else self.max_steps - self.steps
+            # A calibrated noise schedule fits its budget over its whole length: try that first (one accountant
+            # call instead of a search over ledgers of many distinct steps).
             more = max_releases(
-                self.ledger_after, self.budget.epsilon, self.budget.delta, self.accountant, limit
+                self.ledger_after,
+                self.budget.epsilon,
+                self.budget.delta,
+                self.accountant,
+                limit,
+                limit_first=self.noise_schedule is not None,
             )
             self._allowed_steps = self.steps + more
         return self._allowed_steps
@@ -350,7 +425,7 @@ class PrivateTrainer:
                     "check the data and the loss function; nothing of this step was released (the moment a run "
                     "stops depends on the data: start a fresh run once fixed)"
                 )
-            std = self._noise_multiplier * self.clipping.sensitivity
+            std = self.noise_multiplier_at(self.steps) * self.clipping.sensitivity
             dtype_max = min(torch.finfo(p.dtype).max for p in self.params.values())
             if not std < dtype_max / 64:
                 raise NonFiniteError(
@@ -472,11 +547,8 @@ class PrivateTrainer:
             raise DataError(
                 f"checkpoint is inconsistent: {steps} steps but its ledger records {training_steps(ledger)}"
             )
-        if not self.non_private and steps and ledger_noise_multiplier(ledger) != self._noise_multiplier:
-            raise DataError(
-                f"checkpoint's ledger records noise multiplier {ledger_noise_multiplier(ledger)}, this run has "
-                f"{self._noise_multiplier}"
-            )
+        if not self.non_private:
+            self._check_ledger_noise(ledger)
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.randomness.load_state_dict(state["randomness"])
@@ -484,6 +556,26 @@ class PrivateTrainer:
         torch.set_rng_state(state["torch_rng"])
         self.ledger, self.steps = ledger, steps
         self._allowed_steps = None
+
+    def _check_ledger_noise(self, ledger: Ledger) -> None:
+        """Every training step of a checkpoint's ledger used the noise multiplier this run would use at that step."""
+        step = 0
+        for entry in ledger.entries:
+            if entry.facts.get("mechanism") not in TRAINING_MECHANISMS:
+                continue
+            recorded = _event_noise_multiplier(entry, ledger.neighboring)
+            scale = entry.facts.get(NOISE_SCALE_FACT)
+            if scale is not None and scale != self._noise_multiplier:
+                raise DataError(
+                    f"checkpoint's ledger records a noise schedule of scale {scale}, this run has {self._noise_multiplier}"
+                )
+            for t in (range(step, step + entry.count) if self.noise_schedule is not None else (step,)):
+                beyond = self.noise_schedule is not None and t >= len(self.noise_schedule)
+                expected = math.nan if beyond else self.noise_multiplier_at(t)
+                if recorded != expected:
+                    what = "noise multiplier" if self.noise_schedule is None else f"noise multiplier at step {t + 1}"
+                    raise DataError(f"checkpoint's ledger records {what} {recorded}, this run has {expected}")
+            step += entry.count
 
     def close(self) -> None:
         self.grad_sampler.close()
@@ -502,7 +594,8 @@ def make_private(
     """Wrap a model, its optimizer and training data into a DP-SGD run with a fixed noise multiplier.
 
     ``batch_size`` is the expected logical batch size (Poisson sampling rate q = batch_size / len(data)).
-    Options: sampling ("poisson" | "full"), delta, accountant (default "auto": the tightest certified one),
+    Options: noise_schedule (a shape s_t, t = 1..T: step t adds noise of multiplier noise_multiplier x s_t, and the
+    run has at most T steps; :mod:`dptrain.schedules`), sampling ("poisson" | "full"), delta, accountant (default "auto": the tightest certified one),
     clipping ("flat" | "per_layer" | "l2_linf", with linf_p: Algorithm 2 of ModelMix), loss_fn (per-example losses), max_physical_batch_size (default: automatic,
     per-example gradients of a chunk within 256 MiB), grad_sampler ("auto" | "func" | "layerwise"),
     seed (None: secret randomness from the operating system; an integer makes the run reproducible and NOT
@@ -535,12 +628,17 @@ def make_private_with_epsilon(
     max_grad_norm: float = 1.0,
     batch_size: float | None = None,
     accountant: str = AUTO,
+    schedule_calibration: str = "tightest",
     **options,
 ) -> PrivateTrainer:
     """Like :func:`make_private`, but calibrates the smallest noise multiplier that lets ``epochs`` (or
     ``steps``) steps meet (target_epsilon, target_delta), and enforces that budget during training. With
     ``accountant="auto"`` every accountant that certifies the run is tried and the one needing the least noise
-    certifies it (``trainer.accountant`` names it)."""
+    certifies it (``trainer.accountant`` names it).
+
+    With ``noise_schedule`` (a shape s_t, or a :class:`dptrain.schedules.kinds.Schedule`) the noise multiplier is
+    the schedule's scale c (sigma_t = c s_t), calibrated by :func:`dptrain.schedules.scale.calibrate_scale`;
+    ``schedule_calibration="zcdp"`` calibrates it as the paper does (sum_t 1/(2 sigma_t^2) = rho)."""
     trainer = PrivateTrainer(
         model,
         optimizer,
@@ -555,9 +653,23 @@ def make_private_with_epsilon(
     total = trainer.steps_for(steps, epochs)
     if total < 1:
         raise ConfigError(f"steps must be an integer >= 1, got {total}")
-    cal = calibrate(
-        target_epsilon, target_delta, lambda sigma: trainer.ledger_after(total, sigma), accountant
-    )
+    if trainer.noise_schedule is None:
+        cal = calibrate(
+            target_epsilon, target_delta, lambda sigma: trainer.ledger_after(total, sigma), accountant
+        )
+    else:  # one scale for the whole schedule (sigma_t = c s_t), by the schedule's own calibration
+        from dptrain.schedules.scale import calibrate_scale
+
+        cal = calibrate_scale(
+            target_epsilon,
+            target_delta,
+            lambda c: trainer.ledger_after(total, c),
+            trainer.noise_schedule[trainer.steps : trainer.steps + total],
+            trainer.sampling_rate,
+            accountant=accountant,
+            method=schedule_calibration,
+            sampling=trainer.sampler.scheme,
+        )
     trainer._noise_multiplier = cal.noise_multiplier
     trainer.accountant = cal.accountant
     trainer.calibration = cal

@@ -91,6 +91,12 @@ class Draft:
     transform: Callable[[torch.Tensor], torch.Tensor] | None = None
     #: (model, planned steps) -> the update rule, in the optimizer's place (an update stage sets it: ModelMix)
     make_optimizer: Callable[[nn.Module, int], torch.optim.Optimizer] | None = None
+    #: planned steps -> the noise schedule's shape s_t (a noise stage sets it: dynamic noise schedules), and how
+    #: its scale is calibrated (dptrain.schedules.scale.METHODS)
+    noise_schedule: Callable[[int], Any] | None = None
+    schedule_calibration: str = "tightest"
+    #: the trainer, once made (for the stages' summary entries)
+    trainer: PrivateTrainer | None = None
 
 
 def build_optimizer(cfg: RunConfig, model: nn.Module) -> torch.optim.Optimizer:
@@ -200,6 +206,8 @@ def build_dpsgd_job(
         **cfg.steps_or_epochs,
     )
     common["sample_sizes"] = numbers.sample_sizes
+    if draft.noise_schedule is not None:
+        common["noise_schedule"] = draft.noise_schedule(numbers.steps)
     optimizer = (
         build_optimizer(cfg, model) if draft.make_optimizer is None else draft.make_optimizer(model, numbers.steps)
     )
@@ -218,8 +226,10 @@ def build_dpsgd_job(
             target_epsilon=p.target_epsilon,
             target_delta=p.delta,
             steps=numbers.steps,
+            schedule_calibration=draft.schedule_calibration,
             **common,
         )
+    draft.trainer = trainer
     if trainer.accountant == AUTO:
         trainer.accountant = resolve_accountant(trainer, numbers.steps)
     save = draft.save_model or (lambda rd, tr: _save_module(rd, tr, cfg, data))
@@ -363,11 +373,15 @@ def _train(job: Job, rd: RunDirectory, progress: bool, stop_after: int | None, e
     wall = lambda: elapsed + time.perf_counter() - start  # noqa: E731
     bar = _Progress(job.total_steps, trainer.steps, progress)
     eps, eps_time, last_checkpoint = None, -math.inf, time.perf_counter()
+    refresh = EPSILON_REFRESH_S
     try:
         with terminate_as_exception():
             for result in trainer.iter_steps(remaining):
-                if progress and time.perf_counter() - eps_time > EPSILON_REFRESH_S:
+                if progress and time.perf_counter() - eps_time > refresh:
+                    asked = time.perf_counter()
                     eps, eps_time = trainer.epsilon().epsilon, time.perf_counter()
+                    # an accountant call on a ledger of many distinct steps can take seconds: keep it under ~5%
+                    refresh = max(EPSILON_REFRESH_S, 20 * (eps_time - asked))
                 bar.update(result, eps)
                 evaluate = every_iterate and result.step % eval_every == 0 and result.step < job.total_steps
                 if evaluate or time.perf_counter() - last_checkpoint > CHECKPOINT_INTERVAL_S:
@@ -489,7 +503,9 @@ def format_report(summary: dict) -> str:
         (
             "noise multiplier" if "noise_std" not in summary else "noise std (on averaged gradient)",
             f"{summary.get('noise_std', summary['noise_multiplier']):.4f}",
-        ),
+        )
+        if "noise_schedule" not in summary
+        else _schedule_row(summary["noise_schedule"]),
         (
             "sampling rate",
             f"{summary['sampling_rate']:.6g} ({summary['sampling']}, expected batch {summary['batch_size']})",
@@ -521,6 +537,15 @@ def _last_iterate_row(summary: dict) -> tuple[str, str]:
         "last iterate",
         f"epsilon = {summary['epsilon_last_iterate']:.4f} by the paper's bound (burn-in {summary['burn_in_steps']} "
         f"steps): {why}, see docs/last_iterate.md",
+    )
+
+
+def _schedule_row(schedule: dict) -> tuple[str, str]:
+    s = schedule
+    return (
+        "noise schedule",
+        f"{s['kind']}: sigma {s['first']:.4g} at the first step, {s['last']:.4g} at the last (range {s['min']:.4g} to "
+        f"{s['max']:.4g}, {s['levels']} levels; scale {s['calibration']})",
     )
 
 

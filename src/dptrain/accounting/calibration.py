@@ -151,9 +151,11 @@ def max_releases(
     delta: float,
     accountant: str = AUTO,
     limit: int = 10**9,
+    limit_first: bool = False,
 ) -> int:
     """Largest n <= limit such that ``ledger_after(n)`` (the ledger after n more releases) stays within the
     budget. Epsilon is non-decreasing in the number of releases, so an exponential then binary search is exact.
+    ``limit_first``: try ``limit`` before searching (when it is likely to fit: one accountant call then suffices).
     """
 
     def fits(n: int) -> bool:
@@ -165,6 +167,8 @@ def max_releases(
         except NoFiniteEpsilon:
             return False
 
+    if limit_first and fits(limit):
+        return limit
     if not fits(0):
         return 0
     good, bad = 0, 1

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +15,14 @@ from dptrain.cli import common
 from dptrain.cli.common import finite_float, positive_int
 from dptrain.errors import ConfigError
 from dptrain.schedules.bounds import bound_summary, erub_dynamic
-from dptrain.schedules.kinds import ACCOUNTANTS, KIND_PARAMS, KINDS, calibrate_schedule, check_kind
+from dptrain.schedules.kinds import (
+    ACCOUNTANTS,
+    KIND_PARAMS,
+    KINDS,
+    calibrate_schedule,
+    check_kind,
+    read_influence,
+)
 
 NAME = "schedule"
 HELP = "noise schedule sigma_1..sigma_T calibrated to a budget, or the optimal T (Dynamic Noise Influence)"
@@ -174,43 +180,8 @@ def _kind_params(args: argparse.Namespace, kind: str) -> dict:
             accepted = f"its flags are {', '.join('--' + p for p in takes)}" if takes else "it takes no flags"
             raise ConfigError(f"--{name} is not a parameter of schedule kind {kind!r}; {accepted}")
     if "influence" in given:
-        given["influence"] = read_influence(given["influence"])
+        given["influence"] = read_influence(given["influence"], "--influence")
     return given
-
-
-def read_influence(path: str) -> np.ndarray:
-    """The numbers of an influence file: ``.npy`` (one array), else text with numbers separated by commas,
-    semicolons, spaces or lines (``#`` starts a comment). Checked for count and sign by the schedule."""
-    p = Path(path)
-    if not p.exists():
-        raise ConfigError(f"--influence: no such file: {path}")
-    if not p.is_file():
-        raise ConfigError(f"--influence: not a file: {path}")
-    if p.suffix.lower() == ".npy":
-        try:
-            values = np.load(p, allow_pickle=False)
-        except (OSError, ValueError, EOFError) as e:
-            why = str(e).splitlines()[0] if str(e) else type(e).__name__
-            raise ConfigError(f"--influence: {path} is not a readable .npy file of numbers ({why})") from None
-        if not np.issubdtype(values.dtype, np.number) or np.issubdtype(values.dtype, np.complexfloating):
-            raise ConfigError(f"--influence: {path} holds {values.dtype} values, not real numbers")
-        return np.squeeze(values).astype(float)
-    try:
-        text = p.read_text()
-    except UnicodeDecodeError:
-        raise ConfigError(f"--influence: {path} is not a text file (or a .npy file)") from None
-    except OSError as e:
-        raise ConfigError(f"--influence: cannot read {path}: {e.strerror}") from None
-    values = []
-    for number, line in enumerate(text.splitlines(), 1):
-        for word in re.split(r"[,;\s]+", line.split("#", 1)[0].strip()):
-            if not word:
-                continue
-            try:
-                values.append(float(word))
-            except ValueError:
-                raise ConfigError(f"--influence: {path} line {number}: {word!r} is not a number") from None
-    return np.asarray(values, dtype=float)
 
 
 def _summary(schedule, args: argparse.Namespace) -> str:

@@ -59,8 +59,10 @@ Numpy, scipy, dp_accounting, dptrain.accounting and dptrain.schedules.bounds onl
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -378,6 +380,47 @@ def schedule_shape(kind: str, T: int, **params: Any) -> np.ndarray:
     """
     kind, T = check_kind(kind), _integer("T", T)
     return np.exp(_normalised(_log_shape(kind, T, params), _describe(kind, T, params)))
+
+
+def read_influence(path: str, key: str = "influence") -> np.ndarray:
+    """The numbers of an influence file: ``.npy`` (one array), else text with numbers separated by commas,
+    semicolons, spaces or lines (``#`` starts a comment). Checked for count and sign by the schedule."""
+    p = Path(path)
+    if not p.exists():
+        raise ConfigError(f"{key}: no such file: {path}")
+    if not p.is_file():
+        raise ConfigError(f"{key}: not a file: {path}")
+    if p.suffix.lower() == ".npy":
+        try:
+            values = np.load(p, allow_pickle=False)
+        except (OSError, ValueError, EOFError) as e:
+            why = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise ConfigError(f"{key}: {path} is not a readable .npy file of numbers ({why})") from None
+        if not np.issubdtype(values.dtype, np.number) or np.issubdtype(values.dtype, np.complexfloating):
+            raise ConfigError(f"{key}: {path} holds {values.dtype} values, not real numbers")
+        return np.squeeze(values).astype(float)
+    try:
+        text = p.read_text()
+    except UnicodeDecodeError:
+        raise ConfigError(f"{key}: {path} is not a text file (or a .npy file)") from None
+    except OSError as e:
+        raise ConfigError(f"{key}: cannot read {path}: {e.strerror}") from None
+    values = []
+    for number, line in enumerate(text.splitlines(), 1):
+        for word in re.split(r"[,;\s]+", line.split("#", 1)[0].strip()):
+            if not word:
+                continue
+            try:
+                values.append(float(word))
+            except ValueError:
+                raise ConfigError(f"{key}: {path} line {number}: {word!r} is not a number") from None
+    return np.asarray(values, dtype=float)
+
+
+def quantised_shape(shape: Sequence[float], levels: int) -> np.ndarray:
+    """``shape`` rounded, in log space, to ``levels`` geometric levels between its smallest and largest values (a
+    staircase: a compact ledger, and what ``pld`` needs for a decaying shape). Largest value 1."""
+    return np.exp(_quantised(_normalised(_log_sigmas(shape, "shape"), "the shape"), levels))
 
 
 # --- accountants: the spend of sigmas = c * s --------------------------------------------------------------------
@@ -924,6 +967,8 @@ __all__ = [
     "check_accountant",
     "check_kind",
     "make_budget",
+    "quantised_shape",
+    "read_influence",
     "schedule_shape",
     "spent_epsilon",
     "spent_rho",

@@ -1,0 +1,85 @@
+"""The ``[schedule]`` config section: DP-SGD with a noise schedule sigma_t = c s_t ("On Dynamic Noise Influence in
+Differential Private Learning", anonymous ICLR 2021 submission; docs/schedules.md), a stage of DP-SGD jobs. Imports
+no torch.
+
+    [privacy]
+    target_epsilon = 2.0          # the scale c is calibrated so that the whole schedule spends exactly this
+    delta = 1e-5
+
+    [schedule]
+    kind = "gd-optimal"           # see dptrain.schedules.kinds.KINDS (dptrain schedule --help)
+    options = { kappa = 10 }      # the kind's parameters (influence: a file name or a list of T numbers)
+    calibration = "tightest"      # or "zcdp": the paper's calibration (sum_t 1/(2 sigma_t^2) = rho)
+    levels = 16                   # optional: round the shape to that many geometric levels (0: the exact shape)
+
+With ``privacy.noise_multiplier`` instead of ``target_epsilon``, that number is the scale c (the largest sigma_t:
+every shape's largest value is 1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dptrain.config import RunConfig, Section, need, register_section, section_is_default
+from dptrain.errors import ConfigError
+
+#: The kinds (dptrain.schedules.kinds.KINDS; repeated here so that validating a config imports no scipy).
+KINDS = ("uniform", "influence", "gd-optimal", "momentum", "exponential", "time", "step", "polynomial")
+#: Levels a Poisson-sampled run's shape is rounded to by default: few enough for the pld accountant, which is
+#: the tightest for subsampled steps (dptrain.schedules.kinds.PLD_MAX_LEVELS).
+DEFAULT_POISSON_LEVELS = 16
+#: dptrain.schedules.scale.METHODS
+CALIBRATIONS = ("tightest", "zcdp")
+
+
+@dataclass(frozen=True)
+class ScheduleConfig:
+    """A noise schedule for DP-SGD (docs/schedules.md)."""
+
+    kind: str = "none"  # none (constant noise) | uniform | influence | gd-optimal | momentum | exponential | ...
+    options: dict = field(default_factory=dict)  # the kind's parameters (kappa, gamma, beta, influence, rate, ...)
+    calibration: str = "tightest"  # tightest (the accountant that certifies the run) | zcdp (the paper's)
+    levels: int | None = None  # None: 16 for Poisson sampling, the exact shape for full batches; 0: exact; N
+
+
+def validate(cfg: RunConfig) -> None:
+    s, p, t = cfg.schedule, cfg.privacy, cfg.training
+    if s.kind == "none":
+        if not section_is_default(cfg, "schedule"):
+            raise ConfigError(f"[schedule] needs schedule.kind (one of {', '.join(KINDS)})")
+        return
+    need(s.kind in KINDS, "schedule.kind", f"one of none, {', '.join(KINDS)}", s.kind)
+    from dptrain.schedules.kinds import KIND_PARAMS  # numpy only
+
+    takes = KIND_PARAMS[s.kind]
+    for key in s.options:
+        if key not in takes:
+            accepted = f"it takes {', '.join(takes)}" if takes else "it takes none"
+            raise ConfigError(f"schedule.options.{key} is not a parameter of schedule kind {s.kind!r}; {accepted}")
+    need(s.calibration in CALIBRATIONS, "schedule.calibration", f"one of {', '.join(CALIBRATIONS)}", s.calibration)
+    if s.calibration != "tightest" and p.target_epsilon is None:
+        raise ConfigError("schedule.calibration applies when privacy.target_epsilon is set (it calibrates the scale)")
+    if s.levels is not None:
+        need(s.levels >= 0, "schedule.levels", "an integer >= 0 (0: the exact shape)", s.levels)
+    if t.algorithm != "dpsgd":
+        raise ConfigError(f'[schedule] is a noise stage of DP-SGD (training.algorithm = "dpsgd"), not {t.algorithm!r}')
+    if t.update != "optimizer":
+        raise ConfigError(
+            f"[schedule] with training.update = {t.update!r} is not supported: that update rule's accountant analyses "
+            "one noise multiplier"
+        )
+    if p.sampling not in ("poisson", "full"):
+        raise ConfigError(f'[schedule] needs privacy.sampling = "poisson" or "full", got {p.sampling!r}')
+    if t.batch_growth:
+        raise ConfigError("[schedule] needs a constant expected batch size (training.batch_growth = 0)")
+
+
+def levels_for(cfg: RunConfig) -> int:
+    """The levels the shape is rounded to (0: none)."""
+    s = cfg.schedule
+    if s.levels is not None:
+        return s.levels
+    return DEFAULT_POISSON_LEVELS if cfg.privacy.sampling == "poisson" else 0
+
+
+register_section(Section("schedule", ScheduleConfig, validate, stage="dptrain.schedules.stage:stage"))

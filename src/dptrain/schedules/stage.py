@@ -1,0 +1,50 @@
+"""The ``[schedule]`` section's stage of a DP-SGD job: the noise schedule's shape s_t for the planned steps, which the
+engine turns into sigma_t = c s_t (:class:`dptrain.engine.PrivateTrainer`, ``noise_schedule``), and the summary
+entry that says what it was. No torch (the engine does the drawing)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dptrain.schedules.config import levels_for
+from dptrain.schedules.kinds import quantised_shape, read_influence, schedule_shape, spent_rho
+
+
+def shape_for(cfg, steps: int) -> np.ndarray:
+    """The config's schedule shape for ``steps`` steps (largest value 1), rounded to its levels."""
+    s = cfg.schedule
+    params = dict(s.options)
+    if isinstance(params.get("influence"), str):
+        params["influence"] = read_influence(params["influence"], "schedule.options.influence")
+    shape = schedule_shape(s.kind, steps, **params)
+    levels = levels_for(cfg)
+    return quantised_shape(shape, levels) if levels else shape
+
+
+def stage(draft) -> None:
+    cfg = draft.cfg
+    if cfg.schedule.kind == "none":
+        return
+    draft.noise_schedule = lambda steps: shape_for(cfg, steps)
+    draft.schedule_calibration = cfg.schedule.calibration
+    draft.extras.append(lambda: summary(draft.trainer, cfg))
+
+
+def summary(trainer, cfg) -> dict:
+    """The summary entry of a run with a noise schedule: its kind, scale and the range of its noise multipliers."""
+    shape = np.asarray(trainer.noise_schedule)
+    c = trainer.noise_multiplier
+    return {
+        "noise_schedule": {
+            "kind": cfg.schedule.kind,
+            "options": {k: v for k, v in cfg.schedule.options.items() if not isinstance(v, list)},
+            "scale": c,
+            "calibration": cfg.schedule.calibration if cfg.privacy.target_epsilon is not None else "given",
+            "levels": int(np.unique(shape).size),
+            "first": c * float(shape[0]),
+            "last": c * float(shape[-1]),
+            "min": c * float(shape.min()),
+            "max": c * float(shape.max()),
+            "rho": spent_rho(c * shape),  # the paper's zCDP figure (no amplification by sampling)
+        }
+    }
