@@ -183,6 +183,7 @@ class PrivateTrainer:
         release_facts: dict | None = None,
         release: str = "every_iterate",
         noise_schedule=None,
+        noise_controller=None,
     ):
         check_private_compatible(model)
         self.non_private = bool(non_private)
@@ -247,6 +248,17 @@ class PrivateTrainer:
                     "a noise schedule is a stage of DP-SGD steps; this run records its own release facts "
                     f"({release_facts.get('mechanism', 'custom')}), whose analysis assumes one noise multiplier"
                 )
+        #: Adaptive noise (None: none): an object choosing each step's sigma from what the run released so far
+        #: (:class:`dptrain.schedules.validation.ValidationNoise`) under a privacy filter, which stops the run
+        #: before the budget would be passed; its ``facts`` are recorded beside every step.
+        self.noise_controller = noise_controller
+        if noise_controller is not None:
+            if self.noise_schedule is not None or self.non_private or release_facts is not None or budget is not None:
+                raise ConfigError(
+                    "adaptive noise (noise_controller) runs under its own privacy filter: it takes no noise_schedule, "
+                    "no budget, no custom release facts, and a private run"
+                )
+            self.accountant = "filter"
 
     def _check_optimizer(self) -> None:
         in_opt = {id(p) for g in self.optimizer.param_groups for p in g["params"]}
@@ -279,7 +291,10 @@ class PrivateTrainer:
     # -- the run's numbers --------------------------------------------------------------------------------
     @property
     def noise_multiplier(self) -> float:
-        """sigma: fixed when the trainer is made (the ledger and any budget depend on it)."""
+        """sigma: fixed when the trainer is made (the ledger and any budget depend on it); with a noise schedule its
+        scale c (sigma_t = c s_t); with adaptive noise the next step's."""
+        if self.noise_controller is not None:
+            return self.noise_controller.sigma
         return self._noise_multiplier
 
     @noise_multiplier.setter
@@ -325,6 +340,12 @@ class PrivateTrainer:
     def noise_multiplier_at(self, step: int, scale: float | None = None) -> float:
         """sigma of step number ``step`` (from 0): the run's noise multiplier (or ``scale``), times the noise
         schedule's s_step when there is one."""
+        if self.noise_controller is not None:  # chosen adaptively: known for the next step only
+            if step != self.steps:
+                raise AccountingError(
+                    "the noise of this run is chosen adaptively (validation schedule): only the next step's is known"
+                )
+            return self.noise_controller.sigma
         c = self._noise_multiplier if scale is None else scale
         if self.noise_schedule is None:
             return c
@@ -357,6 +378,8 @@ class PrivateTrainer:
             facts.update(update_facts(step), batch_size=float(self.sampler.expected_batch_size_at(step)))
         if self.noise_schedule is not None:
             facts[NOISE_SCALE_FACT] = float(self._noise_multiplier if noise_multiplier is None else noise_multiplier)
+        if self.noise_controller is not None:
+            facts.update(self.noise_controller.facts)
         return event, facts
 
     def _runs(self, start: int, stop: int) -> list[tuple[int, int]]:
@@ -414,6 +437,12 @@ class PrivateTrainer:
             raise BudgetExhausted(
                 f"the budget epsilon={self.budget.epsilon} at delta={self.budget.delta} allows {allowed} steps, "
                 "all of them taken"
+            )
+        controller = self.noise_controller
+        if controller is not None and not controller.allows(self.ledger):
+            raise BudgetExhausted(
+                f"the privacy filter stops the run: one more step at noise multiplier {controller.sigma:.6g} would "
+                f"pass its budget (epsilon={controller.filter.epsilon:g} at delta={controller.filter.delta:g})"
             )
         with deferred_signals(), self._rolled_back_on_error():
             self.model.train()
@@ -509,11 +538,26 @@ class PrivateTrainer:
         return results
 
     def iter_steps(self, steps: int) -> Iterator[StepResult]:
-        """Yield up to ``steps`` more steps; never one the budget does not allow."""
+        """Yield up to ``steps`` more steps; never one the budget (or the privacy filter) does not allow."""
         allowed = self.allowed_steps()
         end = self.steps + steps if allowed is None else min(self.steps + steps, allowed)
-        while self.steps < end:
+        while self.steps < end and self.can_step():
             yield self.step()
+
+    def can_step(self) -> bool:
+        """Whether the run may take one more step: within its budget, its schedule and its privacy filter."""
+        allowed = self.allowed_steps()
+        if allowed is not None and self.steps >= allowed:
+            return False
+        if self.max_steps is not None and self.steps >= self.max_steps:
+            return False
+        return self.noise_controller is None or self.noise_controller.allows(self.ledger)
+
+    def observe_validation(self, value: float) -> None:
+        """A validation result for adaptive noise (higher is better). It must come from public data, or its use be
+        accounted (docs/schedules.md); without adaptive noise it is ignored."""
+        if self.noise_controller is not None:
+            self.noise_controller.observe(value)
 
     @torch.no_grad()
     def evaluate(self, x: torch.Tensor, y: torch.Tensor, batch_size: int = 1024) -> float:
@@ -538,6 +582,7 @@ class PrivateTrainer:
             "steps": self.steps,
             "accountant": self.accountant,
             "ledger": self.ledger.to_dict(),
+            **({"noise_controller": self.noise_controller.state_dict()} if self.noise_controller is not None else {}),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -553,12 +598,24 @@ class PrivateTrainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.randomness.load_state_dict(state["randomness"])
         self.sampler.set_state(state.get("sampler", {}))
+        if self.noise_controller is not None:
+            self.noise_controller.load_state_dict(state["noise_controller"])
         torch.set_rng_state(state["torch_rng"])
         self.ledger, self.steps = ledger, steps
         self._allowed_steps = None
 
     def _check_ledger_noise(self, ledger: Ledger) -> None:
-        """Every training step of a checkpoint's ledger used the noise multiplier this run would use at that step."""
+        """Every training step of a checkpoint's ledger used the noise multiplier this run would use at that step (with
+        adaptive noise: was made under this run's privacy filter, within its budget)."""
+        controller = self.noise_controller
+        if controller is not None:
+            from dptrain.accounting.filters import ledger_filter
+
+            if ledger.releases and ledger_filter(ledger) != controller.filter:
+                raise DataError("checkpoint's ledger was recorded under another privacy filter than this run's")
+            if controller.filter.spent(ledger) > controller.filter.budget:
+                raise DataError("checkpoint's ledger spends more than its privacy filter allows")
+            return
         step = 0
         for entry in ledger.entries:
             if entry.facts.get("mechanism") not in TRAINING_MECHANISMS:

@@ -95,6 +95,8 @@ class Draft:
     #: its scale is calibrated (dptrain.schedules.scale.METHODS)
     noise_schedule: Callable[[int], Any] | None = None
     schedule_calibration: str = "tightest"
+    #: (planned steps, sampling rate) -> adaptive noise under a privacy filter (the validation noise schedule)
+    noise_controller: Callable[[int, float], Any] | None = None
     #: the trainer, once made (for the stages' summary entries)
     trainer: PrivateTrainer | None = None
 
@@ -212,7 +214,20 @@ def build_dpsgd_job(
         build_optimizer(cfg, model) if draft.make_optimizer is None else draft.make_optimizer(model, numbers.steps)
     )
     resuming = ledger is not None and training_steps(ledger) > 0
-    if p.target_epsilon is None or resuming:
+    if draft.noise_controller is not None:  # adaptive noise: its own filter is the budget (state from a checkpoint)
+        rate = t.batch_size / n if p.sampling == "poisson" else 1.0
+        controller = draft.noise_controller(numbers.steps, rate)
+        common["accountant"] = "filter"
+        trainer = make_private(
+            model,
+            optimizer,
+            data.train,
+            noise_multiplier=controller.sigma,
+            delta=p.delta,
+            noise_controller=controller,
+            **common,
+        )
+    elif p.target_epsilon is None or resuming:
         budget = None if p.target_epsilon is None else Budget(p.target_epsilon, p.delta)
         sigma = ledger_noise_multiplier(ledger) if resuming else p.noise_multiplier
         trainer = make_private(
@@ -373,7 +388,7 @@ def _train(job: Job, rd: RunDirectory, progress: bool, stop_after: int | None, e
     wall = lambda: elapsed + time.perf_counter() - start  # noqa: E731
     bar = _Progress(job.total_steps, trainer.steps, progress)
     eps, eps_time, last_checkpoint = None, -math.inf, time.perf_counter()
-    refresh = EPSILON_REFRESH_S
+    refresh, logged = EPSILON_REFRESH_S, None
     try:
         with terminate_as_exception():
             for result in trainer.iter_steps(remaining):
@@ -386,9 +401,9 @@ def _train(job: Job, rd: RunDirectory, progress: bool, stop_after: int | None, e
                 evaluate = every_iterate and result.step % eval_every == 0 and result.step < job.total_steps
                 if evaluate or time.perf_counter() - last_checkpoint > CHECKPOINT_INTERVAL_S:
                     with deferred_signals():
+                        if evaluate:  # first: adaptive noise reads the evaluation, and the checkpoint holds that
+                            logged = _evaluate_and_log(rd, job, result)
                         _checkpoint(rd, job, wall())
-                        if evaluate:
-                            _evaluate_and_log(rd, job, result)
                     last_checkpoint = time.perf_counter()
     except (KeyboardInterrupt, Terminated):
         bar.close()
@@ -401,13 +416,14 @@ def _train(job: Job, rd: RunDirectory, progress: bool, stop_after: int | None, e
         raise
     finally:
         bar.close()
-    finished = trainer.steps >= job.total_steps or (
-        trainer.allowed_steps() is not None and trainer.steps >= trainer.allowed_steps()
-    )
+    finished = trainer.steps >= job.total_steps or not trainer.can_step()
     with deferred_signals():
         _checkpoint(rd, job, wall())
         released = every_iterate or finished  # a last-iterate run releases its model only at the end
-        final = _evaluate_and_log(rd, job, None) if released else None
+        if logged is not None and logged["row"]["step"] == trainer.steps:  # a budget that ended at an evaluation
+            final = logged
+        else:
+            final = _evaluate_and_log(rd, job, None) if released else None
         summary = _summary(job, rd, final, wall(), finished)
         if released:
             summary.update(job.save_model(rd))
@@ -436,6 +452,8 @@ def _evaluate_and_log(rd: RunDirectory, job: Job, result: StepResult | None) -> 
     if result is not None and result.not_private is not None:
         row["not_private"] = result.not_private  # asked for by training.log_not_private; labelled
     rd.append_metrics(row)
+    if result is not None:  # the published evaluation drives adaptive noise, if any (held-out data: public)
+        t.observe_validation(row["test_accuracy"])
     return {"row": row, "report": report}
 
 
@@ -545,7 +563,9 @@ def _schedule_row(schedule: dict) -> tuple[str, str]:
     return (
         "noise schedule",
         f"{s['kind']}: sigma {s['first']:.4g} at the first step, {s['last']:.4g} at the last (range {s['min']:.4g} to "
-        f"{s['max']:.4g}, {s['levels']} levels; scale {s['calibration']})",
+        f"{s['max']:.4g}, {s['levels']} levels; "
+        + (s["calibration"] if s["kind"] == "validation" else f"scale: {s['calibration']}")
+        + ")",
     )
 
 

@@ -10,6 +10,7 @@ from dptrain.accounting import proactive as _proactive  # noqa: F401  (registers
 from dptrain.accounting import last_iterate as _last_iterate  # noqa: F401  (registers "last_iterate")
 from dptrain.accounting import composition as _composition  # noqa: F401  (registers "composition")
 from dptrain.accounting import modelmix as _modelmix  # noqa: F401  (registers "modelmix")
+from dptrain.accounting import filters as _filters  # noqa: F401  (registers "filter")
 from dptrain.accounting.base import (
     AUTO,
     Accountant,

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from dptrain.accounting.checks import check_delta, check_epsilon, check_noise_multiplier  # noqa: F401
-from dptrain.accounting.ledger import Ledger
+from dptrain.accounting.ledger import FILTER_FACT, Ledger
 from dptrain.errors import AccountingError, ConfigError
 
 #: The accountant name that means "every registered accountant; report the tightest certified one".
@@ -128,6 +128,12 @@ def epsilon(ledger: Ledger, delta: float, accountant: str = AUTO) -> PrivacyRepo
             raise AccountingError(f"no accountant certifies this ledger ({why})")
         return best
     acc = get_accountant(accountant)
+    if accountant != "filter" and any(e.facts.get(FILTER_FACT) for e in ledger.entries):
+        raise AccountingError(
+            f"the {accountant} accountant composes releases whose noise was fixed in advance; this run chose its "
+            "noise adaptively (a validation noise schedule), under a privacy filter that only the filter accountant "
+            "reads"
+        )
     key = (_content_key(ledger, getattr(acc, "facts_used", None)), delta, accountant, id(acc))
     if key in _REPORTS:
         _REPORTS.move_to_end(key)

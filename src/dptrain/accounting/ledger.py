@@ -31,6 +31,10 @@ NEIGHBORING = {
     "replace_one": dpa.NeighboringRelation.REPLACE_ONE,
 }
 
+#: The fact recorded beside releases whose noise was chosen adaptively, under a privacy filter
+#: (:mod:`dptrain.accounting.filters`): only the filter certifies them.
+FILTER_FACT = "filter"
+
 #: Batch selection schemes an event may come from. Which accountant applies depends on it.
 SAMPLING_SCHEMES = ("poisson", "full", "fixed_size_without_replacement", "cyclic")
 

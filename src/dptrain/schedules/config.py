@@ -24,7 +24,7 @@ from dptrain.config import RunConfig, Section, need, register_section, section_i
 from dptrain.errors import ConfigError
 
 #: The kinds (dptrain.schedules.kinds.KINDS; repeated here so that validating a config imports no scipy).
-KINDS = ("uniform", "influence", "gd-optimal", "momentum", "exponential", "time", "step", "polynomial")
+KINDS = ("uniform", "influence", "gd-optimal", "momentum", "exponential", "time", "step", "polynomial", "validation")
 #: Levels a Poisson-sampled run's shape is rounded to by default: few enough for the pld accountant, which is
 #: the tightest for subsampled steps (dptrain.schedules.kinds.PLD_MAX_LEVELS).
 DEFAULT_POISSON_LEVELS = 16
@@ -50,8 +50,9 @@ def validate(cfg: RunConfig) -> None:
         return
     need(s.kind in KINDS, "schedule.kind", f"one of none, {', '.join(KINDS)}", s.kind)
     from dptrain.schedules.kinds import KIND_PARAMS  # numpy only
+    from dptrain.schedules.validation import DEFAULTS
 
-    takes = KIND_PARAMS[s.kind]
+    takes = tuple(DEFAULTS) if s.kind == "validation" else KIND_PARAMS[s.kind]
     for key in s.options:
         if key not in takes:
             accepted = f"it takes {', '.join(takes)}" if takes else "it takes none"
@@ -61,6 +62,14 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError("schedule.calibration applies when privacy.target_epsilon is set (it calibrates the scale)")
     if s.levels is not None:
         need(s.levels >= 0, "schedule.levels", "an integer >= 0 (0: the exact shape)", s.levels)
+    if s.kind == "validation":
+        if p.target_epsilon is None:
+            raise ConfigError(
+                'schedule.kind = "validation" needs privacy.target_epsilon: its noise is chosen during the run, under '
+                "a privacy filter for that budget"
+            )
+        if s.levels is not None:
+            raise ConfigError('schedule.levels does not apply to schedule.kind = "validation" (its noise is adaptive)')
     if t.algorithm != "dpsgd":
         raise ConfigError(f'[schedule] is a noise stage of DP-SGD (training.algorithm = "dpsgd"), not {t.algorithm!r}')
     if t.update != "optimizer":

@@ -25,13 +25,31 @@ def stage(draft) -> None:
     cfg = draft.cfg
     if cfg.schedule.kind == "none":
         return
-    draft.noise_schedule = lambda steps: shape_for(cfg, steps)
-    draft.schedule_calibration = cfg.schedule.calibration
+    if cfg.schedule.kind == "validation":
+        from dptrain.schedules.validation import validation_noise
+
+        def controller(steps: int, sampling_rate: float):
+            p = cfg.privacy
+            return validation_noise(
+                steps,
+                p.target_epsilon,
+                p.delta,
+                sampling_rate=sampling_rate,
+                calibration=cfg.schedule.calibration,
+                **cfg.schedule.options,
+            )
+
+        draft.noise_controller = controller
+    else:
+        draft.noise_schedule = lambda steps: shape_for(cfg, steps)
+        draft.schedule_calibration = cfg.schedule.calibration
     draft.extras.append(lambda: summary(draft.trainer, cfg))
 
 
 def summary(trainer, cfg) -> dict:
     """The summary entry of a run with a noise schedule: its kind, scale and the range of its noise multipliers."""
+    if trainer.noise_controller is not None:
+        return {"noise_schedule": _adaptive_summary(trainer, cfg)}
     shape = np.asarray(trainer.noise_schedule)
     c = trainer.noise_multiplier
     return {
@@ -47,4 +65,27 @@ def summary(trainer, cfg) -> dict:
             "max": c * float(shape.max()),
             "rho": spent_rho(c * shape),  # the paper's zCDP figure (no amplification by sampling)
         }
+    }
+
+
+def _adaptive_summary(trainer, cfg) -> dict:
+    """The realized noise of an adaptive (validation) run, from its ledger."""
+    from dptrain.engine import _event_noise_multiplier
+
+    sigmas = [_event_noise_multiplier(e, trainer.ledger.neighboring) for e in trainer.ledger.entries] or [
+        trainer.noise_multiplier
+    ]
+    c, f = trainer.noise_controller, trainer.noise_controller.filter
+    return {
+        "kind": "validation",
+        "options": dict(cfg.schedule.options),
+        "calibration": f"privacy filter ({f.kind}{'' if f.order is None else f', order {f.order}'})",
+        "levels": len(set(sigmas)),
+        "first": sigmas[0],
+        "last": sigmas[-1],
+        "min": min(sigmas),
+        "max": max(sigmas),
+        "decays": c.decays,
+        "filter_spent": f.spent(trainer.ledger),
+        "filter_budget": f.budget,
     }
