@@ -9,15 +9,15 @@ whatever the adaptive choices were. Three filters, each valid under fully adapti
 
 - ``gdp`` (full-batch Gaussian steps only): step t is (1/sigma_t)-GDP; the run continues while sum_t sigma_t^-2 <=
   mu_B^2, and is then mu_B-GDP (Smith & Thakurta 2022, "Fully Adaptive Composition for Gaussian Differential
-  Privacy", Thm 1.1). mu_B is the largest mu whose exact (epsilon, delta) curve (Dong, Roth & Su 2022, Cor. 2.13)
+  Privacy"). mu_B is the largest mu whose exact (epsilon, delta) curve (Dong, Roth & Su 2022, Cor. 2.13)
   meets the budget: no loss against a non-adaptive run of the same total.
 - ``zcdp``: step t costs 1/(2 sigma_t^2) (rho-zCDP, no amplification by sampling claimed); the run continues while
   the sum is <= rho_B. It is rho_B-zCDP: the stopping rule bounds the sum at every Renyi order alpha at once (the
   RDP curve is alpha rho), and a Renyi filter at a fixed order is valid (Feldman & Zrnic 2021, "Individual Privacy
-  Accounting via a Renyi Filter", Thm 3.1). This is the residual-budget check of Algorithm 1 of "On Dynamic Noise
+  Accounting via a Renyi Filter", NeurIPS 2021). This is the residual-budget check of Algorithm 1 of "On Dynamic Noise
   Influence in Differential Private Learning" (anonymous ICLR 2021 submission), made non-strict (<=).
 - ``rdp`` (Poisson-subsampled steps): a Renyi filter at ONE order alpha_0 fixed before the run (Feldman & Zrnic,
-  Thm 3.1): step t costs its RDP at alpha_0 (Mironov, Talwar & Zhang 2019, by dp_accounting), the run continues
+  2021): step t costs its RDP at alpha_0 (Mironov, Talwar & Zhang 2019, by dp_accounting), the run continues
   while the sum is <= B, B the largest RDP at alpha_0 whose conversion (dp_accounting's, Canonne, Kamath & Steinke
   2020) meets the budget. Taking the best order after the run would not be valid: the order would depend on the
   realized noise.
