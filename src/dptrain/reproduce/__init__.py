@@ -30,6 +30,7 @@ REPRODUCTIONS: dict[str, str] = {
     "audit": "dptrain.reproduce.audit",
     "modelmix-accounting": "dptrain.reproduce.modelmix:run_accounting",
     "modelmix": "dptrain.reproduce.modelmix",
+    "schedules": "dptrain.reproduce.schedules",
 }
 
 

@@ -118,9 +118,11 @@ def _fit(grid: np.ndarray, losses: np.ndarray) -> tuple[float, float, np.ndarray
     return float(mean[0]), float(mean[1]), coef[0]
 
 
-def _run_cell(final_loss, base: np.ndarray, t: int, sigma: float, seeds: Sequence[int]) -> list[float]:
+def _run_cell(final_loss, batched: bool, base: np.ndarray, t: int, sigma: float, seeds: Sequence[int]) -> list[float]:
     sigmas = base.copy()
     sigmas[t - 1] = sigma
+    if batched:
+        return [float(v) for v in final_loss(sigmas, list(seeds))]
     return [float(final_loss(sigmas, seed)) for seed in seeds]
 
 
@@ -146,12 +148,15 @@ def estimate_influence(
     cache: str | os.PathLike | None = None,
     setting: Any = None,
     progress: bool = False,
+    batched: bool = False,
 ) -> InfluenceEstimate:
     """q_t by retraining (App. D; see the module doc). ``final_loss(sigmas, seed)``: the final loss of one training
     run with noise multipliers ``sigmas`` (length T) and randomness ``seed`` (a top-level function, or a
     functools.partial of one, so that worker processes can run it). ``steps``: the t (1-based) to estimate (default
     all). ``workers``: processes (None: all cores). ``cache``: a directory; results are kept per (``setting``, base
-    schedule, grid, repeats, seed), and ``setting`` must name everything else the runs depend on."""
+    schedule, grid, repeats, seed), and ``setting`` must name everything else the runs depend on. ``batched``:
+    ``final_loss(sigmas, seeds)`` takes the list of seeds and returns one final loss per seed (runs vectorised over
+    repeats)."""
     base = np.asarray(base_sigmas, dtype=float).reshape(-1)
     if not (base.size and np.all(np.isfinite(base)) and np.all(base > 0)):
         raise ConfigError("base_sigmas must be T >= 1 finite numbers > 0")
@@ -181,11 +186,11 @@ def estimate_influence(
             bar = tqdm(total=len(cells), unit="cell", desc="influence by retraining")
         if workers == 1:
             for cell in cells:
-                results[cell] = _run_cell(final_loss, base, *cell, seeds)
+                results[cell] = _run_cell(final_loss, batched, base, *cell, seeds)
                 bar is not None and bar.update(1)
         else:
             with concurrent.futures.ProcessPoolExecutor(max_workers=workers) as pool:
-                futures = {pool.submit(_run_cell, final_loss, base, *cell, seeds): cell for cell in cells}
+                futures = {pool.submit(_run_cell, final_loss, batched, base, *cell, seeds): cell for cell in cells}
                 for future in concurrent.futures.as_completed(futures):
                     results[futures[future]] = future.result()
                     bar is not None and bar.update(1)
