@@ -16,13 +16,14 @@ import torch
 from dp_accounting.rdp import rdp_privacy_accountant
 from torch import nn
 
-from dptrain.accounting import all_reports, epsilon
+from dptrain.accounting import Ledger, all_reports, epsilon
 from dptrain.accounting.filters import make_filter
 from dptrain.accounting.gdp import gdp_delta, gdp_epsilon
 from dptrain.cli import main
 from dptrain.config import load_config
 from dptrain.engine import PrivateTrainer, make_private
-from dptrain.errors import BudgetExhausted
+from dptrain.accounting.ledger import FILTER_FACT
+from dptrain.errors import AccountingError, BudgetExhausted, ConfigError
 from dptrain.run import run_training
 from dptrain.schedules.validation import validation_noise
 
@@ -131,8 +132,9 @@ def test_only_the_filter_certifies_an_adaptive_ledger():
 CONFIG = """
 seed = 2
 [data]
-name = "synthetic"
-options = {{ n = 300, dim = 8, num_classes = 2, separation = 3.0 }}
+name = "npz"
+path = "{data}"
+options = {{ num_classes = 2 }}
 [model]
 name = "logistic"
 [privacy]
@@ -148,9 +150,19 @@ eval_every = 2
 """
 
 
+def _npz(tmp_path):
+    """A data set with its own test set (the validation kind refuses a test set split off the training data)."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((400, 8)).astype(np.float32)
+    y = (x[:, 0] > 0).astype(np.int64)
+    path = tmp_path / "d.npz"
+    np.savez(path, x=x[:300], y=y[:300], x_test=x[300:], y_test=y[300:])
+    return path
+
+
 def _config(tmp_path, schedule='kind = "validation"\noptions = { factor = 0.6, initial = 1.1 }', privacy="target_epsilon = 1.0"):
     path = tmp_path / "v.toml"
-    path.write_text(CONFIG.format(privacy=privacy, schedule=schedule))
+    path.write_text(CONFIG.format(privacy=privacy, schedule=schedule, data=_npz(tmp_path)))
     return path
 
 
@@ -177,7 +189,8 @@ def test_a_validation_run_resumes_to_the_same_ledger_and_model(tmp_path, monkeyp
     b = torch.load(tmp_path / "cut" / "private" / "checkpoint.pt", weights_only=True)["model"]
     assert all(torch.equal(a[k], b[k]) for k in a)
     metrics = [json.loads(line) for line in (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()]
-    assert [m["step"] for m in metrics] == list(range(2, full["steps"] + 1, 2))[: len(metrics)]
+    steps = [m["step"] for m in metrics]  # every 2 steps, then the final evaluation, each once
+    assert steps == sorted(set(steps)) and steps[-1] == full["steps"] and all(s % 2 == 0 for s in steps[:-1])
 
 
 @pytest.mark.parametrize(
@@ -191,7 +204,63 @@ def test_a_validation_run_resumes_to_the_same_ledger_and_model(tmp_path, monkeyp
     ],
 )
 def test_bad_validation_schedules_exit_2(tmp_path, capsys, schedule, privacy, message):
+    """(and a test set split off the training examples is not public data)"""
     path = _config(tmp_path, schedule, privacy)
     code = main(["train", "--config", str(path), "--out", str(tmp_path / "o"), "--no-progress"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and message in err and len(err.splitlines()) == 1 and not (tmp_path / "o").exists()
+
+
+def test_a_test_set_split_off_the_training_data_cannot_drive_the_noise(tmp_path, capsys):
+    path = tmp_path / "s.toml"
+    text = _config(tmp_path).read_text().replace('name = "npz"', 'name = "synthetic"').replace(
+        f'path = "{tmp_path / "d.npz"}"\noptions = {{ num_classes = 2 }}', "options = { n = 300, dim = 8 }"
+    )
+    path.write_text(text)
+    code = main(["train", "--config", str(path), "--out", str(tmp_path / "o"), "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2 and "splits its test set off the training examples" in err and not (tmp_path / "o").exists()
+
+
+def _filtered_ledger(fact_changes=None, event=None, count=5):
+    f = make_filter("rdp", 1.0, 1e-5, sampling_rate=0.01, order=16)
+    fact = {**f.to_fact(), **(fact_changes or {})}
+    ledger = Ledger()
+    ev = event or dpa.PoissonSampledDpEvent(0.01, dpa.GaussianDpEvent(3.0))
+    ledger.record(ev, {FILTER_FACT: fact}, count)
+    return ledger
+
+
+def test_the_filter_accountant_refuses_crafted_ledgers():
+    assert epsilon(_filtered_ledger(), 1e-5, "filter").epsilon <= 1.0
+    crafted = {
+        "events sampled at another rate than the filter says": _filtered_ledger(
+            event=dpa.PoissonSampledDpEvent(0.5, dpa.GaussianDpEvent(3.0)), count=50
+        ),
+        "a NaN budget": _filtered_ledger({"budget": math.nan}),
+        "a NaN noise multiplier": _filtered_ledger(event=dpa.PoissonSampledDpEvent(0.01, dpa.GaussianDpEvent(math.nan))),
+        "a Laplace release": _filtered_ledger(event=dpa.LaplaceDpEvent(1.0)),
+        "an order that is not an integer": _filtered_ledger({"order": 2.5}),
+    }
+    for what, ledger in crafted.items():
+        with pytest.raises(AccountingError):
+            epsilon(ledger, 1e-5, "filter")
+            pytest.fail(what)
+
+
+def test_the_engine_ties_the_filter_to_its_sampler():
+    x = torch.randn(100, 5)
+    y = (x[:, 0] > 0).long()
+    controller = validation_noise(40, 1.0, 1e-5, sampling_rate=0.01)
+    for sampling, batch, message in (("poisson", 50, "planned for sampling rate 0.01"), ("fixed_size", 1, "Poisson or full")):
+        model = nn.Linear(5, 2)
+        with pytest.raises(ConfigError, match=message):
+            make_private(
+                model,
+                torch.optim.SGD(model.parameters(), lr=0.1),
+                (x, y),
+                noise_multiplier=controller.sigma,
+                batch_size=batch,
+                sampling=sampling,
+                noise_controller=controller,
+            )

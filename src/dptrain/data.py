@@ -115,6 +115,9 @@ class DataSplit:
     train: ArrayDataset
     test: ArrayDataset
     description: str
+    #: False when the test set was split off the same examples as the training set (by a seed): adding or removing
+    #: one example then moves others between the splits, so the test set cannot stand as public data
+    separate_test: bool = True
 
 
 # ----------------------------------------------------------------------------------------------
@@ -438,7 +441,7 @@ def load_digits(test_fraction: float = 0.2, seed: int = 0) -> DataSplit:
     train = _dataset(x[train_idx], y[train_idx], 10, "digits")
     test = _dataset(x[test_idx], y[test_idx], 10, "digits")
     description = f"scikit-learn digits ({len(train)} train / {len(test)} test, split seed {seed})"
-    return DataSplit(train, test, description)
+    return DataSplit(train, test, description, separate_test=False)
 
 
 def make_gaussian_mixture(
@@ -473,7 +476,7 @@ def make_gaussian_mixture(
         f"synthetic Gaussian mixture: {num_classes} classes, {dim} dims, separation {separation} "
         f"({len(train)} train / {len(test)} test, seed {seed})"
     )
-    return DataSplit(train, test, description)
+    return DataSplit(train, test, description, separate_test=False)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -589,7 +592,7 @@ def load_npz(
     train = _dataset(x_train, y_train, num_classes, "npz")
     test = _dataset(x_test, y_test, num_classes, "npz")
     description = f"npz file {path} ({len(train)} train / {len(test)} test, {how})"
-    return DataSplit(train, test, description)
+    return DataSplit(train, test, description, separate_test=len(checked) == 2)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -658,4 +661,5 @@ def select_classes(split: DataSplit, classes: list[int]) -> DataSplit:
         pick(split.train),
         pick(split.test),
         f"{split.description}, classes {classes} relabelled 0..{len(classes) - 1}",
+        split.separate_test,
     )

@@ -258,6 +258,21 @@ class PrivateTrainer:
                     "adaptive noise (noise_controller) runs under its own privacy filter: it takes no noise_schedule, "
                     "no budget, no custom release facts, and a private run"
                 )
+            if self.sampler.scheme not in ("poisson", "full") or self.ledger.neighboring != "add_or_remove_one":
+                raise ConfigError(
+                    "adaptive noise needs Poisson or full-batch sampling (add/remove-one adjacency): its privacy "
+                    f"filter prices those steps only, got sampling {self.sampler.scheme!r}"
+                )
+            planned, rate = noise_controller.filter.sampling_rate, self.sampling_rate
+            if not math.isclose(planned, rate, rel_tol=1e-9):
+                raise ConfigError(
+                    f"the noise controller's filter was planned for sampling rate {planned:g}, this run samples at "
+                    f"{rate:g}: make it with sampling_rate={rate:g}"
+                )
+            from dptrain.accounting.filters import ledger_filter
+
+            if self.ledger.releases and ledger_filter(self.ledger) != noise_controller.filter:
+                raise ConfigError("adaptive noise continues only a ledger recorded under its own privacy filter")
             self.accountant = "filter"
 
     def _check_optimizer(self) -> None:
@@ -439,7 +454,7 @@ class PrivateTrainer:
                 "all of them taken"
             )
         controller = self.noise_controller
-        if controller is not None and not controller.allows(self.ledger):
+        if controller is not None and not controller.allows(self.ledger, self.release_event()[0]):
             raise BudgetExhausted(
                 f"the privacy filter stops the run: one more step at noise multiplier {controller.sigma:.6g} would "
                 f"pass its budget (epsilon={controller.filter.epsilon:g} at delta={controller.filter.delta:g})"
@@ -551,7 +566,7 @@ class PrivateTrainer:
             return False
         if self.max_steps is not None and self.steps >= self.max_steps:
             return False
-        return self.noise_controller is None or self.noise_controller.allows(self.ledger)
+        return self.noise_controller is None or self.noise_controller.allows(self.ledger, self.release_event()[0])
 
     def observe_validation(self, value: float) -> None:
         """A validation result for adaptive noise (higher is better). It must come from public data, or its use be

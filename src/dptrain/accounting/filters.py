@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import dp_accounting as dpa
+import numpy as np
 from dp_accounting.rdp import rdp_privacy_accountant
 
 from dptrain.accounting.base import PrivacyReport, register_accountant
@@ -75,7 +76,8 @@ def _largest(fits, hi: float) -> float:
 @dataclass(frozen=True)
 class PrivacyFilter:
     """A budget for adaptively chosen steps (see the module doc). ``budget``: mu_B^2 (gdp), rho_B (zcdp) or the RDP
-    at ``order`` (rdp); a step's cost is in the same currency."""
+    at ``order`` (rdp); a step's cost is in the same currency, priced from the step's own event (its sampling rate
+    and noise multiplier). ``sampling_rate`` is the rate the filter was planned for (information only)."""
 
     kind: str
     epsilon: float
@@ -84,28 +86,58 @@ class PrivacyFilter:
     sampling_rate: float = 1.0
     order: int | None = None
 
-    def cost(self, sigma: float) -> float:
-        """What one step with noise multiplier ``sigma`` spends."""
+    def __post_init__(self) -> None:
+        ok = (
+            self.kind in FILTERS
+            and _finite_positive(self.epsilon)
+            and _finite_positive(self.delta)
+            and self.delta < 1
+            and _finite_positive(self.budget)
+            and _finite_positive(self.sampling_rate)
+            and self.sampling_rate <= 1
+            and (
+                (isinstance(self.order, int) and not isinstance(self.order, bool) and self.order >= 2)
+                if self.kind == "rdp"
+                else self.order is None
+            )
+        )
+        if not ok:
+            raise AccountingError(f"malformed privacy filter: {self.to_fact()}")
+
+    def cost(self, event: dpa.DpEvent) -> float:
+        """What one release ``event`` spends: a Gaussian (full batch) or a Poisson-sampled Gaussian step. Anything
+        else is refused; a noise multiplier that is not a finite number > 0 costs infinity."""
+        q, sigma = _gaussian_step(event)
+        if not _finite_positive(sigma):
+            return math.inf
         if self.kind == "gdp":
+            if q < 1:
+                raise AccountingError(
+                    "the gdp filter covers full-batch Gaussian steps only; this ledger records Poisson-sampled steps"
+                )
             return sigma**-2
         if self.kind == "zcdp":
             return 0.5 * sigma**-2
-        if self.sampling_rate >= 1:
+        if q >= 1:
             return self.order * 0.5 * sigma**-2
-        return float(
-            rdp_privacy_accountant._compute_rdp_poisson_subsampled_gaussian(  # dp_accounting 0.6.0 (pinned)
-                self.sampling_rate, sigma, [self.order]
-            )[0]
-        )
+        with np.errstate(over="ignore"):
+            return float(
+                rdp_privacy_accountant._compute_rdp_poisson_subsampled_gaussian(  # dp_accounting 0.6.0 (pinned)
+                    q, sigma, [self.order]
+                )[0]
+            )
 
     def spent(self, ledger: Ledger) -> float:
-        """The spend of the ledger's steps recorded under this filter (entries in order, count x cost each)."""
-        return math.fsum(e.count * self.cost(_sigma(e.event)) for e in ledger.entries if e.facts.get(FILTER_FACT))
+        """The spend of every release in the ledger (entries in order, count x cost each)."""
+        if ledger.neighboring != "add_or_remove_one":
+            raise AccountingError("privacy filters here cover add/remove-one adjacency only")
+        return math.fsum(e.count * self.cost(e.event) for e in ledger.entries)
 
-    def allows(self, ledger: Ledger, sigma: float) -> bool:
-        """Whether one more step at ``sigma`` keeps the run within the filter (non-strict: a run may end exactly at
+    def allows(self, ledger: Ledger, event: dpa.DpEvent) -> bool:
+        """Whether one more release ``event`` keeps the run within the filter (non-strict: a run may end exactly at
         its budget)."""
-        return math.fsum([self.spent(ledger), self.cost(sigma)]) <= self.budget
+        total = math.fsum([self.spent(ledger), self.cost(event)])
+        return math.isfinite(total) and total <= self.budget
 
     def epsilon_at(self, delta: float) -> float:
         """Epsilon of the whole run at ``delta`` (the filter's budget converted; a fixed number, not the spend)."""
@@ -135,10 +167,22 @@ class PrivacyFilter:
             raise AccountingError(f"the ledger's privacy filter is malformed: {e}") from None
 
 
-def _sigma(event: dpa.DpEvent) -> float:
-    while not isinstance(event, dpa.GaussianDpEvent):
-        event = event.event
-    return event.noise_multiplier
+def _finite_positive(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+
+
+def _gaussian_step(event: dpa.DpEvent) -> tuple[float, float]:
+    """(sampling rate, noise multiplier) of a Gaussian or Poisson-sampled Gaussian release; others are refused."""
+    if isinstance(event, dpa.GaussianDpEvent):
+        return 1.0, event.noise_multiplier
+    if isinstance(event, dpa.PoissonSampledDpEvent) and isinstance(event.event, dpa.GaussianDpEvent):
+        q = event.sampling_probability
+        if not (_finite_positive(q) and q <= 1):
+            raise AccountingError(f"a privacy filter cannot price a sampling rate of {q!r}")
+        return q, event.event.noise_multiplier
+    raise AccountingError(
+        f"privacy filters price Gaussian and Poisson-sampled Gaussian releases only, not {type(event).__name__}"
+    )
 
 
 def make_filter(
@@ -162,7 +206,7 @@ def make_filter(
                 "the gdp filter covers full-batch Gaussian steps only (subsampled steps are not exactly Gaussian); "
                 "use the rdp or zcdp filter"
             )
-        mu = _largest(lambda m: gdp_delta(epsilon, m) <= delta, 1.0)
+        mu = _largest(lambda m: gdp_delta(epsilon, m) <= delta, 1.0) * (1 - 1e-12)  # margin for scipy's rounding
         return PrivacyFilter("gdp", epsilon, delta, mu * mu, sampling_rate)
     if kind == "zcdp":
         if rho is None:
@@ -201,7 +245,7 @@ class FilterAccountant:
                 "this ledger records none: use rdp, pld or gdp"
             )
         spent = filt.spent(ledger)
-        if spent > filt.budget:
+        if not (math.isfinite(spent) and spent <= filt.budget):
             raise AccountingError(
                 f"the ledger records a spend of {spent:.6g} under its {filt.kind} filter, above its budget "
                 f"{filt.budget:.6g}: not certified"

@@ -81,7 +81,7 @@ def audit_run(cfg: RunConfig, canaries: int = 1000, confidence: float = 0.95, ki
 
 
 def _with_train(data: DataSplit, train: ArrayDataset) -> DataSplit:
-    return DataSplit(train, data.test, data.description)
+    return DataSplit(train, data.test, data.description, data.separate_test)
 
 
 def _audited_run(cfg: RunConfig, randomness, included: torch.Tensor, kind: str):

@@ -586,7 +586,7 @@ def stage(draft) -> None:
     what = (
         f"{pre.kind} preprocessing" if pre.kind != "none" else f"features normalized to {pre.feature_norm:g}"
     )
-    draft.data = DataSplit(part(draft.data.train), part(raw_test), f"{draft.data.description}, {what}")
+    draft.data = DataSplit(part(draft.data.train), part(raw_test), f"{draft.data.description}, {what}", draft.data.separate_test)
     draft.model = prepared.model
     draft.options.update(prepared.settings)
     if fitted is None:

@@ -115,7 +115,7 @@ def _subset(split, n_train: int, n_test: int):
         idx = torch.randperm(len(ds), generator=g)[:n]
         return ArrayDataset(ds.x[idx], ds.y[idx], ds.num_classes, ds.name)
 
-    return DataSplit(head(split.train, n_train), head(split.test, n_test), f"{split.description} (subset)")
+    return DataSplit(head(split.train, n_train), head(split.test, n_test), f"{split.description} (subset)", split.separate_test)
 
 
 def _load(name: str, quick: bool):

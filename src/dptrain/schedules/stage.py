@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from dptrain.errors import ConfigError
 from dptrain.schedules.config import levels_for
 from dptrain.schedules.kinds import quantised_shape, read_influence, schedule_shape, spent_rho
 
@@ -27,6 +28,14 @@ def stage(draft) -> None:
         return
     if cfg.schedule.kind == "validation":
         from dptrain.schedules.validation import validation_noise
+
+        if not draft.data.separate_test:
+            raise ConfigError(
+                'schedule.kind = "validation" reads the evaluation on the test split as public data, but '
+                f"{cfg.data.name!r} splits its test set off the training examples (adding or removing one example moves "
+                "others between the splits): give data with its own test set (fashion-mnist, or an .npz with x_test "
+                "and y_test)"
+            )
 
         def controller(steps: int, sampling_rate: float):
             p = cfg.privacy

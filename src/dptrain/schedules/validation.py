@@ -28,12 +28,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dptrain.accounting.filters import PrivacyFilter, make_filter
-from dptrain.accounting.ledger import FILTER_FACT, Ledger
+from dptrain.accounting.ledger import FILTER_FACT, Ledger, gaussian_step_event
 from dptrain.errors import ConfigError
 from dptrain.schedules.bounds import R_from_eps_delta, rho_from_R
 
 #: The validation kind's parameters and their defaults.
-DEFAULTS = {"factor": 0.8, "patience": 1, "min_delta": 0.0, "initial": 1.5}
+DEFAULTS = {"factor": 0.8, "patience": 1, "min_delta": 0.0, "initial": 1.5, "floor": 0.5, "order": None}
 
 
 @dataclass
@@ -45,6 +45,8 @@ class ValidationNoise:
     factor: float = DEFAULTS["factor"]
     patience: int = DEFAULTS["patience"]
     min_delta: float = DEFAULTS["min_delta"]
+    #: the lowest sigma (0: none)
+    floor: float = 0.0
     #: the state (checkpointed)
     sigma: float = field(init=False)
     best: float = field(init=False, default=-math.inf)
@@ -59,9 +61,10 @@ class ValidationNoise:
         """Recorded beside every step: the filter (the filter accountant certifies the run with it)."""
         return {FILTER_FACT: self.filter.to_fact()}
 
-    def allows(self, ledger: Ledger, sigma: float | None = None) -> bool:
-        """Whether the filter allows one more step at ``sigma`` (default: the current one) after ``ledger``."""
-        return self.filter.allows(ledger, self.sigma if sigma is None else sigma)
+    def allows(self, ledger: Ledger, event) -> bool:
+        """Whether the filter allows one more release ``event`` (the next step's, as it will be recorded) after
+        ``ledger``."""
+        return self.filter.allows(ledger, event)
 
     def observe(self, value: float) -> None:
         """One validation result (higher is better: pass minus a loss). A non-finite value counts as no improvement."""
@@ -70,9 +73,13 @@ class ValidationNoise:
             self.best, self.stale = value, 0
             return
         self.stale += 1
-        if self.stale >= self.patience:
-            self.sigma *= self.factor
-            self.stale, self.decays = 0, self.decays + 1
+        if self.stale >= self.patience and self.sigma > self.floor:
+            self.sigma = max(self.floor, self.sigma * self.factor)
+            if self.sigma > 0:
+                self.decays += 1
+            else:  # underflow: keep the last positive sigma
+                self.sigma = self.floor or math.ulp(0.0)
+            self.stale = 0
 
     def state_dict(self) -> dict[str, Any]:
         return {"sigma": self.sigma, "best": self.best, "stale": self.stale, "decays": self.decays}
@@ -89,17 +96,21 @@ def _check(params: dict[str, Any]) -> dict[str, Any]:
             f"{unknown[0]} is not a parameter of schedule kind 'validation'; it takes {', '.join(DEFAULTS)}"
         )
     p = {**DEFAULTS, **{k: v for k, v in params.items() if v is not None}}
+    order = p.pop("order")
+    if order is not None and (isinstance(order, bool) or not isinstance(order, int) or order < 2):
+        raise ConfigError(f"validation schedule order must be an integer >= 2 (the rdp filter's Renyi order), got {order!r}")
     checks = {
         "factor": (lambda v: 0 < v < 1, "a number in (0, 1) (the noise is multiplied by it)"),
         "patience": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1, "an integer >= 1"),
         "min_delta": (lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0"),
         "initial": (lambda v: math.isfinite(v) and v > 0, "a finite number > 0"),
+        "floor": (lambda v: 0 < v <= p["initial"], "a number in (0, initial] (the lowest sigma, as initial is)"),
     }
     for key, (ok, accepted) in checks.items():
         value = p[key]
         if isinstance(value, bool) or not isinstance(value, int | float) or not ok(value):
             raise ConfigError(f"validation schedule {key} must be {accepted}, got {value!r}")
-    return p
+    return {**p, "order": order}
 
 
 def validation_noise(
@@ -112,9 +123,17 @@ def validation_noise(
     **params: Any,
 ) -> ValidationNoise:
     """A validation schedule for a run of (at most) ``steps`` planned steps within (epsilon, delta). The filter:
-    ``gdp`` for full batches (exact), ``rdp`` at the order that is best for the planned constant-noise run for
-    Poisson sampling; with ``calibration="zcdp"`` the paper's zCDP budget (Lemma B.3's rho). ``params``: factor,
-    patience, min_delta, initial (see the module doc)."""
+    ``gdp`` for full batches (exact), ``rdp`` for Poisson sampling at one ``order``; with ``calibration="zcdp"`` the
+    paper's zCDP budget (Lemma B.3's rho). ``params``: factor, patience, min_delta, initial, floor, order (see the
+    module doc). sigma starts at ``initial`` and never falls below ``floor``, both times the constant sigma u that
+    spends the budget in ``steps`` steps.
+
+    The rdp filter prices every step at its one order, and at a high order a subsampled Gaussian with a lower sigma
+    costs much more than its own best order would charge (reviewed: at q = 0.01, T = 1000, epsilon 1 the plan's
+    order 17 makes one step at 0.8 u cost more than the whole budget). So the default order is the best one for
+    spending the whole budget at the floor (floor x u for as many steps as that affords), where a run that keeps
+    lowering its noise ends up; noisier steps are then priced a little above their best order's charge. Any order
+    fixed before the run is valid."""
     from dptrain.schedules.kinds import calibrate_schedule
 
     p = _check(params)
@@ -126,20 +145,32 @@ def validation_noise(
     elif sampling_rate >= 1:
         filt = make_filter("gdp", epsilon, delta)
     else:  # a Renyi filter at the order that is best for the planned constant-noise run (fixed before the run)
-        plan = calibrate_schedule(
-            "uniform", steps, epsilon=epsilon, delta=delta, accountant="rdp", sampling_rate=sampling_rate
-        )
-        filt = make_filter("rdp", epsilon, delta, sampling_rate=sampling_rate, order=plan.details["rdp_search_order"])
+        def plan(n: int):
+            return calibrate_schedule(
+                "uniform", n, epsilon=epsilon, delta=delta, accountant="rdp", sampling_rate=sampling_rate
+            )
+
+        order = p["order"]
+        if order is None:  # the best order of the most steps at the floor sigma the budget affords
+            low = p["floor"] * plan(steps).scale
+            lo, hi = 1, steps  # plan(n).scale grows with n: the largest n with plan(n).scale <= low
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                lo, hi = (mid, hi) if plan(mid).scale <= low else (lo, mid - 1)
+            order = plan(lo).details["rdp_search_order"]
+        filt = make_filter("rdp", epsilon, delta, sampling_rate=sampling_rate, order=order)
     uniform = _uniform_sigma(filt, steps)
-    return ValidationNoise(filt, p["initial"] * uniform, p["factor"], p["patience"], p["min_delta"])
+    return ValidationNoise(filt, p["initial"] * uniform, p["factor"], p["patience"], p["min_delta"], p["floor"] * uniform)
 
 
 def _uniform_sigma(filt: PrivacyFilter, steps: int) -> float:
     """The smallest constant sigma whose ``steps`` steps the filter allows (bisection in sigma, on the filter's own
     test of the last step: the steps before it are one ledger entry)."""
 
+    q = filt.sampling_rate
+
     def fits(s: float) -> bool:
-        cost = filt.cost(s)
+        cost = filt.cost(gaussian_step_event(s, "poisson" if q < 1 else "full", sampling_rate=q))
         return math.fsum([(steps - 1) * cost, cost]) <= filt.budget
 
     lo = hi = 1.0
