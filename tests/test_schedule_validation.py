@@ -19,10 +19,10 @@ from torch import nn
 from dptrain.accounting import Ledger, all_reports, epsilon
 from dptrain.accounting.filters import make_filter
 from dptrain.accounting.gdp import gdp_delta, gdp_epsilon
+from dptrain.accounting.ledger import FILTER_FACT
 from dptrain.cli import main
 from dptrain.config import load_config
 from dptrain.engine import PrivateTrainer, make_private
-from dptrain.accounting.ledger import FILTER_FACT
 from dptrain.errors import AccountingError, BudgetExhausted, ConfigError
 from dptrain.run import run_training
 from dptrain.schedules.validation import validation_noise
