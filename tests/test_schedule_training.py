@@ -19,7 +19,7 @@ from dptrain.accounting.gdp import gdp_epsilon
 from dptrain.cli import main
 from dptrain.config import load_config
 from dptrain.engine import PrivateTrainer, make_private, make_private_with_epsilon
-from dptrain.errors import BudgetExhausted, DataError
+from dptrain.errors import BudgetExhausted, ConfigError, DataError
 from dptrain.run import run_training
 from dptrain.schedules.bounds import R_from_eps_delta
 from dptrain.schedules.kinds import calibrate_shape, quantised_shape, schedule_shape
@@ -235,3 +235,29 @@ def test_schedules_do_not_combine_with_what_assumes_one_noise_multiplier(tmp_pat
         code = main(["train", "--config", str(path), "--out", str(tmp_path / "o"), "--no-progress"])
         err = capsys.readouterr().err
         assert code == 2 and message in err, err
+
+
+def test_a_long_schedule_keeps_a_small_ledger(tmp_path):
+    from dptrain.schedules.stage import shape_for
+
+    full = load_config(_config(tmp_path, 'kind = "exponential"', sampling="full"))
+    assert np.unique(shape_for(full, 500)).size == 500  # the exact shape
+    assert np.unique(shape_for(full, 100_000)).size <= 1024  # rounded: a 10^5-step run has <= 1024 ledger entries
+    poisson = load_config(_config(tmp_path, 'kind = "exponential"'))
+    assert np.unique(shape_for(poisson, 100_000)).size == 16
+
+
+def test_a_schedule_longer_than_its_budget_allows_is_refused():
+    torch.manual_seed(0)
+    model = nn.Linear(6, 2)
+    with pytest.raises(ConfigError, match="the noise schedule has 30 steps but the budget"):
+        make_private(
+            model,
+            torch.optim.SGD(model.parameters(), lr=0.5),
+            _data(),
+            noise_multiplier=5.0,
+            batch_size=200,
+            sampling="full",
+            noise_schedule=schedule_shape("gd-optimal", 30, kappa=10),
+            budget=engine.Budget(1.0, 1e-5),
+        )

@@ -677,7 +677,7 @@ def make_private(
     NOT private), non_private (a baseline for experiments: the same sampling, clipping and optimizer with
     noise_multiplier=0, nothing recorded in the ledger, no epsilon: NOT private).
     """
-    return PrivateTrainer(
+    trainer = PrivateTrainer(
         model,
         optimizer,
         data,
@@ -686,6 +686,17 @@ def make_private(
         batch_size=batch_size,
         **options,
     )
+    if trainer.noise_schedule is not None and trainer.budget is not None:
+        # A schedule cut short by its budget never takes its low-noise steps: refuse it before the first step.
+        allowed, total = trainer.allowed_steps(), trainer.max_steps
+        if allowed < total:
+            raise ConfigError(
+                f"the noise schedule has {total} steps but the budget epsilon={trainer.budget.epsilon:g} at "
+                f"delta={trainer.budget.delta:g} allows only {allowed} of them at noise multiplier "
+                f"{trainer.noise_multiplier:g}; raise the noise multiplier (make_private_with_epsilon calibrates "
+                "it) or shorten the schedule"
+            )
+    return trainer
 
 
 def make_private_with_epsilon(

@@ -28,6 +28,9 @@ KINDS = ("uniform", "influence", "gd-optimal", "momentum", "exponential", "time"
 #: Levels a Poisson-sampled run's shape is rounded to by default: few enough for the pld accountant, which is
 #: the tightest for subsampled steps (dptrain.schedules.kinds.PLD_MAX_LEVELS).
 DEFAULT_POISSON_LEVELS = 16
+#: A full-batch run keeps its exact shape by default, up to this many distinct levels (beyond, the shape is rounded
+#: to them, so that a 10^5-step schedule keeps a small ledger; the gdp accountant stays exact for the rounded steps).
+MAX_DEFAULT_LEVELS = 1024
 #: dptrain.schedules.scale.METHODS
 CALIBRATIONS = ("tightest", "zcdp")
 
@@ -39,7 +42,7 @@ class ScheduleConfig:
     kind: str = "none"  # none (constant noise) | uniform | influence | gd-optimal | momentum | exponential | ...
     options: dict = field(default_factory=dict)  # the kind's parameters (kappa, gamma, beta, influence, rate, ...)
     calibration: str = "tightest"  # tightest (the accountant that certifies the run) | zcdp (the paper's)
-    levels: int | None = None  # None: 16 for Poisson sampling, the exact shape for full batches; 0: exact; N
+    levels: int | None = None  # None: 16 for Poisson, the exact shape (<= 1024 levels) for full batches; 0: exact; N
 
 
 def validate(cfg: RunConfig) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from dptrain.errors import ConfigError
-from dptrain.schedules.config import levels_for
+from dptrain.schedules.config import MAX_DEFAULT_LEVELS, levels_for
 from dptrain.schedules.kinds import quantised_shape, read_influence, schedule_shape, spent_rho
 
 
@@ -19,6 +19,8 @@ def shape_for(cfg, steps: int) -> np.ndarray:
         params["influence"] = read_influence(params["influence"], "schedule.options.influence")
     shape = schedule_shape(s.kind, steps, **params)
     levels = levels_for(cfg)
+    if not levels and s.levels is None and np.unique(shape).size > MAX_DEFAULT_LEVELS:
+        levels = MAX_DEFAULT_LEVELS  # a long full-batch run: a compact ledger by default
     return quantised_shape(shape, levels) if levels else shape
 
 
