@@ -82,3 +82,40 @@ def test_quick_reproduction_compares_schedules_at_one_budget(tmp_path):
     assert "Uniform vs dynamic" in path.read_text()
     assert rs.render(json.loads(to_json(data))).markdown() == path.read_text()
     assert (tmp_path / "influence.png").stat().st_size > 0
+
+
+def test_the_momentum_networks_clipped_sums_are_per_example_autograd():
+    from dptrain.reproduce import schedules_momentum as sm
+
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(7, 4, generator=g) * 3  # noqa: N806
+    Y = torch.tensor([0, 1, 2, 0, 1, 2, 1])  # noqa: N806
+    params = [torch.randn(2, sm.HIDDEN, 4, generator=g), torch.randn(2, sm.HIDDEN, generator=g),
+              torch.randn(2, 3, sm.HIDDEN, generator=g) * 0.3, torch.randn(2, 3, generator=g)]
+    fast = sm.clipped_sums(X, nn.functional.one_hot(Y, 3).float(), params, clip=1.5)
+    for r in range(2):
+        want = [torch.zeros_like(p[r]) for p in params]
+        for i in range(7):
+            ps = [p[r].clone().requires_grad_(True) for p in params]
+            h = torch.relu(X[i] @ ps[0].T + ps[1])
+            loss = nn.functional.cross_entropy((h @ ps[2].T + ps[3])[None], Y[i : i + 1])
+            grads = torch.autograd.grad(loss, ps)
+            norm = torch.sqrt(sum((gr * gr).sum() for gr in grads))
+            for w, gr in zip(want, grads, strict=True):
+                w += gr * min(1.0, 1.5 / float(norm))
+        for got, w in zip(fast, want, strict=True):
+            assert torch.allclose(got[r], w, atol=1e-5)
+
+
+def test_every_momentum_schedule_spends_R_and_the_quick_run_reports_them(tmp_path):
+    from dptrain.reproduce import schedules_momentum as sm
+
+    for s in sm.shapes(30).values():
+        assert math.fsum(v**-2 for v in sm.sigmas_for(s["q"], rs.R_BUDGET)) == pytest.approx(rs.R_BUDGET, rel=1e-9)
+    rs.run(tmp_path, quick=True)
+    data = json.loads((tmp_path / "schedules.json").read_text())
+    (row,) = data["momentum"]
+    assert set(row["results"]) == {"uni", "expinfl", "momexpinfl"} and row["results"]["uni"]["relative"] == 0
+    assert min(v for k, v in row["tuning_loss"].items() if k.startswith("expinfl")) == pytest.approx(
+        row["tuning_loss"][row["results"]["expinfl"]["schedule"]]
+    )
