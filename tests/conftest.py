@@ -7,3 +7,24 @@ import torch
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
+
+
+def run_interrupted(cfg, out, at: int, monkeypatch) -> None:
+    """Run ``cfg`` into ``out`` and interrupt it like a Ctrl-C in the middle of step ``at + 1`` (after ``at``
+    completed steps); the run checkpoints and re-raises, as ``dptrain train`` does."""
+    import pytest
+
+    from dptrain.engine import PrivateTrainer
+    from dptrain.run import run_training
+
+    real_step = PrivateTrainer.step
+
+    def interrupting_step(self):
+        if self.steps == at:
+            raise KeyboardInterrupt
+        return real_step(self)
+
+    with monkeypatch.context() as m:
+        m.setattr(PrivateTrainer, "step", interrupting_step)
+        with pytest.raises(KeyboardInterrupt):
+            run_training(cfg, out, progress=False)

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import run_interrupted
 
 from dptrain.cli import main
 from dptrain.config import load_config
-from dptrain.engine import PrivateTrainer
 from dptrain.run import run_training
 
 ACCOUNT = [
@@ -332,17 +332,7 @@ def test_interrupted_then_resumed_equals_uninterrupted(tmp_path, privacy, monkey
     full = run_training(cfg, tmp_path / "full", progress=False)
 
     # Interrupt in the middle of step 5 (after 4 completed steps), like a Ctrl-C.
-    real_step = PrivateTrainer.step
-
-    def interrupting_step(self):
-        if self.steps == 4:
-            raise KeyboardInterrupt
-        return real_step(self)
-
-    monkeypatch.setattr(PrivateTrainer, "step", interrupting_step)
-    with pytest.raises(KeyboardInterrupt):
-        run_training(cfg, tmp_path / "cut", progress=False)
-    monkeypatch.setattr(PrivateTrainer, "step", real_step)
+    run_interrupted(cfg, tmp_path / "cut", 4, monkeypatch)
     assert json.loads((tmp_path / "cut" / "ledger.json").read_text())["releases"] == 4
 
     resumed = run_training(None, tmp_path / "cut", resume=True, progress=False)

@@ -11,6 +11,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from conftest import run_interrupted
 from torch import nn
 
 from dptrain import engine
@@ -18,7 +19,7 @@ from dptrain.accounting import epsilon
 from dptrain.accounting.gdp import gdp_epsilon
 from dptrain.cli import main
 from dptrain.config import load_config
-from dptrain.engine import PrivateTrainer, make_private, make_private_with_epsilon
+from dptrain.engine import make_private, make_private_with_epsilon
 from dptrain.errors import BudgetExhausted, ConfigError, DataError
 from dptrain.run import run_training
 from dptrain.schedules.bounds import R_from_eps_delta
@@ -148,17 +149,7 @@ def test_a_run_with_a_schedule_resumes_to_the_same_ledger_and_model(tmp_path, mo
     full = run_training(cfg, tmp_path / "full", progress=False)
     assert full["accountant"] == "gdp" and full["epsilon"] == pytest.approx(2.0, rel=1e-9)
     assert full["noise_schedule"]["levels"] == 3 and full["noise_schedule"]["kind"] == "step"
-    real_step = PrivateTrainer.step
-
-    def interrupting_step(self):
-        if self.steps == 4:
-            raise KeyboardInterrupt
-        return real_step(self)
-
-    monkeypatch.setattr(PrivateTrainer, "step", interrupting_step)
-    with pytest.raises(KeyboardInterrupt):
-        run_training(cfg, tmp_path / "cut", progress=False)
-    monkeypatch.setattr(PrivateTrainer, "step", real_step)
+    run_interrupted(cfg, tmp_path / "cut", 4, monkeypatch)
     resumed = run_training(None, tmp_path / "cut", resume=True, progress=False)
     assert resumed["steps"] == full["steps"] == 8 and resumed["epsilon"] == full["epsilon"]
     assert (tmp_path / "cut" / "ledger.json").read_text() == (tmp_path / "full" / "ledger.json").read_text()

@@ -13,6 +13,7 @@ import dp_accounting as dpa
 import numpy as np
 import pytest
 import torch
+from conftest import run_interrupted
 from dp_accounting.rdp import rdp_privacy_accountant
 from torch import nn
 
@@ -22,7 +23,7 @@ from dptrain.accounting.gdp import gdp_delta, gdp_epsilon
 from dptrain.accounting.ledger import FILTER_FACT
 from dptrain.cli import main
 from dptrain.config import load_config
-from dptrain.engine import PrivateTrainer, make_private
+from dptrain.engine import make_private
 from dptrain.errors import AccountingError, BudgetExhausted, ConfigError
 from dptrain.run import run_training
 from dptrain.schedules.validation import validation_noise
@@ -171,17 +172,7 @@ def test_a_validation_run_resumes_to_the_same_ledger_and_model(tmp_path, monkeyp
     full = run_training(cfg, tmp_path / "full", progress=False)
     assert full["accountant"] == "filter" and full["epsilon"] <= 1.0 and full["finished"]
     assert full["noise_schedule"]["decays"] >= 1 and full["steps"] < 30  # lower noise: the budget ends sooner
-    real_step = PrivateTrainer.step
-
-    def interrupting_step(self):
-        if self.steps == 7:
-            raise KeyboardInterrupt
-        return real_step(self)
-
-    monkeypatch.setattr(PrivateTrainer, "step", interrupting_step)
-    with pytest.raises(KeyboardInterrupt):
-        run_training(cfg, tmp_path / "cut", progress=False)
-    monkeypatch.setattr(PrivateTrainer, "step", real_step)
+    run_interrupted(cfg, tmp_path / "cut", 7, monkeypatch)
     resumed = run_training(None, tmp_path / "cut", resume=True, progress=False)
     assert resumed["steps"] == full["steps"]
     assert (tmp_path / "cut" / "ledger.json").read_text() == (tmp_path / "full" / "ledger.json").read_text()
