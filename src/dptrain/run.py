@@ -214,22 +214,16 @@ def build_dpsgd_job(
         build_optimizer(cfg, model) if draft.make_optimizer is None else draft.make_optimizer(model, numbers.steps)
     )
     resuming = ledger is not None and training_steps(ledger) > 0
-    if draft.noise_controller is not None:  # adaptive noise: its own filter is the budget (state from a checkpoint)
-        rate = t.batch_size / n if p.sampling == "poisson" else 1.0
-        controller = draft.noise_controller(numbers.steps, rate)
-        common["accountant"] = "filter"
-        trainer = make_private(
-            model,
-            optimizer,
-            data.train,
-            noise_multiplier=controller.sigma,
-            delta=p.delta,
-            noise_controller=controller,
-            **common,
-        )
-    elif p.target_epsilon is None or resuming:
-        budget = None if p.target_epsilon is None else Budget(p.target_epsilon, p.delta)
-        sigma = ledger_noise_multiplier(ledger) if resuming else p.noise_multiplier
+    adaptive = draft.noise_controller is not None
+    if adaptive or p.target_epsilon is None or resuming:
+        if adaptive:  # adaptive noise: its own filter is the budget (its state comes from a checkpoint)
+            rate = t.batch_size / n if p.sampling == "poisson" else 1.0
+            controller = draft.noise_controller(numbers.steps, rate)
+            common.update(accountant="filter", noise_controller=controller)
+            budget, sigma = None, controller.sigma
+        else:
+            budget = None if p.target_epsilon is None else Budget(p.target_epsilon, p.delta)
+            sigma = ledger_noise_multiplier(ledger) if resuming else p.noise_multiplier
         trainer = make_private(
             model, optimizer, data.train, noise_multiplier=sigma, delta=p.delta, budget=budget, **common
         )
