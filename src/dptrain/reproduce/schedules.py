@@ -390,6 +390,35 @@ def _draw_influence(rows: list[dict]):
     return draw
 
 
+def _fit_rows(rows: list[dict]) -> list[dict]:
+    """The settings whose loss-vs-sigma_t^2 fits are drawn: each (data, loss) at its middle data scale."""
+    out = []
+    for group in sorted({(r["data"], r["loss"]) for r in rows}):
+        rs = [r for r in rows if (r["data"], r["loss"]) == group]
+        out.append(rs[len(rs) // 2])
+    return out
+
+
+def _draw_fits(rows: list[dict], fits_at):
+    def draw(fig, axes):
+        grid = None
+        for ax, r in zip(np.atleast_1d(axes), _fit_rows(rows), strict=False):
+            grid = np.asarray(r["grid"]) ** 2
+            for t in fits_at:
+                f = r["fits"].get(str(t))
+                if f is None:
+                    continue
+                line = ax.plot(grid, f["loss_mean"], "o", ms=3, label=f"t = {t}")[0]
+                ax.plot(grid, f["c2"] * grid + f["c0"], color=line.get_color(), lw=1)
+            ax.set_title(f"{r['data']} / {r['loss']}, scale {r['scale']:g}", fontsize=9)
+            ax.set_xlabel("sigma_t^2")
+            ax.set_ylabel("mean final loss")
+            ax.legend(fontsize=7)
+        fig.tight_layout()
+
+    return draw
+
+
 def _draw_relative(rows: list[dict]):
     def draw(fig, ax):
         for data, loss in sorted({(r["data"], r["loss"]) for r in rows}):
@@ -471,6 +500,9 @@ def render(data: dict) -> Report:
                 "coefficient c2 fitted to each repeat (paper, squared loss on MNIST35: 0.14 / 0.032 / 0.016 at t = 10 / "
                 "60 / 90; logistic, of c2: 0.025 / 0.024 / 0.027).",
                 _fits_table(rows, config["fits_at"]),
+                "Final loss against sigma_t^2 with the fitted line c2 sigma_t^2 + c0 (each (data, loss) at its middle "
+                "data scale):",
+                "![fits](fits.png)",
             ],
         ),
         Section(
@@ -490,6 +522,7 @@ def render(data: dict) -> Report:
     plots = [
         figure("influence.png", _draw_influence(rows), ncols=len(groups), figsize=(4.5 * len(groups), 3.6)),
         figure("relative_loss.png", _draw_relative(rows), figsize=(6.5, 4.2)),
+        figure("fits.png", _draw_fits(rows, config["fits_at"]), ncols=len(groups), figsize=(4.5 * len(groups), 3.4)),
     ]
     return Report("schedules.md", "Dynamic noise schedules: App. D reproduced", intro, sections,
                   {"schedules.json": data}, plots)
