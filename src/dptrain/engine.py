@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_map
 
 from dptrain import independence
 from dptrain.accounting import (
@@ -39,8 +40,8 @@ from dptrain.accounting import (
 from dptrain.accounting.checks import check_delta
 from dptrain.accounting.ledger import TRAINING_MECHANISMS, step_facts, training_steps
 from dptrain.batch_selection import REPLACE_ONE_SCHEMES, BatchSampler, make_sampler
+from dptrain.batches import TensorSource, as_source, call_model
 from dptrain.clipping import Clipping, ClipStats, make_clipping
-from dptrain.data import as_tensors
 from dptrain.errors import AccountingError, BudgetExhausted, ConfigError, DataError, NonFiniteError
 from dptrain.interrupts import deferred_signals
 from dptrain.models import check_private_compatible
@@ -182,6 +183,7 @@ class PrivateTrainer:
         non_private: bool = False,
         release_facts: dict | None = None,
         release: str = "every_iterate",
+        label_key: str = "labels",
         noise_schedule=None,
         noise_controller=None,
     ):
@@ -200,8 +202,9 @@ class PrivateTrainer:
         if max_physical_batch_size is not None and max_physical_batch_size < 1:
             raise ConfigError(f"training.max_physical_batch_size must be >= 1, got {max_physical_batch_size}")
         self.model, self.optimizer, self.budget = model, optimizer, budget
-        self.x, self.y = as_tensors(data)
-        self.sampler: BatchSampler = make_sampler(sampling, len(self.x), batch_size, sample_sizes)
+        #: the training examples (:mod:`dptrain.batches`): tensors in memory or a map-style Dataset
+        self.data = as_source(data, label_key)
+        self.sampler: BatchSampler = make_sampler(sampling, len(self.data), batch_size, sample_sizes)
         self.clipping: Clipping = (
             make_clipping(clipping, max_grad_norm, linf_p) if isinstance(clipping, str) else clipping
         )
@@ -215,7 +218,7 @@ class PrivateTrainer:
         self._check_labels()
         self.independence_checked = bool(check_independence)
         if check_independence:
-            independence.check_independence(model, self.grad_sampler, self.x, self.y)
+            independence.check_independence(model, self.grad_sampler, *self.data.example())
         self.randomness = randomness if randomness is not None else Randomness(seed, secure=secure_noise)
         bind = getattr(optimizer, "bind_randomness", None)
         if bind is not None:  # an update stage that draws secret randomness (ModelMix's mixing weights)
@@ -286,17 +289,21 @@ class PrivateTrainer:
     def _check_labels(self) -> None:
         """With the default cross-entropy loss, labels must index the model's outputs (a one-line DataError, not a
         raw IndexError in the middle of a step). The model is run on one all-zero input: no private example."""
-        if self.loss_fn is not cross_entropy_per_example or self.y.dtype.is_floating_point or not len(self.y):
+        if not isinstance(self.data, TensorSource):  # a Dataset: labels are read batch by batch, never all at once
             return
+        y = self.data.labels
+        if self.loss_fn is not cross_entropy_per_example or y.dtype.is_floating_point or not len(y):
+            return
+        inputs, _ = self.data.example()
         with torch.no_grad(), torch.random.fork_rng(devices=[]):
             was_training = self.model.training
             self.model.eval()
-            outputs = self.model(torch.zeros_like(self.x[:1]))
+            outputs = call_model(self.model, tree_map(torch.zeros_like, inputs))
             self.model.train(was_training)
-        if outputs.dim() != 2 or self.y.dim() != 1:
+        if not torch.is_tensor(outputs) or outputs.dim() != 2 or y.dim() != 1:
             return
         k = outputs.shape[1]
-        low, high = int(self.y.min()), int(self.y.max())
+        low, high = int(y.min()), int(y.max())
         if low < 0 or high >= k:
             raise DataError(
                 f"labels must be class indices in [0, {k}) for a model with {k} outputs; the training labels range "
@@ -533,7 +540,7 @@ class PrivateTrainer:
 
     def _tensor_chunks(self, idx: torch.Tensor):
         for chunk in idx.split(self.max_physical_batch_size) if len(idx) else ():
-            yield self.grad_sampler(self.x[chunk], self.y[chunk])
+            yield self.grad_sampler(*self.data.batch(chunk))
 
     def _clipped_sum(self, idx: torch.Tensor):
         return clipped_sum(self.per_example(idx), self.clipping, self.params, self.report_not_private)

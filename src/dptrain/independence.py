@@ -21,22 +21,15 @@ the user vouches for (``check_independence=False`` in the Python API), which the
 from __future__ import annotations
 
 import torch
+from torch.utils._pytree import tree_flatten
 
+from dptrain.batches import call_model, probe_like, with_first_replaced
 from dptrain.errors import ModelError
 
 PROBE_SIZE = 4
 RTOL, ATOL = 1e-4, 1e-6
 
 CHECK_NAME = "the per-example independence check"
-
-
-def _probe_like(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    shape = (PROBE_SIZE, *x.shape[1:])
-    if x.dtype.is_floating_point:
-        return torch.randn(shape, generator=generator, dtype=x.dtype)
-    if x.dtype == torch.bool:
-        return torch.randint(0, 2, shape, generator=generator).bool()
-    return torch.randint(0, 2, shape, generator=generator, dtype=x.dtype)
 
 
 def _probe_labels(y: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
@@ -51,7 +44,7 @@ def _pass(model, grad_sampler, x, y, rng_seed: int):
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(rng_seed)
         with torch.no_grad():
-            outputs = model(x)
+            outputs = call_model(model, x)
         torch.manual_seed(rng_seed)
         grads, _ = grad_sampler(x, y)
     dtype = next((p.dtype for p in model.parameters()), torch.float32)
@@ -60,7 +53,9 @@ def _pass(model, grad_sampler, x, y, rng_seed: int):
         onehot = torch.zeros(PROBE_SIZE, dtype=dtype)
         onehot[i] = 1.0
         rows.append({n: g.detach().clone() for n, g in grads.weighted_sum(onehot).items()})
-    return outputs.detach(), rows
+    # the outputs' tensors with a batch dimension (a model may return a tuple, a dict, ...)
+    leaves = [t.detach() for t in tree_flatten(outputs)[0] if torch.is_tensor(t) and t.dim() and len(t) == PROBE_SIZE]
+    return leaves, rows
 
 
 def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -69,12 +64,12 @@ def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 def check_independence(model: torch.nn.Module, grad_sampler, x: torch.Tensor, y: torch.Tensor) -> None:
     """Refuse ``model`` (ModelError) if changing example 0 of a probe batch moves the output or the per-example
-    gradient of another example. ``x``, ``y``: training inputs and labels (only their shapes and dtypes are
-    read)."""
+    gradient of another example. ``x``, ``y``: a batch of training inputs (any structure: :mod:`dptrain.batches`)
+    and labels (only their shapes and dtypes are read)."""
     generator = torch.Generator().manual_seed(20231)  # public and fixed: the probe is not private data
-    probe_x, probe_y = _probe_like(x, generator), _probe_labels(y, generator)
-    changed = probe_x.clone()
-    changed[0] = _probe_like(x, generator)[0]
+    probe_x = probe_like(x, PROBE_SIZE, generator)
+    probe_y = _probe_labels(y, generator)
+    changed = with_first_replaced(probe_x, probe_like(x, PROBE_SIZE, generator))
     was_training = model.training
     model.train()
     try:
@@ -82,7 +77,7 @@ def check_independence(model: torch.nn.Module, grad_sampler, x: torch.Tensor, y:
         out_b, grads_b = _pass(model, grad_sampler, changed, probe_y, 1)
     finally:
         model.train(was_training)
-    if not _close(out_a[1:], out_b[1:]):
+    if not all(_close(a[1:], b[1:]) for a, b in zip(out_a, out_b, strict=True)):
         raise ModelError(
             f"{CHECK_NAME} failed: changing one example of a batch changed the model's outputs for the others, so "
             "the model mixes examples (batch statistics, a mean over the batch, ...) and per-example clipping "

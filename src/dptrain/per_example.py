@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
+from dptrain.batches import batch_len, call_model, unsqueezed
 from dptrain.errors import ConfigError, ModelError
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -123,7 +124,11 @@ class FuncGradSampler:
         self.model = model
 
         def loss_one(params, buffers, x, y):
-            out = functional_call(model, (params, buffers), (x.unsqueeze(0),))
+            one = unsqueezed(x)
+            if isinstance(one, dict):
+                out = functional_call(model, (params, buffers), (), one)
+            else:
+                out = functional_call(model, (params, buffers), tuple(one) if isinstance(one, tuple | list) else (one,))
             loss = loss_fn(out, y.unsqueeze(0)).reshape(())
             return loss, loss.detach()
 
@@ -253,7 +258,7 @@ class LayerwiseGradSampler:
         self._records = {}
         try:
             with torch.enable_grad():
-                losses = self.loss_fn(self.model(x), y)
+                losses = self.loss_fn(call_model(self.model, x), y)
             calls = [(m, a, out) for m, recs in self._records.items() for a, out, _ in recs]
             if any(out._version != v for recs in self._records.values() for _, out, v in recs):
                 raise InplaceOutputError(
@@ -262,10 +267,10 @@ class LayerwiseGradSampler:
                 )
         finally:
             self._records = None
-        if losses.shape != (x.shape[0],):
+        n = batch_len(x)
+        if losses.shape != (n,):
             raise ModelError(
-                f"the loss function must return one loss per example (shape [{x.shape[0]}]), "
-                f"got shape {list(losses.shape)}"
+                f"the loss function must return one loss per example (shape [{n}]), got shape {list(losses.shape)}"
             )
         outs = [out for _, _, out in calls]
         grads_out = torch.autograd.grad(losses.sum(), outs, allow_unused=True) if outs else []
@@ -283,9 +288,9 @@ class LayerwiseGradSampler:
                     )
                 per_example[key] = g
         result = {}
-        for n, p in trainable_parameters(self.model).items():  # parameters the forward pass did not use: zero
-            result[n] = (
-                per_example[n] if n in per_example else torch.zeros(x.shape[0], *p.shape, dtype=p.dtype)
+        for name, p in trainable_parameters(self.model).items():  # parameters the forward pass did not use: zero
+            result[name] = (
+                per_example[name] if name in per_example else torch.zeros(n, *p.shape, dtype=p.dtype)
             )
         return PerExampleGrads(result), losses.detach()
 

@@ -1,0 +1,205 @@
+"""Training examples of any structure, in memory or read through a ``torch.utils.data.Dataset``.
+
+An example's *inputs* are a tensor, a tuple/list of tensors, or a dict of tensors (a pytree); its label is one
+tensor. Conventions (README, "Data of any shape"):
+
+- a batch of tuple inputs is passed to the model as positional arguments, a dict batch as keyword arguments;
+- a map-style Dataset item is ``(inputs..., label)`` (a tuple or list whose last element is the label) or a dict
+  whose ``label_key`` entry (default ``"labels"``) is the label and whose other entries are the inputs;
+- ``loss_fn(outputs, labels)`` returns one loss per example.
+
+A :class:`Source` gives the engine what it needs: the number of examples, a batch of given indices (collated with
+torch's ``default_collate`` for Datasets, indexed for tensors), and one example's structure (the independence
+probe's shapes). Nothing here reads more than the examples of the batch asked for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_map, tree_structure
+
+from dptrain.errors import DataError
+
+Inputs = Any  # a tensor, or a tuple/list/dict of tensors
+
+
+def call_model(model: Callable, inputs: Inputs):
+    """``model(x)``, ``model(*inputs)`` for a tuple or list, ``model(**inputs)`` for a dict."""
+    if isinstance(inputs, dict):
+        return model(**inputs)
+    if isinstance(inputs, tuple | list):
+        return model(*inputs)
+    return model(inputs)
+
+
+def batch_len(inputs: Inputs) -> int:
+    """The batch dimension shared by every tensor of ``inputs``."""
+    leaves = tree_flatten(inputs)[0]
+    if not leaves:
+        raise DataError("a batch holds no tensor")
+    sizes = {int(t.shape[0]) if t.dim() else -1 for t in leaves}
+    if len(sizes) != 1 or -1 in sizes:
+        raise DataError(f"every input of a batch must have the same first (batch) dimension, got sizes {sorted(sizes)}")
+    return sizes.pop()
+
+
+def take(inputs: Inputs, idx: torch.Tensor) -> Inputs:
+    """The examples ``idx`` of a batch."""
+    return tree_map(lambda t: t[idx], inputs)
+
+
+def unsqueezed(inputs: Inputs) -> Inputs:
+    """One example as a batch of one."""
+    return tree_map(lambda t: t.unsqueeze(0), inputs)
+
+
+def probe_like(inputs: Inputs, n: int, generator: torch.Generator) -> Inputs:
+    """A batch of ``n`` public synthetic examples with the structure, shapes and dtypes of ``inputs`` (a batch):
+    standard normals for floating tensors, 0/1 for integer and boolean ones (valid token ids, masks)."""
+
+    def probe(t: torch.Tensor) -> torch.Tensor:
+        shape = (n, *t.shape[1:])
+        if t.dtype.is_floating_point:
+            return torch.randn(shape, generator=generator, dtype=t.dtype)
+        if t.dtype == torch.bool:
+            return torch.randint(0, 2, shape, generator=generator).bool()
+        return torch.randint(0, 2, shape, generator=generator, dtype=t.dtype)
+
+    return tree_map(probe, inputs)
+
+
+def with_first_replaced(inputs: Inputs, other: Inputs) -> Inputs:
+    """A copy of the batch ``inputs`` whose example 0 is example 0 of ``other``."""
+
+    def replace(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        out = a.clone()
+        out[0] = b[0]
+        return out
+
+    return tree_map(replace, inputs, other)
+
+
+class TensorSource:
+    """Examples held in memory: inputs (a tensor or a pytree of tensors) and labels indexed by example."""
+
+    def __init__(self, inputs: Inputs, labels: torch.Tensor):
+        n = batch_len(inputs)
+        if labels.dim() == 0 or labels.shape[0] != n:
+            raise DataError(
+                f"training data must hold one label per example: {n} examples, labels of shape {list(labels.shape)}"
+            )
+        self.inputs, self.labels = inputs, labels
+
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])
+
+    def batch(self, idx: torch.Tensor) -> tuple[Inputs, torch.Tensor]:
+        return take(self.inputs, idx), self.labels[idx]
+
+    def example(self) -> tuple[Inputs, torch.Tensor]:
+        """One example as a batch of one (its structure, shapes and dtypes)."""
+        return self.batch(torch.arange(1))
+
+
+class DatasetSource:
+    """Examples read through a map-style ``torch.utils.data.Dataset`` (``__len__`` and ``__getitem__``), collated
+    batch by batch; the user's Dataset is used unchanged."""
+
+    def __init__(self, dataset, label_key: str = "labels", collate: Callable | None = None):
+        from torch.utils.data import default_collate
+
+        self.dataset, self.label_key = dataset, label_key
+        self.collate = collate or default_collate
+        try:
+            self.n = len(dataset)
+        except TypeError:
+            raise DataError("a training Dataset must be map-style: it needs __len__ and __getitem__") from None
+        if self.n < 1:
+            raise DataError("the training Dataset holds no example")
+        self._structure = None
+
+    def __len__(self) -> int:
+        return self.n
+
+    def _split(self, item, index: int):
+        """(inputs, label) of one Dataset item, by the conventions of the module doc."""
+        if isinstance(item, dict):
+            if self.label_key not in item:
+                raise DataError(
+                    f"Dataset item {index} is a dict without the label key {self.label_key!r} (its keys: "
+                    f"{', '.join(map(str, item))}); set label_key"
+                )
+            return {k: v for k, v in item.items() if k != self.label_key}, item[self.label_key]
+        if isinstance(item, tuple | list) and len(item) >= 2:
+            inputs = tuple(item[:-1])
+            return (inputs[0] if len(inputs) == 1 else inputs), item[-1]
+        raise DataError(
+            f"Dataset item {index} is a {type(item).__name__}; items must be (inputs..., label) tuples or dicts "
+            f"with a {self.label_key!r} entry"
+        )
+
+    def batch(self, idx: torch.Tensor) -> tuple[Inputs, torch.Tensor]:
+        pairs = []
+        for i in idx.tolist():
+            inputs, label = self._split(self.dataset[i], i)
+            structure = tree_structure((inputs, label))
+            if self._structure is None:
+                self._structure = structure
+            elif structure != self._structure:
+                raise DataError(
+                    f"Dataset item {i} has another structure than the items before it ({structure} vs "
+                    f"{self._structure}): every item must have the same inputs and label"
+                )
+            pairs.append((inputs, label))
+        if not pairs:
+            return self.empty()
+        try:
+            inputs, labels = self.collate(pairs)
+        except (RuntimeError, TypeError) as e:
+            raise DataError(f"the Dataset's items cannot be collated into a batch: {' '.join(str(e).split())}") from None
+        return inputs, torch.as_tensor(labels)
+
+    def empty(self) -> tuple[Inputs, torch.Tensor]:
+        inputs, labels = self.example()
+        return take(inputs, torch.arange(0)), labels[:0]
+
+    def example(self) -> tuple[Inputs, torch.Tensor]:
+        return self.batch(torch.arange(1))
+
+
+def as_source(data, label_key: str = "labels"):
+    """The engine's view of training data: an :class:`~dptrain.data.ArrayDataset`, a ``TensorDataset``, an
+    ``(inputs, labels)`` pair (inputs a tensor or a tuple/dict of tensors) -> :class:`TensorSource`; any other
+    map-style Dataset -> :class:`DatasetSource`."""
+    if isinstance(data, TensorSource | DatasetSource):
+        return data
+    if hasattr(data, "x") and hasattr(data, "y"):
+        return TensorSource(torch.as_tensor(data.x), torch.as_tensor(data.y))
+    if isinstance(data, torch.utils.data.TensorDataset):
+        return TensorSource(*data.tensors[:2])
+    if isinstance(data, tuple | list) and len(data) == 2 and hasattr(data[1], "shape"):
+        inputs, labels = data
+        inputs = tree_map(torch.as_tensor, inputs) if isinstance(inputs, tuple | list | dict) else torch.as_tensor(inputs)
+        return TensorSource(inputs, torch.as_tensor(labels))
+    if hasattr(data, "__getitem__") and hasattr(data, "__len__"):
+        return DatasetSource(data, label_key)
+    raise DataError(
+        "training data must be an ArrayDataset, a TensorDataset, an (inputs, labels) pair of tensors or a "
+        "map-style torch Dataset"
+    )
+
+
+__all__ = [
+    "DatasetSource",
+    "TensorSource",
+    "as_source",
+    "batch_len",
+    "call_model",
+    "probe_like",
+    "take",
+    "unsqueezed",
+    "with_first_replaced",
+]

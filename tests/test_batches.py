@@ -1,0 +1,181 @@
+"""Training data of any structure (dptrain.batches): a user's map-style Dataset works unchanged and gives exactly the
+run the same tensors give; tuple inputs go to the model as positional arguments, dict inputs as keyword arguments
+(without the label key); per-example gradients of structured inputs match the single-example loop; inconsistent
+data and batch-mixing models are refused in one line."""
+
+import warnings
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+from dptrain.batches import DatasetSource, as_source
+from dptrain.engine import make_private
+from dptrain.errors import DataError, ModelError
+from dptrain.per_example import make_grad_sampler, trainable_parameters
+
+warnings.filterwarnings("ignore", message="not private")
+
+
+class Pairs(Dataset):
+    """A user's Dataset: (x_i, y_i) items, read one at a time."""
+
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+        self.reads = 0
+
+    def __len__(self):
+        return len(self.y)
+
+    def __getitem__(self, i):
+        self.reads += 1
+        return self.x[i], self.y[i]
+
+
+def _data(n=64, d=5):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, d, generator=g)
+    return x, (x[:, 0] > 0).long()
+
+
+def _run(data, steps=6, **options):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 8), nn.Tanh(), nn.Linear(8, 2))
+    trainer = make_private(
+        model, torch.optim.SGD(model.parameters(), lr=0.5), data, noise_multiplier=1.0, batch_size=16, seed=7, **options
+    )
+    trainer.train(steps=steps)
+    return trainer, model
+
+
+def test_a_dataset_gives_exactly_the_run_the_same_tensors_give():
+    x, y = _data()
+    a, model_a = _run((x, y))
+    ds = Pairs(x, y)
+    b, model_b = _run(ds, max_physical_batch_size=5)  # chunked reads
+    assert a.ledger.to_dict() == b.ledger.to_dict()
+    for p, q in zip(model_a.parameters(), model_b.parameters(), strict=True):
+        assert torch.allclose(p, q, atol=1e-6)
+    # only the sampled examples are read (plus one for the structure and the independence probe's shapes)
+    assert ds.reads < 6 * 16 * 2 + 5
+
+
+class TwoInputs(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(3, 4), nn.Linear(2, 4)
+        self.out = nn.Linear(4, 2)
+
+    def forward(self, a, b):
+        return self.out(torch.tanh(self.a(a) + self.b(b)))
+
+
+class Tokens(nn.Module):
+    """Keyword inputs, as a Hugging Face model takes them: an embedding, a mask, a linear head."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb, self.head = nn.Embedding(11, 4), nn.Linear(4, 2)
+
+    def forward(self, input_ids, attention_mask):
+        h = (self.emb(input_ids) * attention_mask[..., None]).sum(1) / attention_mask.sum(1, keepdim=True)
+        return self.head(h)
+
+
+def _loop_grads(model, inputs, y, call):
+    out = []
+    for i in range(len(y)):
+        model.zero_grad()
+        loss = nn.functional.cross_entropy(call(model, i), y[i : i + 1])
+        loss.backward()
+        out.append({n: p.grad.clone() for n, p in trainable_parameters(model).items()})
+    return out
+
+
+@pytest.mark.parametrize("backend", ["func", "auto"])
+def test_per_example_gradients_of_tuple_and_dict_inputs_match_the_loop(backend):
+    g = torch.Generator().manual_seed(1)
+    torch.manual_seed(0)
+    cases = [
+        (TwoInputs(), (torch.randn(6, 3, generator=g), torch.randn(6, 2, generator=g)),
+         lambda m, i, x: m(x[0][i : i + 1], x[1][i : i + 1])),
+        (Tokens(), {"input_ids": torch.randint(0, 11, (6, 5), generator=g),
+                    "attention_mask": torch.tensor([[1, 1, 1, 0, 0]] * 3 + [[1, 1, 1, 1, 1]] * 3).float()},
+         lambda m, i, x: m(**{k: v[i : i + 1] for k, v in x.items()})),
+    ]
+    y = torch.tensor([0, 1, 1, 0, 1, 0])
+    for model, inputs, call in cases:
+        sampler = make_grad_sampler(model, lambda o, t: nn.functional.cross_entropy(o, t, reduction="none"), backend)
+        grads, losses = sampler(inputs, y)
+        assert losses.shape == (6,)
+        want = _loop_grads(model, inputs, y, lambda m, i, call=call, inputs=inputs: call(m, i, inputs))
+        got = grads.materialize()
+        for i, w in enumerate(want):
+            for n in w:
+                assert torch.allclose(got[n][i], w[n], atol=1e-5), (type(model).__name__, n)
+
+
+class Records(Dataset):
+    def __init__(self, n=40):
+        g = torch.Generator().manual_seed(2)
+        self.ids = torch.randint(0, 11, (n, 5), generator=g)
+        self.mask = torch.ones(n, 5)
+        self.labels = (self.ids[:, 0] > 5).long()
+
+    def __len__(self):
+        return len(self.labels)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.ids[i], "attention_mask": self.mask[i], "labels": self.labels[i]}
+
+
+def test_a_dict_dataset_trains_through_the_engine_with_keyword_inputs():
+    torch.manual_seed(0)
+    model = Tokens()
+    before = {n: p.clone() for n, p in model.named_parameters()}
+    trainer = make_private(
+        model, torch.optim.SGD(model.parameters(), lr=0.5), Records(), noise_multiplier=1.0, batch_size=10, seed=3
+    )
+    trainer.train(steps=3)
+    assert trainer.steps == 3 and trainer.ledger.releases == 3
+    assert all(not torch.equal(before[n], p) for n, p in model.named_parameters())
+    # the same records as tensors: (dict of inputs, labels)
+    ds = Records()
+    source = as_source(({"input_ids": ds.ids, "attention_mask": ds.mask}, ds.labels))
+    inputs, labels = source.batch(torch.tensor([3, 1]))
+    assert torch.equal(inputs["input_ids"], ds.ids[[3, 1]]) and torch.equal(labels, ds.labels[[3, 1]])
+
+
+class Mixed(Dataset):
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return (torch.zeros(3), torch.tensor(0)) if i % 2 == 0 else (torch.zeros(3), torch.zeros(2), torch.tensor(0))
+
+
+def test_inconsistent_or_unlabelled_datasets_are_refused_in_one_line():
+    with pytest.raises(DataError, match="another structure than the items before it"):
+        DatasetSource(Mixed()).batch(torch.arange(4))
+
+    class NoLabel(Records):
+        def __getitem__(self, i):
+            return {"input_ids": self.ids[i]}
+
+    with pytest.raises(DataError, match="without the label key 'labels'"):
+        DatasetSource(NoLabel()).batch(torch.arange(2))
+    with pytest.raises(DataError, match="map-style"):
+        as_source(iter([1, 2]))
+
+
+class BatchMixing(Tokens):
+    def forward(self, input_ids, attention_mask):
+        out = super().forward(input_ids, attention_mask)
+        return out - out.mean(0)  # mixes the examples of a batch
+
+
+def test_the_independence_check_sees_through_keyword_inputs():
+    model = BatchMixing()
+    with pytest.raises(ModelError, match="independence check failed"):
+        make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), Records(), noise_multiplier=1.0, batch_size=8)
