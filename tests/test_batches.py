@@ -179,3 +179,37 @@ def test_the_independence_check_sees_through_keyword_inputs():
     model = BatchMixing()
     with pytest.raises(ModelError, match="independence check failed"):
         make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), Records(), noise_multiplier=1.0, batch_size=8)
+
+
+def test_memory_mapped_npz_and_idx_train_like_the_arrays_in_memory(tmp_path):
+    import gzip
+    import struct
+
+    import numpy as np
+
+    from dptrain.data import read_idx
+    from dptrain.memmap import idx_dataset, npz_dataset
+
+    x, y = _data()
+    np.savez(tmp_path / "d.npz", x=x.numpy(), y=y.numpy(), x_test=x[:4].numpy(), y_test=y[:4].numpy())
+    ds = npz_dataset(tmp_path / "d.npz")
+    assert isinstance(ds.inputs, np.memmap) and len(ds) == 64 and len(npz_dataset(tmp_path / "d.npz", "test")) == 4
+    a, model_a = _run((x, y))
+    b, model_b = _run(ds)
+    assert a.ledger.to_dict() == b.ledger.to_dict()
+    assert all(torch.allclose(p, q, atol=1e-6) for p, q in zip(model_a.parameters(), model_b.parameters(), strict=True))
+    np.savez_compressed(tmp_path / "c.npz", x=x.numpy(), y=y.numpy())
+    with pytest.raises(DataError, match="compressed"):
+        npz_dataset(tmp_path / "c.npz")
+    # IDX in the real format: magic 00 00 <dtype> <ndim>, big-endian dims, big-endian data
+    images = (np.arange(5 * 4 * 3) % 251).astype(np.uint8).reshape(5, 4, 3)
+    labels = np.array([3, 1, 4, 1, 5], dtype=np.uint8)
+    (tmp_path / "img").write_bytes(bytes([0, 0, 0x08, 3]) + struct.pack(">3I", 5, 4, 3) + images.tobytes())
+    (tmp_path / "lab").write_bytes(bytes([0, 0, 0x08, 1]) + struct.pack(">I", 5) + labels.tobytes())
+    idx = idx_dataset(tmp_path / "img", tmp_path / "lab")
+    assert np.array_equal(np.asarray(idx.inputs), read_idx(tmp_path / "img"))
+    xb, yb = idx[2]
+    assert torch.equal(xb, torch.from_numpy(images[2])) and int(yb) == 4
+    (tmp_path / "img.gz").write_bytes(gzip.compress((tmp_path / "img").read_bytes()))
+    with pytest.raises(DataError, match="gunzip"):
+        idx_dataset(tmp_path / "img.gz", tmp_path / "lab")

@@ -143,8 +143,11 @@ class DatasetSource:
 
     def batch(self, idx: torch.Tensor) -> tuple[Inputs, torch.Tensor]:
         pairs = []
-        for i in idx.tolist():
-            inputs, label = self._split(self.dataset[i], i)
+        indices = idx.tolist()
+        getitems = getattr(self.dataset, "__getitems__", None)  # torch's batched fetching, where a Dataset has it
+        items = getitems(indices) if getitems is not None and indices else [self.dataset[i] for i in indices]
+        for i, item in zip(indices, items, strict=True):
+            inputs, label = self._split(item, i)
             structure = tree_structure((inputs, label))
             if self._structure is None:
                 self._structure = structure
