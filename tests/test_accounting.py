@@ -206,3 +206,25 @@ def test_reports_are_memoized_by_what_the_accountant_reads():
     assert epsilon(b, 1e-5, "pld") is first
     assert epsilon(c, 1e-5, "pld").epsilon < first.epsilon
     assert base._content_key(a, None) != base._content_key(b, None)  # accountants that read facts see them
+
+
+def test_the_vectorised_gaussian_pld_is_dp_accountings_bit_for_bit():
+    """dptrain builds each Gaussian release's PLD with a vectorised privacy loss (standard._VectorizedGaussianLoss):
+    the PMFs must be exactly dp_accounting's, for add/remove and replace-one, with and without sampling."""
+    import dp_accounting as dpa
+    import numpy as np
+    from dp_accounting.pld import privacy_loss_distribution
+
+    from dptrain.accounting.standard import _gaussian_pld
+
+    cases = [(0.59, 0.004, "a"), (1.1, 0.5, "a"), (0.3, 1e-5, "a"), (2.0, 1.0, "a"), (0.8, 1.0, "r")]
+    for std, q, adj in cases:
+        rel = dpa.NeighboringRelation.ADD_OR_REMOVE_ONE if adj == "a" else dpa.NeighboringRelation.REPLACE_ONE
+        ours = _gaussian_pld(std, q, 1e-3, rel)
+        theirs = privacy_loss_distribution.from_gaussian_mechanism(
+            std, value_discretization_interval=1e-3, sampling_prob=q, neighboring_relation=rel
+        )
+        for a, b in ((ours._pmf_remove, theirs._pmf_remove), (ours._pmf_add, theirs._pmf_add)):
+            a, b = a.to_dense_pmf(), b.to_dense_pmf()
+            assert a._lower_loss == b._lower_loss and np.array_equal(a._probs, b._probs), (std, q, adj)
+            assert a._infinity_mass == b._infinity_mass

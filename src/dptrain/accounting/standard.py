@@ -13,11 +13,13 @@ import contextlib
 import functools
 import logging
 import math
+import numbers
 
 import dp_accounting as dpa
-from dp_accounting.pld import common, pld_pmf, privacy_loss_distribution, privacy_loss_mechanism
+import numpy as np
+from dp_accounting.pld import pld_pmf, privacy_loss_distribution, privacy_loss_mechanism
 from dp_accounting.rdp import rdp_privacy_accountant
-from scipy import stats
+from scipy import special, stats
 
 from dptrain.accounting.base import PrivacyReport, register_accountant
 from dptrain.accounting.ledger import NEIGHBORING, Ledger
@@ -277,14 +279,83 @@ def _compose_pld(
     return composed, 0.0
 
 
+class _VectorizedGaussianLoss(privacy_loss_mechanism.GaussianPrivacyLoss):
+    """dp_accounting's GaussianPrivacyLoss, with ``get_delta_for_epsilon`` computing the inverse privacy losses of an
+    array of epsilons at once (dp_accounting calls ``inverse_privacy_loss`` once per grid point in Python: about 8 us
+    each, 0.2 s for one step's 23,000 points, most of a calibration). Same formulas, same branches, the same cdf
+    calls: tests/test_accounting.py checks the PMFs against dp_accounting's own to 1e-12. Replace-one adjacency and
+    scalar calls use dp_accounting's code unchanged."""
+
+    def get_delta_for_epsilon(self, epsilon):
+        add = self.adjacency_type == privacy_loss_mechanism.AdjacencyType.ADD
+        remove = self.adjacency_type == privacy_loss_mechanism.AdjacencyType.REMOVE
+        if isinstance(epsilon, numbers.Number) or not (add or remove):
+            return super().get_delta_for_epsilon(epsilon)
+        q = self.sampling_prob
+        epsilons = np.asarray(epsilon, dtype=float)
+        deltas = np.zeros_like(epsilons, dtype=float)
+        if q == 1.0:
+            inverse = np.full_like(epsilons, True, dtype=bool)
+        elif add:
+            inverse = epsilons < -math.log1p(-q)
+        else:
+            inverse = epsilons > math.log1p(-q)
+            deltas[~inverse] = -np.expm1(epsilons[~inverse])
+        x = self._inverse_losses(epsilons[inverse], add)
+        deltas[inverse] = self.mu_upper_cdf(x) - np.exp(epsilons[inverse] + self.mu_lower_log_cdf(x))
+        return np.clip(deltas, 0, 1)
+
+    def _inverse_losses(self, losses: np.ndarray, add: bool) -> np.ndarray:
+        """``inverse_privacy_loss`` (dp_accounting's _inverse_privacy_loss_add / _remove) for an array of losses."""
+        s, var, q = self.sensitivity, self._standard_deviation**2, self.sampling_prob
+        if q == 1.0:
+            without = losses
+        else:
+            sign = -1.0 if add else 1.0
+            b = sign * losses
+            a, c = 1 / q, 1 - 1 / q  # log(a e^b + c) as common.log_a_times_exp_b_plus_c computes it (a > 0 > c)
+            with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+                d = b + np.log(a)
+                logged = np.where(b == 0, np.log(a + c), d + np.log1p(-np.exp(np.log(-c) - d)))
+                without = sign * logged
+            edge = math.log(1 - q) * (-1.0 if add else 1.0)  # where dp_accounting maps the loss to -+infinity
+            close = np.isclose(losses, edge, rtol=1e-9, atol=0.0)
+            without = np.where(close, math.inf if add else -math.inf, without)
+        with np.errstate(invalid="ignore"):
+            x = -0.5 * s - without * var / s  # _inverse_privacy_loss_without_subsampling_remove
+        return s + x if add else x
+
+
+def _gaussian_pld(std: float, prob: float, interval: float, relation) -> PLD:
+    """What ``privacy_loss_distribution.from_gaussian_mechanism`` builds (the same calls, its defaults: sensitivity 1,
+    pessimistic, connect the dots, truncation at log mass -50), with the vectorised privacy loss above."""
+
+    def single(adjacency):
+        return privacy_loss_distribution._create_pld_pmf_from_monotone_privacy_loss(
+            _VectorizedGaussianLoss(
+                std,
+                sensitivity=1.0,
+                pessimistic_estimate=True,
+                log_mass_truncation_bound=-50,
+                sampling_prob=prob,
+                adjacency_type=adjacency,
+            ),
+            pessimistic_estimate=True,
+            value_discretization_interval=interval,
+            use_connect_dots=True,
+        )
+
+    if relation == dpa.NeighboringRelation.REPLACE_ONE:
+        return PLD(single(privacy_loss_mechanism.AdjacencyType.REPLACE))
+    return privacy_loss_distribution._pld_for_subsampled_mechanism(single, prob)
+
+
 @functools.lru_cache(maxsize=32)
 def _gaussian_step(std: float, prob: float, interval: float, relation) -> PLD:
-    """One (sub)sampled Gaussian release's PLD, memoized: building it point by point is most of an epsilon
-    evaluation (about 2 s at sigma = 0.59, q = 0.004, interval 1e-4), and a run asks for the epsilon of the same
-    step after more and more steps. PLD objects are not modified by composing them."""
-    return privacy_loss_distribution.from_gaussian_mechanism(
-        std, value_discretization_interval=interval, sampling_prob=prob, neighboring_relation=relation
-    )
+    """One (sub)sampled Gaussian release's PLD, memoized: building it is most of an epsilon evaluation, and a run
+    asks for the epsilon of the same step after more and more steps. PLD objects are not modified by composing
+    them."""
+    return _gaussian_pld(std, prob, interval, relation)
 
 
 def _step_points(std: float, prob: float, interval: float, neighboring: str) -> int:
@@ -350,11 +421,31 @@ def _self_composed_points(step: PLD, count: int) -> int:
     sizes = []
     for pmf in _pmfs(step):
         if isinstance(pmf, pld_pmf.DensePLDPmf):
-            lower, upper = common.compute_self_convolve_bounds(pmf._probs, count, _TAIL_MASS)
+            lower, upper = _self_convolve_bounds(pmf._probs, count)
             sizes.append(upper - lower + 1)
         else:
             sizes.append(_SPARSE_POINTS)
     return max(sizes)
+
+
+def _self_convolve_bounds(probs: np.ndarray, count: int) -> tuple[int, int]:
+    """dp_accounting's ``common.compute_self_convolve_bounds(probs, count, _TAIL_MASS)`` (Chernoff bounds at its 40
+    orders) with the 40 log moment generating functions in one array operation instead of 40 calls (a size
+    prediction only: the composition computes its own)."""
+    n = len(probs)
+    upper, lower = (n - 1) * count, 0
+    orders = np.concatenate((np.arange(-20, 0), np.arange(1, 21))) / n
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        log_mgfs = special.logsumexp(np.arange(n)[None, :] * orders[:, None], b=probs[None, :], axis=1)
+        bounds = (count * log_mgfs + math.log(2 / _TAIL_MASS)) / orders
+    for order, bound in zip(orders, bounds, strict=True):
+        if not math.isfinite(bound):
+            continue
+        if order > 0:
+            upper = min(upper, math.ceil(bound))
+        else:
+            lower = max(lower, math.floor(bound))
+    return lower, upper
 
 
 register_accountant(RdpAccountant())
