@@ -90,14 +90,79 @@ def test_per_example_gradients_match_loop(case, backend):
         torch.testing.assert_close(summed[n], torch.tensordot(f, g, dims=1), rtol=1e-9, atol=1e-12)
 
 
-def test_auto_picks_layerwise_when_supported_else_func():
+def test_auto_falls_back_per_module_not_for_the_whole_model():
     assert (
         make_grad_sampler(build_model("cnn28", (1, 28, 28), 10), cross_entropy_per_example).name
         == "layerwise"
     )
-    model = nn.Sequential(nn.Linear(4, 4), nn.PReLU(), nn.Linear(4, 2))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.PReLU(), nn.Linear(4, 2)).double()
     assert not layerwise_supported(model)  # PReLU has a parameter the layerwise backend has no rule for
-    assert make_grad_sampler(model, cross_entropy_per_example).name == "func"
+    sampler = make_grad_sampler(model, cross_entropy_per_example)
+    assert sampler.name == "layerwise+func"  # torch.func for the PReLU only
+    x, y = torch.randn(5, 4, dtype=torch.float64), torch.randint(0, 2, (5,))
+    grads, expected = sampler(x, y)[0].materialize(), loop_gradients(model, x, y)
+    for n in expected:
+        torch.testing.assert_close(grads[n], expected[n])
+    with pytest.raises(Exception, match="rules for Linear"):
+        make_grad_sampler(model, cross_entropy_per_example, "layerwise")  # the strict backend refuses
+
+
+class Sequence(nn.Module):
+    """Token ids -> Embedding (with a padding id) -> Conv1d over time -> RMSNorm -> Linear on [B, T, d] (ghost
+    norms: short sequence, wide layer) -> LayerNorm -> attention (no rule: torch.func for that module) -> head."""
+
+    def __init__(self, vocab=50, d=12, ghost_width=40):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d, padding_idx=0)
+        self.conv = nn.Conv1d(d, d, 3, padding=1, groups=2)
+        self.rms = nn.RMSNorm(d)
+        self.wide = nn.Linear(d, ghost_width)
+        self.norm = nn.LayerNorm(ghost_width)
+        self.attn = nn.MultiheadAttention(ghost_width, 2, batch_first=True)
+        self.head = nn.Linear(ghost_width, 3)
+
+    def forward(self, ids):
+        h = self.emb(ids)
+        h = torch.tanh(self.conv(h.transpose(1, 2))).transpose(1, 2)
+        h = self.norm(torch.tanh(self.wide(self.rms(h))))
+        h, _ = self.attn(h, h, h, need_weights=False)
+        return self.head(h.mean(1))
+
+
+@pytest.mark.parametrize("backend", ["auto", "func"])
+def test_sequence_layers_match_the_loop(backend):
+    from dptrain.per_example import _EmbeddingFactors, _LinearFactors, ghost_pays
+
+    torch.manual_seed(0)
+    model = Sequence().double()
+    ids = torch.randint(0, 50, (6, 5))
+    ids[0, 3:] = 0  # padding
+    ids[1, :] = 7  # repeated ids: the embedding's Gram form must add them up
+    y = torch.randint(0, 3, (6,))
+    expected = loop_gradients(model, ids, y)
+    sampler = make_grad_sampler(model, cross_entropy_per_example, backend)
+    per_example, _ = sampler(ids, y)
+    if backend == "auto":
+        assert sampler.name == "layerwise+func"
+        parts = per_example._parts
+        assert isinstance(parts["emb.weight"], _EmbeddingFactors)  # never [B, vocab, d]
+        assert ghost_pays(5, 12, 40) and isinstance(parts["wide.weight"], _LinearFactors)
+    grads = per_example.materialize()
+    f = torch.rand(6, dtype=torch.float64)
+    sq, summed = per_example.sq_norms(), per_example.weighted_sum(f)
+    for n, g in expected.items():
+        torch.testing.assert_close(grads[n], g, rtol=1e-9, atol=1e-11, msg=n)
+        torch.testing.assert_close(sq[n], g.reshape(6, -1).pow(2).sum(1), rtol=1e-9, atol=1e-12, msg=n)
+        torch.testing.assert_close(summed[n], torch.tensordot(f, g, dims=1), rtol=1e-9, atol=1e-12, msg=n)
+    assert not grads["emb.weight"][:, 0].any()  # the padding row gets no gradient
+
+
+def test_ghost_norms_are_chosen_per_layer_from_its_shapes():
+    from dptrain.per_example import ghost_pays
+
+    assert ghost_pays(positions=16, fan_in=768, fan_out=50_000)  # a vocabulary projection on short text
+    assert not ghost_pays(positions=196, fan_in=9, fan_out=16)  # cnn28's first convolution as a matmul
 
 
 def test_inplace_activation_falls_back_to_func_with_correct_gradients():

@@ -8,22 +8,28 @@ single-example backward passes):
 - ``layerwise``: forward hooks record each layer's input and output; one backward pass asks autograd
   only for the gradients of the layer *outputs* (so it never computes the batch-summed weight
   gradient it would throw away), and each layer's per-example weight gradient is formed from its
-  input and output gradient: an outer product for Linear, a grouped convolution backward for Conv2d,
-  the normalized input for GroupNorm/LayerNorm. Used when every trainable parameter belongs to
-  such a layer; about twice as fast as ``func`` on the small CNNs of the DP literature.
+  input and output gradient: an outer product for Linear (on [B, in] or sequences [B, T, in]), a grouped
+  convolution backward for Conv1d/Conv2d, the normalized input for GroupNorm/LayerNorm/RMSNorm, the looked-up
+  ids for Embedding. About twice as fast as ``func`` on the small CNNs of the DP literature. A module with
+  parameters but no rule (attention, PReLU, a custom layer) is differentiated per example by torch.func on its
+  own, from its recorded inputs and output gradient: the fallback is per module, not for the whole model.
 
-``make_grad_sampler(model, loss_fn, "auto")`` picks ``layerwise`` when it applies, else ``func``.
+``make_grad_sampler(model, loss_fn, "auto")`` uses ``layerwise`` with that per-module fallback, and ``func`` for the
+whole model only when a module cannot be differentiated on its own; ``"layerwise"`` is strict (rules only).
 A loss function takes (outputs, targets) and returns one loss per example (shape [B]).
 
 A backend returns a :class:`PerExampleGrads`: clipping rules ask it for per-example squared norms and
 for weighted sums sum_i f_i g_i, and only materialize the [B, ...] tensors when they need them. For a
 Linear layer on [B, in] inputs the layerwise backend never materializes: ||g_i||^2 = ||delta_i||^2 ||a_i||^2
 ("ghost" norms, Goodfellow 2015; Li et al. 2022) and sum_i f_i g_i = (f * delta)^T a is one matmul
-(the book-keeping trick of Bu et al. 2023).
+(the book-keeping trick of Bu et al. 2023). On sequences it keeps the factors too (the Gram form over positions)
+where that is cheaper, decided per layer from its shapes (:func:`ghost_pays`), and an Embedding never builds a
+[B, vocabulary, dim] tensor unless asked to materialize.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -72,29 +78,72 @@ class PerExampleGrads:
         keep = ~mask
 
         def zeroed(part):
-            if isinstance(part, _LinearFactors):
-                return _LinearFactors(_zero_rows(part.delta, keep), _zero_rows(part.a, keep))
-            return _zero_rows(part, keep)
+            return part.zeroed(keep) if isinstance(part, _FACTORS) else _zero_rows(part, keep)
 
         return PerExampleGrads({n: zeroed(part) for n, part in self._parts.items()})
 
     def materialize(self) -> dict[str, torch.Tensor]:
         """name -> [B, *parameter shape]."""
-        return {
-            n: part.materialize() if isinstance(part, _LinearFactors) else part
-            for n, part in self._parts.items()
-        }
+        return {n: part.materialize() if isinstance(part, _FACTORS) else part for n, part in self._parts.items()}
 
 
 @dataclass(frozen=True)
 class _LinearFactors:
-    """Per-example gradients delta_i a_i^T of a Linear weight, kept as their two factors."""
+    """Per-example gradients delta_i a_i^T of a Linear weight, kept as their two factors. On sequences ([B, T, out]
+    and [B, T, in]) the gradient is sum_t delta_it a_it^T and its squared norm the Gram form
+    sum_{t,t'} (delta_t . delta_t')(a_t . a_t') (Li et al. 2022, "ghost clipping"): no [B, out, in] tensor."""
 
-    delta: torch.Tensor  # [B, out]
-    a: torch.Tensor  # [B, in]
+    delta: torch.Tensor  # [B, out] or [B, T, out]
+    a: torch.Tensor  # [B, in] or [B, T, in]
 
     def materialize(self) -> torch.Tensor:
-        return torch.einsum("bo,bi->boi", self.delta, self.a)
+        if self.delta.dim() == 2:
+            return torch.einsum("bo,bi->boi", self.delta, self.a)
+        return torch.einsum("bto,bti->boi", self.delta, self.a)
+
+    def sq_norms(self) -> torch.Tensor:
+        if self.delta.dim() == 2:
+            return self.delta.pow(2).sum(1) * self.a.pow(2).sum(1)
+        return (self.delta @ self.delta.transpose(1, 2) * (self.a @ self.a.transpose(1, 2))).sum((1, 2))
+
+    def weighted_sum(self, f: torch.Tensor) -> torch.Tensor:
+        if self.delta.dim() == 2:
+            return (self.delta * f[:, None]).T @ self.a
+        return torch.einsum("bto,bti->oi", self.delta * f[:, None, None], self.a)
+
+    def zeroed(self, keep: torch.Tensor) -> _LinearFactors:
+        return _LinearFactors(_zero_rows(self.delta, keep), _zero_rows(self.a, keep))
+
+
+@dataclass(frozen=True)
+class _EmbeddingFactors:
+    """Per-example gradients of an Embedding weight from the looked-up ids [B, T] and the output gradients
+    [B, T, dim]: row v of example i's gradient is the sum of delta_it over the positions t with id v. The squared
+    norm is sum over pairs of positions with equal ids of delta_t . delta_t' (no [B, vocabulary, dim] tensor)."""
+
+    ids: torch.Tensor  # [B, T] (int)
+    delta: torch.Tensor  # [B, T, dim]
+    num_embeddings: int
+
+    def materialize(self) -> torch.Tensor:
+        b, t, d = self.delta.shape
+        out = self.delta.new_zeros(b, self.num_embeddings, d)
+        return out.scatter_add_(1, self.ids[..., None].expand(b, t, d), self.delta)
+
+    def sq_norms(self) -> torch.Tensor:
+        same = (self.ids[:, :, None] == self.ids[:, None, :]).to(self.delta.dtype)
+        return (self.delta @ self.delta.transpose(1, 2) * same).sum((1, 2))
+
+    def weighted_sum(self, f: torch.Tensor) -> torch.Tensor:
+        d = self.delta.shape[-1]
+        out = self.delta.new_zeros(self.num_embeddings, d)
+        return out.index_add_(0, self.ids.reshape(-1), (self.delta * f[:, None, None]).reshape(-1, d))
+
+    def zeroed(self, keep: torch.Tensor) -> _EmbeddingFactors:
+        return _EmbeddingFactors(self.ids, _zero_rows(self.delta, keep), self.num_embeddings)
+
+
+_FACTORS = (_LinearFactors, _EmbeddingFactors)
 
 
 def _zero_rows(t: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
@@ -103,15 +152,15 @@ def _zero_rows(t: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
 
 
 def _sq_norms(part) -> torch.Tensor:
-    if isinstance(part, _LinearFactors):
-        return part.delta.pow(2).sum(1) * part.a.pow(2).sum(1)
+    if isinstance(part, _FACTORS):
+        return part.sq_norms()
     flat = part.flatten(1)
     return torch.linalg.vecdot(flat, flat)
 
 
 def _weighted_sum(part, f: torch.Tensor) -> torch.Tensor:
-    if isinstance(part, _LinearFactors):
-        return (part.delta * f[:, None]).T @ part.a
+    if isinstance(part, _FACTORS):
+        return part.weighted_sum(f)
     return torch.tensordot(f, part, dims=1)
 
 
@@ -170,17 +219,59 @@ def _conv_weight_per_example(conv: nn.Conv2d, a: torch.Tensor, go: torch.Tensor)
     return gw.reshape(b, *w.shape)
 
 
+def ghost_pays(positions: int, fan_in: int, fan_out: int) -> bool:
+    """Whether a layer's per-example gradient norm is cheaper from the Gram form over its T positions (about
+    T^2 (in + out) per example) than from the materialized in x out gradient (T in out to form, in out to keep).
+    Decided per layer from its shapes: ghost norms pay for long-vocabulary or wide layers on short sequences, not
+    for convolutions over many positions (issue measurements: cnn28's conv1 would be 13x slower)."""
+    return positions * positions * (fan_in + fan_out) < positions * fan_in * fan_out
+
+
 def _linear(m: nn.Linear, a: torch.Tensor, go: torch.Tensor) -> dict[str, torch.Tensor | _LinearFactors]:
     if a.dim() == 2:
         out = {"weight": _LinearFactors(go, a)}
         bias = go
     else:  # [B, ..., features]: sum over the middle dimensions of each example
         a3, go3 = a.flatten(1, -2), go.flatten(1, -2)
-        out = {"weight": torch.einsum("bto,bti->boi", go3, a3)}
+        if ghost_pays(a3.shape[1], a3.shape[2], go3.shape[2]):
+            out = {"weight": _LinearFactors(go3, a3)}
+        else:
+            out = {"weight": torch.einsum("bto,bti->boi", go3, a3)}
         bias = go3.sum(1)
     if m.bias is not None:
         out["bias"] = bias
     return out
+
+
+def _embedding(m: nn.Embedding, ids: torch.Tensor, go: torch.Tensor) -> dict[str, _EmbeddingFactors]:
+    b = ids.shape[0]
+    ids, go = ids.reshape(b, -1), go.reshape(b, -1, go.shape[-1])
+    if m.padding_idx is not None:  # torch leaves the padding row's gradient at zero
+        go = go * (ids != m.padding_idx)[..., None]
+    return {"weight": _EmbeddingFactors(ids, go, m.num_embeddings)}
+
+
+def _conv1d(m: nn.Conv1d, a: torch.Tensor, go: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Conv1d as a Conv2d of height 1 (the same grouped-convolution weight gradient)."""
+    out = {"weight": _conv_weight_per_example(_Conv1dAs2d(m), a[:, :, None, :], go[:, :, None, :])[:, :, :, 0, :]}
+    if m.bias is not None:
+        out["bias"] = go.sum(2)
+    return out
+
+
+class _Conv1dAs2d:
+    """The attributes of a Conv2d that _conv_weight_per_example reads, for a Conv1d."""
+
+    def __init__(self, m: nn.Conv1d):
+        self.weight = m.weight[:, :, None, :]
+        self.stride, self.padding, self.dilation = (1, *m.stride), (0, *m.padding), (1, *m.dilation)
+        self.groups = m.groups
+
+
+def _rms_norm(m: nn.RMSNorm, a: torch.Tensor, go: torch.Tensor) -> dict[str, torch.Tensor]:
+    xhat = F.rms_norm(a, m.normalized_shape, None, m.eps)
+    dims = tuple(range(1, a.dim() - len(m.normalized_shape)))
+    return {"weight": (go * xhat).sum(dims) if dims else go * xhat}
 
 
 def _conv2d(m: nn.Conv2d, a: torch.Tensor, go: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -215,7 +306,54 @@ def _layerwise_rule(m: nn.Module):
         return _group_norm
     if type(m) is nn.LayerNorm and m.elementwise_affine:
         return _layer_norm
+    if type(m) is nn.Embedding and m.max_norm is None and not m.sparse:
+        return _embedding  # (padding_idx: its row's output gradient is zero already, the rule needs no mask)
+    if type(m) is nn.Conv1d and m.padding_mode == "zeros" and not isinstance(m.padding, str):
+        return _conv1d
+    if type(m) is nn.RMSNorm and m.elementwise_affine:
+        return _rms_norm
     return None
+
+
+class FallbackError(ModelError):
+    """A module without a layerwise rule could not be differentiated per example on its own."""
+
+
+def _per_module(m: nn.Module, args: tuple, kwargs: dict, gos: list) -> dict[str, torch.Tensor]:
+    """Per-example gradients of every parameter of module ``m`` (and its submodules) with torch.func, for that
+    module only: vmap over the examples of grad of <m(args_i), output gradient_i>. Tensor positional arguments are
+    split by example; keyword arguments are passed unchanged to every example."""
+    params = {n: p.detach() for n, p in m.named_parameters() if p.requires_grad}
+    buffers = dict(m.named_buffers())
+    batched = tuple(a for a in args if torch.is_tensor(a))
+    where = [i for i, a in enumerate(args) if torch.is_tensor(a)]
+
+    def inner(params, tensors, gos_i):
+        full = list(args)
+        for i, t in zip(where, tensors, strict=True):
+            full[i] = t.unsqueeze(0)
+        out = functional_call(m, (params, buffers), tuple(full), kwargs)
+        return sum((o * g.unsqueeze(0)).sum() for o, g in zip(_tensors(out), gos_i, strict=True))
+
+    try:
+        with warnings.catch_warnings():  # torch.func has no batching rule for some fused kernels (CPU attention)
+            warnings.filterwarnings("ignore", message="There is a performance drop because we have not yet")
+            return vmap(grad(inner), in_dims=(None, 0, 0), randomness="error")(params, batched, gos)
+    except RuntimeError as e:
+        raise FallbackError(
+            f"per-example gradients of {type(m).__name__} through torch.func failed ({' '.join(str(e).split())[:200]})"
+        ) from None
+
+
+def _tensors(out) -> list[torch.Tensor]:
+    """The tensors of a module's output (a tensor, or a tuple/list/dict holding some)."""
+    if torch.is_tensor(out):
+        return [out]
+    if isinstance(out, dict):
+        out = list(out.values())
+    if isinstance(out, tuple | list):
+        return [o for o in out if torch.is_tensor(o)]
+    return []
 
 
 def layerwise_supported(model: nn.Module) -> bool:
@@ -236,31 +374,49 @@ class LayerwiseGradSampler:
 
     name = "layerwise"
 
-    def __init__(self, model: nn.Module, loss_fn: LossFn):
-        if not layerwise_supported(model):
+    def __init__(self, model: nn.Module, loss_fn: LossFn, fallback: bool = True):
+        if not fallback and not layerwise_supported(model):
             raise ModelError(
-                "the layerwise backend supports Linear, Conv2d, GroupNorm and LayerNorm parameters only"
+                "the layerwise backend has rules for Linear, Conv1d, Conv2d, Embedding, GroupNorm, LayerNorm and "
+                "RMSNorm parameters; other modules need fallback=True (torch.func for that module only)"
             )
         self.model, self.loss_fn = model, loss_fn
         self._layers: dict[nn.Module, tuple[str, Callable]] = {}
-        prefix_of = {m: name for name, m in model.named_modules()}
-        for m in model.modules():
-            if any(p.requires_grad for p in m.parameters(recurse=False)):
-                self._layers[m] = (prefix_of[m], _layerwise_rule(m))
+        #: modules without a rule: differentiated per example by torch.func, each on its own (their whole subtree)
+        self._fallback: dict[nn.Module, str] = {}
+        covered: set[int] = set()
+        for prefix, m in model.named_modules():
+            if id(m) in covered or not any(p.requires_grad for p in m.parameters(recurse=False)):
+                continue
+            rule = _layerwise_rule(m)
+            if rule is not None:
+                self._layers[m] = (prefix, rule)
+            else:
+                self._fallback[m] = prefix
+                covered.update(id(sub) for sub in m.modules())
+        # a module with a rule inside a fallback subtree is covered by the fallback
+        self._layers = {m: v for m, v in self._layers.items() if not any(m in f.modules() for f in self._fallback)}
         self._records: dict[nn.Module, list] | None = None
         self._handles = [m.register_forward_hook(self._record) for m in self._layers]
+        self._handles += [m.register_forward_hook(self._record_call, with_kwargs=True) for m in self._fallback]
 
     def _record(self, module, inputs, output) -> None:
         if self._records is not None:
             self._records.setdefault(module, []).append((inputs[0].detach(), output, output._version))
+
+    def _record_call(self, module, args, kwargs, output) -> None:
+        if self._records is not None:
+            args = tuple(a.detach() if torch.is_tensor(a) else a for a in args)
+            self._records.setdefault(module, []).append((args, dict(kwargs), _tensors(output)))
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> tuple[PerExampleGrads, torch.Tensor]:
         self._records = {}
         try:
             with torch.enable_grad():
                 losses = self.loss_fn(call_model(self.model, x), y)
-            calls = [(m, a, out) for m, recs in self._records.items() for a, out, _ in recs]
-            if any(out._version != v for recs in self._records.values() for _, out, v in recs):
+            calls = [(m, a, out) for m, recs in self._records.items() if m in self._layers for a, out, _ in recs]
+            fallbacks = [rec for m, recs in self._records.items() if m in self._fallback for rec in [(m, *r) for r in recs]]
+            if any(out._version != v for m, recs in self._records.items() if m in self._layers for _, out, v in recs):
                 raise InplaceOutputError(
                     "a layer's output is modified in place (e.g. ReLU(inplace=True)), which the layerwise "
                     "per-example gradient backend cannot see through; use grad_sampler='func'"
@@ -273,8 +429,18 @@ class LayerwiseGradSampler:
                 f"the loss function must return one loss per example (shape [{n}]), got shape {list(losses.shape)}"
             )
         outs = [out for _, _, out in calls]
-        grads_out = torch.autograd.grad(losses.sum(), outs, allow_unused=True) if outs else []
+        fb_outs = [o for _, _, _, fouts in fallbacks for o in fouts if o.requires_grad]
+        everything = outs + fb_outs
+        grads_all = torch.autograd.grad(losses.sum(), everything, allow_unused=True) if everything else []
+        grads_out, fb_grads = list(grads_all[: len(outs)]), dict(zip(map(id, fb_outs), grads_all[len(outs) :], strict=True))
         per_example: dict[str, torch.Tensor | _LinearFactors] = {}
+        for m, args, kwargs, fouts in fallbacks:
+            gos = [fb_grads.get(id(o)) for o in fouts]
+            gos = [torch.zeros_like(o) if g is None else g.detach() for o, g in zip(fouts, gos, strict=True)]
+            prefix = self._fallback[m]
+            for pname, g in _per_module(m, args, kwargs, gos).items():
+                key = f"{prefix}.{pname}" if prefix else pname
+                per_example[key] = per_example[key] + g if key in per_example else g
         for (m, a, out), go in zip(calls, grads_out, strict=True):
             if go is None:
                 go = torch.zeros_like(out)
@@ -301,25 +467,24 @@ class LayerwiseGradSampler:
 
 
 class AutoGradSampler:
-    """``layerwise`` where it applies, else ``func``; switches to ``func`` for good if a layer output turns out
-    to be modified in place (which only a forward pass reveals)."""
+    """``layerwise``: its rules where a module has one, torch.func for each other module on its own (per module,
+    not for the whole model); switches to ``func`` for the whole model for good if a layer output turns out to be
+    modified in place or a module cannot be differentiated on its own (which only a forward pass reveals)."""
 
     def __init__(self, model: nn.Module, loss_fn: LossFn):
         self.model, self.loss_fn = model, loss_fn
-        self.backend = (
-            LayerwiseGradSampler(model, loss_fn)
-            if layerwise_supported(model)
-            else FuncGradSampler(model, loss_fn)
-        )
+        self.backend = LayerwiseGradSampler(model, loss_fn)
 
     @property
     def name(self) -> str:
+        if isinstance(self.backend, LayerwiseGradSampler) and self.backend._fallback:
+            return "layerwise+func"
         return self.backend.name
 
     def __call__(self, x, y):
         try:
             return self.backend(x, y)
-        except InplaceOutputError:
+        except (InplaceOutputError, FallbackError):
             self.backend.close()
             self.backend = FuncGradSampler(self.model, self.loss_fn)
             return self.backend(x, y)
@@ -336,5 +501,5 @@ def make_grad_sampler(model: nn.Module, loss_fn: LossFn, backend: str = "auto"):
     if backend == "auto":
         return AutoGradSampler(model, loss_fn)
     if backend == "layerwise":
-        return LayerwiseGradSampler(model, loss_fn)
+        return LayerwiseGradSampler(model, loss_fn, fallback=False)
     return FuncGradSampler(model, loss_fn)
