@@ -60,13 +60,15 @@ def probe_like(inputs: Inputs, n: int, generator: torch.Generator) -> Inputs:
     """A batch of ``n`` public synthetic examples with the structure, shapes and dtypes of ``inputs`` (a batch):
     standard normals for floating tensors, 0/1 for integer and boolean ones (valid token ids, masks)."""
 
-    def probe(t: torch.Tensor) -> torch.Tensor:
+    def probe(t: torch.Tensor) -> torch.Tensor:  # drawn on the CPU (the generator's), then moved to t's device
         shape = (n, *t.shape[1:])
         if t.dtype.is_floating_point:
-            return torch.randn(shape, generator=generator, dtype=t.dtype)
-        if t.dtype == torch.bool:
-            return torch.randint(0, 2, shape, generator=generator).bool()
-        return torch.randint(0, 2, shape, generator=generator, dtype=t.dtype)
+            out = torch.randn(shape, generator=generator, dtype=t.dtype, device="cpu")
+        elif t.dtype == torch.bool:
+            out = torch.randint(0, 2, shape, generator=generator, device="cpu").bool()
+        else:
+            out = torch.randint(0, 2, shape, generator=generator, dtype=t.dtype, device="cpu")
+        return out.to(t.device)
 
     return tree_map(probe, inputs)
 
@@ -101,7 +103,7 @@ class TensorSource:
 
     def example(self) -> tuple[Inputs, torch.Tensor]:
         """One example as a batch of one (its structure, shapes and dtypes)."""
-        return self.batch(torch.arange(1))
+        return self.batch(torch.arange(1, device="cpu"))
 
 
 class DatasetSource:
@@ -163,14 +165,20 @@ class DatasetSource:
             inputs, labels = self.collate(pairs)
         except (RuntimeError, TypeError) as e:
             raise DataError(f"the Dataset's items cannot be collated into a batch: {' '.join(str(e).split())}") from None
-        return inputs, torch.as_tensor(labels)
+        return inputs, _tensor(labels)
 
     def empty(self) -> tuple[Inputs, torch.Tensor]:
         inputs, labels = self.example()
-        return take(inputs, torch.arange(0)), labels[:0]
+        return take(inputs, torch.arange(0, device="cpu")), labels[:0]
 
     def example(self) -> tuple[Inputs, torch.Tensor]:
-        return self.batch(torch.arange(1))
+        return self.batch(torch.arange(1, device="cpu"))
+
+
+def _tensor(v) -> torch.Tensor:
+    """``v`` as a tensor where it is (a tensor stays on its device; anything else goes to the CPU, never to an implicit
+    default device)."""
+    return v if torch.is_tensor(v) else torch.as_tensor(v, device="cpu")
 
 
 def as_source(data, label_key: str = "labels"):
@@ -180,13 +188,13 @@ def as_source(data, label_key: str = "labels"):
     if isinstance(data, TensorSource | DatasetSource):
         return data
     if hasattr(data, "x") and hasattr(data, "y"):
-        return TensorSource(torch.as_tensor(data.x), torch.as_tensor(data.y))
+        return TensorSource(_tensor(data.x), _tensor(data.y))
     if isinstance(data, torch.utils.data.TensorDataset):
         return TensorSource(*data.tensors[:2])
     if isinstance(data, tuple | list) and len(data) == 2 and hasattr(data[1], "shape"):
         inputs, labels = data
-        inputs = tree_map(torch.as_tensor, inputs) if isinstance(inputs, tuple | list | dict) else torch.as_tensor(inputs)
-        return TensorSource(inputs, torch.as_tensor(labels))
+        inputs = tree_map(_tensor, inputs) if isinstance(inputs, tuple | list | dict) else _tensor(inputs)
+        return TensorSource(inputs, _tensor(labels))
     if hasattr(data, "__getitem__") and hasattr(data, "__len__"):
         return DatasetSource(data, label_key)
     raise DataError(

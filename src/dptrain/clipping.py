@@ -59,7 +59,7 @@ def drop_non_finite(grads: PerExampleGrads, sq: dict[str, torch.Tensor]):
     count = int(bad.sum())
     if not count:
         return grads, sq, 0
-    zero = torch.zeros((), dtype=total.dtype)
+    zero = total.new_zeros(())
     return grads.zero_examples(bad), {n: torch.where(bad, zero, v) for n, v in sq.items()}, count
 
 

@@ -12,6 +12,7 @@ import importlib.util
 import math
 import os
 import pkgutil
+import re
 import tomllib
 import types
 import typing
@@ -73,6 +74,7 @@ class TrainingConfig:
     log_not_private: bool = False  # write the training loss and clip statistics (NOT private) to metrics.jsonl
     algorithm: str = "dpsgd"  # dpsgd, or an algorithm a package registers (projected_noisy_sgd: [convex])
     update: str = "optimizer"  # optimizer (training.optimizer), or an update rule a package registers (modelmix)
+    device: str = "auto"  # cpu | cuda | cuda:N | auto (cuda when this machine has a GPU, else cpu)
 
 
 #: The sections every run has; algorithms and stages register theirs (:func:`register_section`).
@@ -309,6 +311,12 @@ def validate(cfg: RunConfig) -> None:
             t.epochs,
         )
     need(t.batch_size >= 1, "training.batch_size", "an integer >= 1", t.batch_size)
+    need(
+        t.device in ("cpu", "cuda", "auto") or re.fullmatch(r"cuda:\d+", t.device) is not None,
+        "training.device",
+        "cpu, cuda, cuda:N or auto",
+        t.device,
+    )
     need(
         finite(t.learning_rate) and t.learning_rate > 0,
         "training.learning_rate",

@@ -76,6 +76,34 @@ class Budget:
 PER_EXAMPLE_GRADIENT_MEMORY = 256 * 2**20
 
 
+#: Devices a run accepts by name (any torch.device of an available accelerator works too).
+DEVICES = ("cpu", "cuda", "auto")
+
+
+def resolve_device(device) -> torch.device:
+    """``"auto"`` -> cuda when available, else cpu; a name or torch.device -> that device, if this machine has it
+    (a one-line ConfigError otherwise)."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = device if isinstance(device, torch.device) else torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ConfigError(f"device must be one of {', '.join(DEVICES)} (or cuda:N), got {device!r}") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"device {device!r} is not available on this machine (no CUDA GPU); use cpu or auto")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ConfigError(f"device {device!r} does not exist: this machine has {torch.cuda.device_count()} GPU(s)")
+    elif dev.type != "cpu":
+        raise ConfigError(f"device must be one of {', '.join(DEVICES)} (or cuda:N), got {device!r}")
+    return dev
+
+
+def to_device(inputs, device: torch.device):
+    """A batch (a tensor or a tuple/list/dict of tensors) on ``device``."""
+    return tree_map(lambda t: t.to(device, non_blocking=True) if torch.is_tensor(t) else t, inputs)
+
+
 #: Release policies: every iterate is released (DP-SGD), or only the last one (projected noisy SGD).
 RELEASES = ("every_iterate", "last_iterate")
 
@@ -184,10 +212,14 @@ class PrivateTrainer:
         release_facts: dict | None = None,
         release: str = "every_iterate",
         label_key: str = "labels",
+        device="auto",
         noise_schedule=None,
         noise_controller=None,
     ):
         check_private_compatible(model)
+        #: where the model, the per-example gradients, clipping, the noise and the update live
+        self.device = resolve_device(device)
+        model.to(self.device)
         self.non_private = bool(non_private)
         if self.non_private:  # a baseline: the same stages without the noise, no ledger, no guarantee
             if noise_multiplier != 0 or budget is not None:
@@ -218,7 +250,7 @@ class PrivateTrainer:
         self._check_labels()
         self.independence_checked = bool(check_independence)
         if check_independence:
-            independence.check_independence(model, self.grad_sampler, *self.data.example())
+            independence.check_independence(model, self.grad_sampler, *to_device(self.data.example(), self.device))
         self.randomness = randomness if randomness is not None else Randomness(seed, secure=secure_noise)
         bind = getattr(optimizer, "bind_randomness", None)
         if bind is not None:  # an update stage that draws secret randomness (ModelMix's mixing weights)
@@ -294,7 +326,7 @@ class PrivateTrainer:
         y = self.data.labels
         if self.loss_fn is not cross_entropy_per_example or y.dtype.is_floating_point or not len(y):
             return
-        inputs, _ = self.data.example()
+        inputs, _ = to_device(self.data.example(), self.device)
         with torch.no_grad(), torch.random.fork_rng(devices=[]):
             was_training = self.model.training
             self.model.eval()
@@ -526,6 +558,7 @@ class PrivateTrainer:
         dropout uses), so that trying the step again draws the same batch and noise: nothing was released."""
         saved = {p: self.randomness.stream(p).get_state() for p in ("sampling", "noise", "mixing")}
         torch_state = torch.get_rng_state()
+        cuda_state = torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None
         self._committed = False
         try:
             yield
@@ -534,13 +567,15 @@ class PrivateTrainer:
                 for p, state in saved.items():
                     self.randomness.stream(p).set_state(state)
                 torch.set_rng_state(torch_state)
+                if cuda_state is not None:
+                    torch.cuda.set_rng_state(cuda_state, self.device)
                 for p in self.params.values():
                     p.grad = None
             raise
 
     def _tensor_chunks(self, idx: torch.Tensor):
         for chunk in idx.split(self.max_physical_batch_size) if len(idx) else ():
-            yield self.grad_sampler(*self.data.batch(chunk))
+            yield self.grad_sampler(*to_device(self.data.batch(chunk), self.device))
 
     def _clipped_sum(self, idx: torch.Tensor):
         return clipped_sum(self.per_example(idx), self.clipping, self.params, self.report_not_private)
@@ -586,7 +621,7 @@ class PrivateTrainer:
         """Accuracy on held-out data (not private data: evaluation on the training set would leak)."""
         self.model.eval()
         correct = sum(
-            int((self.model(xb).argmax(1) == yb).sum())
+            int((self.model(xb.to(self.device)).argmax(1) == yb.to(self.device)).sum())
             for xb, yb in zip(x.split(batch_size), y.split(batch_size), strict=True)
         )
         return correct / max(1, len(y))
@@ -601,6 +636,7 @@ class PrivateTrainer:
             "randomness": self.randomness.state_dict(),
             "sampler": self.sampler.get_state(),
             "torch_rng": torch.get_rng_state(),
+            **({"cuda_rng": torch.cuda.get_rng_state(self.device)} if self.device.type == "cuda" else {}),
             "steps": self.steps,
             "accountant": self.accountant,
             "ledger": self.ledger.to_dict(),
@@ -623,6 +659,8 @@ class PrivateTrainer:
         if self.noise_controller is not None:
             self.noise_controller.load_state_dict(state["noise_controller"])
         torch.set_rng_state(state["torch_rng"])
+        if self.device.type == "cuda" and "cuda_rng" in state:
+            torch.cuda.set_rng_state(state["cuda_rng"], self.device)
         self.ledger, self.steps = ledger, steps
         self._allowed_steps = None
 

@@ -35,8 +35,8 @@ CHECK_NAME = "the per-example independence check"
 def _probe_labels(y: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     shape = (PROBE_SIZE, *y.shape[1:])
     if y.dtype.is_floating_point:
-        return torch.randn(shape, generator=generator, dtype=y.dtype)
-    return torch.zeros(shape, dtype=y.dtype)
+        return torch.randn(shape, generator=generator, dtype=y.dtype).to(y.device)
+    return y.new_zeros(shape)
 
 
 def _pass(model, grad_sampler, x, y, rng_seed: int):
@@ -47,10 +47,11 @@ def _pass(model, grad_sampler, x, y, rng_seed: int):
             outputs = call_model(model, x)
         torch.manual_seed(rng_seed)
         grads, _ = grad_sampler(x, y)
-    dtype = next((p.dtype for p in model.parameters()), torch.float32)
+    first = next(model.parameters(), None)
+    dtype, device = (torch.float32, None) if first is None else (first.dtype, first.device)
     rows = []
     for i in range(1, PROBE_SIZE):
-        onehot = torch.zeros(PROBE_SIZE, dtype=dtype)
+        onehot = torch.zeros(PROBE_SIZE, dtype=dtype, device=device)
         onehot[i] = 1.0
         rows.append({n: g.detach().clone() for n, g in grads.weighted_sum(onehot).items()})
     # the outputs' tensors with a batch dimension (a model may return a tuple, a dict, ...)

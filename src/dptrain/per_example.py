@@ -148,7 +148,7 @@ _FACTORS = (_LinearFactors, _EmbeddingFactors)
 
 def _zero_rows(t: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     """``t`` with the rows where ``keep`` is False replaced by zeros (where(), so NaN and inf do not survive)."""
-    return torch.where(keep.reshape(-1, *([1] * (t.dim() - 1))), t, torch.zeros((), dtype=t.dtype))
+    return torch.where(keep.reshape(-1, *([1] * (t.dim() - 1))), t, t.new_zeros(()))
 
 
 def _sq_norms(part) -> torch.Tensor:
@@ -456,7 +456,7 @@ class LayerwiseGradSampler:
         result = {}
         for name, p in trainable_parameters(self.model).items():  # parameters the forward pass did not use: zero
             result[name] = (
-                per_example[name] if name in per_example else torch.zeros(n, *p.shape, dtype=p.dtype)
+                per_example[name] if name in per_example else p.new_zeros((n, *p.shape))
             )
         return PerExampleGrads(result), losses.detach()
 

@@ -78,36 +78,54 @@ class Stream(Protocol):
 
 
 class TorchStream:
-    """A ``torch.Generator`` (Mersenne Twister) seeded with 64 bits."""
+    """A ``torch.Generator`` (Mersenne Twister) seeded with 64 bits; on an accelerator, ``add_gaussian`` draws with a
+    generator of that device (seeded from the same 64 bits, Philox on CUDA), so the noise is made where the gradient
+    is, and its state is checkpointed with the rest."""
 
     kind = "torch"
 
     def __init__(self, seed64: int):
-        self.generator = torch.Generator().manual_seed(int(seed64))
+        self.seed64 = int(seed64)
+        self.generator = torch.Generator().manual_seed(self.seed64)
+        self._device_generators: dict[str, torch.Generator] = {}
+
+    def _generator_for(self, device: torch.device) -> torch.Generator:
+        if device.type == "cpu":
+            return self.generator
+        key = str(device)
+        if key not in self._device_generators:
+            self._device_generators[key] = torch.Generator(device=device).manual_seed(self.seed64)
+        return self._device_generators[key]
 
     def uniform(self, shape, dtype=torch.float64):
-        return torch.rand(shape, generator=self.generator, dtype=dtype)
+        return torch.rand(shape, generator=self.generator, dtype=dtype, device="cpu")
 
     def normal(self, shape, dtype=torch.float32):
-        return torch.randn(shape, generator=self.generator, dtype=dtype)
+        return torch.randn(shape, generator=self.generator, dtype=dtype, device="cpu")
 
     def add_gaussian(self, x, std):
-        return x + std * torch.randn(x.shape, generator=self.generator, dtype=x.dtype, device=x.device)
+        gen = self._generator_for(x.device)
+        return x + std * torch.randn(x.shape, generator=gen, dtype=x.dtype, device=x.device)
 
     def integers(self, low, high):
         if not high > low:
             raise ValueError(f"empty range [{low}, {high})")
-        return low + int(torch.randint(0, high - low, (1,), generator=self.generator))
+        return low + int(torch.randint(0, high - low, (1,), generator=self.generator, device="cpu"))
 
     def permutation(self, n):
-        return torch.randperm(n, generator=self.generator)
+        return torch.randperm(n, generator=self.generator, device="cpu")
 
     def get_state(self):
-        return {"kind": self.kind, "generator": self.generator.get_state()}
+        state = {"kind": self.kind, "generator": self.generator.get_state()}
+        if self._device_generators:
+            state["devices"] = {d: g.get_state() for d, g in self._device_generators.items()}
+        return state
 
     def set_state(self, state):
         _check_kind(self, state)
         self.generator.set_state(state["generator"])
+        for device, device_state in state.get("devices", {}).items():
+            self._generator_for(torch.device(device)).set_state(device_state)
 
 
 def _check_kind(stream, state: dict) -> None:

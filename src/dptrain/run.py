@@ -196,6 +196,7 @@ def build_dpsgd_job(
         grad_sampler=t.grad_sampler,
         randomness=randomness,
         report_not_private=t.log_not_private,
+        device=t.device,
     )
     # The run's numbers, computed once here: steps from epochs, the batch-size schedule (growing batches: Proactive
     # DP, App. B.4, theta = s_max/s_bar ~ 1 + p). The trainer, the calibration and the summary read them.
@@ -263,7 +264,7 @@ def model_losses(trainer: PrivateTrainer, x: torch.Tensor, y: torch.Tensor) -> t
     was_training = trainer.model.training
     trainer.model.eval()
     try:
-        return trainer.loss_fn(trainer.model(x), y)
+        return trainer.loss_fn(trainer.model(x.to(trainer.device)), y.to(trainer.device)).cpu()
     finally:
         trainer.model.train(was_training)
 

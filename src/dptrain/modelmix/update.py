@@ -104,11 +104,11 @@ class ModelMixSGD(torch.optim.Optimizer):
                 ties = small & (direction == 0)
                 count = int(ties.sum())
                 if count:
-                    coin = stream.uniform((count,), dtype=torch.float64).to(p.dtype)
+                    coin = stream.uniform((count,), dtype=torch.float64).to(device=p.device, dtype=p.dtype)
                     direction[ties] = torch.where(coin < 0.5, -1.0, 1.0).to(p.dtype)
-                push = torch.where(small, direction * (tau / 2), torch.zeros((), dtype=p.dtype))
+                push = torch.where(small, direction * (tau / 2), p.new_zeros(()))
                 current_pushed, previous_pushed = current + push, previous - push
-                alpha = stream.uniform(tuple(p.shape), dtype=torch.float64).to(p.dtype)
+                alpha = stream.uniform(tuple(p.shape), dtype=torch.float64).to(device=p.device, dtype=p.dtype)
                 update = p.grad if wd == 0 else p.grad + wd * current
                 p.copy_(previous_pushed + alpha * (current_pushed - previous_pushed) - lr * update)
                 state["previous"] = current_pushed
