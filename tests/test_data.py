@@ -631,7 +631,14 @@ def test_load_dataset_dispatch(tmp_path):
         load_dataset("npz")
     with pytest.raises(DataError, match="takes no path"):
         load_dataset("digits", "/some/where")
-    assert set(DATASET_NAMES) == {"fashion-mnist", "mnist", "cifar10", "digits", "synthetic", "npz"}
+    text = load_dataset("text", seed=3, n=50, n_test=20, length=6, vocab=12)
+    assert text.train.x.dtype == torch.int64 and text.train.input_shape == (6,) and text.separate_test
+    assert int(text.train.x.min()) >= 1 and int(text.train.x.max()) < 12
+    # the label is the majority polarity: ids 1..4 positive, 5..8 negative
+    x, y = text.train.x, text.train.y
+    pos, neg = ((x >= 1) & (x <= 4)).sum(1), ((x >= 5) & (x <= 8)).sum(1)
+    assert torch.equal(y[pos != neg], (pos > neg)[pos != neg].long())
+    assert set(DATASET_NAMES) == {"fashion-mnist", "mnist", "cifar10", "digits", "synthetic", "text", "npz"}
 
 
 def test_error_messages_are_one_line(tmp_path):

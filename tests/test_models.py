@@ -22,13 +22,21 @@ SHAPES = {
     "cnn28": (1, 28, 28),
     "cnn32": (3, 32, 32),
     "resnet20": (3, 32, 32),
+    "tiny_transformer": (16,),
 }
+
+
+def example_inputs(name: str, n: int) -> torch.Tensor:
+    """A batch of inputs for model ``name``: token ids for the transformer, standard normals otherwise."""
+    if name == "tiny_transformer":
+        return torch.randint(0, 32, (n, *SHAPES[name]))
+    return torch.randn(n, *SHAPES[name])
 
 
 def assert_per_example(model: nn.Module, x: torch.Tensor) -> None:
     """model(x)[i] equals model(x[i:i+1]) for each i, in train and eval mode (float64, so exact enough)."""
     model = model.double()
-    x = x.double()
+    x = x.double() if x.dtype.is_floating_point else x
     for training in (True, False):
         model.train(training)
         with torch.no_grad():
@@ -65,7 +73,7 @@ def test_model_names_are_all_buildable():
 def test_output_shape(name):
     torch.manual_seed(0)
     model = build_model(name, SHAPES[name], 10)
-    out = model(torch.randn(5, *SHAPES[name]))
+    out = model(example_inputs(name, 5))
     assert out.shape == (5, 10)
     assert torch.isfinite(out).all()
 
@@ -77,7 +85,7 @@ def test_no_batch_mixing_layers(name):
     check_private_compatible(model)
     allowed = (
         nn.Sequential, nn.Linear, nn.Conv2d, nn.GroupNorm, nn.Tanh, nn.ReLU, nn.MaxPool2d,
-        nn.AdaptiveAvgPool2d, nn.Flatten,
+        nn.AdaptiveAvgPool2d, nn.Flatten, nn.Embedding, nn.LayerNorm,
     )  # fmt: skip
     # ResNet20 and its blocks are containers of the allowed layers.
     leaves = [m for m in model.modules() if not list(m.children())]
@@ -87,7 +95,7 @@ def test_no_batch_mixing_layers(name):
 @pytest.mark.parametrize("name", MODEL_NAMES)
 def test_output_of_one_example_ignores_the_rest_of_the_batch(name):
     torch.manual_seed(1)
-    assert_per_example(build_model(name, SHAPES[name], 10), torch.randn(4, *SHAPES[name]))
+    assert_per_example(build_model(name, SHAPES[name], 10), example_inputs(name, 4))
 
 
 def test_cnn28_parameter_count_by_hand():

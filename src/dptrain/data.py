@@ -37,7 +37,7 @@ import torch
 
 from dptrain.errors import DataError
 
-DATASET_NAMES = ("fashion-mnist", "mnist", "cifar10", "digits", "synthetic", "npz")
+DATASET_NAMES = ("fashion-mnist", "mnist", "cifar10", "digits", "synthetic", "text", "npz")
 
 DEFAULT_FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 
@@ -479,6 +479,30 @@ def make_gaussian_mixture(
     return DataSplit(train, test, description, separate_test=False)
 
 
+def make_text_task(n: int = 2000, n_test: int = 500, length: int = 16, vocab: int = 32, seed: int = 0) -> DataSplit:
+    """A generated text classification task (a stand-in for sentiment): sequences of ``length`` token ids in
+    [1, vocab); ids 1..4 are "positive" words, 5..8 "negative" ones, the rest filler; the label is 1 when the
+    sequence holds more positive than negative words (ties broken by the first polar word). Training and test
+    sets are drawn separately (the test set is not split off the training examples)."""
+    n, n_test = _check_int("n", n, 2), _check_int("n_test", n_test, 1)
+    length, vocab = _check_int("length", length, 2), _check_int("vocab", vocab, 10)
+    seed = _check_int("seed", seed, 0)
+    rng = np.random.default_rng(seed)
+
+    def draw(count: int) -> ArrayDataset:
+        ids = rng.integers(9, vocab, (count, length))
+        polar = rng.random((count, length)) < 0.25  # a quarter of the words carry polarity
+        ids[polar] = rng.integers(1, 9, int(polar.sum()))
+        pos, neg = ((ids >= 1) & (ids <= 4)).sum(1), ((ids >= 5) & (ids <= 8)).sum(1)
+        first_polar = np.where((ids >= 1) & (ids <= 8), ids, 99).min(1) <= 4
+        y = np.where(pos != neg, pos > neg, first_polar).astype(np.int64)
+        return ArrayDataset(torch.from_numpy(ids.astype(np.int64)), torch.from_numpy(y), 2, "text")
+
+    train, test = draw(n), draw(n_test)
+    description = f"generated text task: {length} tokens of a {vocab}-word vocabulary ({n} train / {n_test} test, seed {seed})"
+    return DataSplit(train, test, description)
+
+
 # ----------------------------------------------------------------------------------------------
 # User .npz
 # ----------------------------------------------------------------------------------------------
@@ -612,6 +636,7 @@ def load_dataset(name: str, path: str | None = None, *, seed: int = 0, **options
         "cifar10": (),
         "digits": ("test_fraction",),
         "synthetic": ("n", "dim", "num_classes", "separation", "test_fraction"),
+        "text": ("n", "n_test", "length", "vocab"),
         "npz": ("num_classes", "test_fraction"),
     }
     if name not in accepted_options:
@@ -620,7 +645,7 @@ def load_dataset(name: str, path: str | None = None, *, seed: int = 0, **options
     if unknown:
         accepted = ", ".join(accepted_options[name]) or "none"
         raise DataError(f"unknown option(s) {', '.join(unknown)} for dataset {name!r} (accepted: {accepted})")
-    if name in ("digits", "synthetic") and path is not None:
+    if name in ("digits", "synthetic", "text") and path is not None:
         raise DataError(f"dataset {name!r} takes no path, got {path!r}")
 
     if name == "fashion-mnist":
@@ -633,6 +658,8 @@ def load_dataset(name: str, path: str | None = None, *, seed: int = 0, **options
         return load_digits(seed=seed, **options)
     if name == "synthetic":
         return make_gaussian_mixture(seed=seed, **options)
+    if name == "text":
+        return make_text_task(seed=seed, **options)
     if path is None:
         raise DataError("dataset 'npz' needs a path to an .npz file with arrays 'x' and 'y'")
     return load_npz(path, seed=seed, **options)

@@ -39,7 +39,7 @@ __all__ = [
     "find_batch_mixing_layers",
 ]
 
-MODEL_NAMES = ("logistic", "mlp", "cnn28", "cnn32", "resnet20")
+MODEL_NAMES = ("logistic", "mlp", "cnn28", "cnn32", "resnet20", "tiny_transformer")
 
 # Layers whose output for one example depends on the other examples of the batch (in training mode they
 # normalize with batch statistics). The private base class also catches user subclasses of BatchNorm.
@@ -64,6 +64,7 @@ _DEFAULT_OPTIONS: dict[str, dict[str, Any]] = {
     "cnn28": {"activation": "tanh"},
     "cnn32": {"activation": "tanh"},
     "resnet20": {"groups": 16},
+    "tiny_transformer": {"vocab": 32, "d_model": 32, "heads": 2, "layers": 2, "lora_rank": 0},
 }
 
 # ResNet-20 stage widths; ``groups`` must divide each of them.
@@ -276,12 +277,75 @@ def _resnet20(shape: tuple[int, ...], num_classes: int, groups: Any) -> nn.Modul
     return ResNet20(shape[0], num_classes, groups=groups)
 
 
+class _Attention(nn.Module):
+    """Multi-head self-attention from four Linear layers (query, key, value, out): each example attends over its
+    own positions only, and every parameter has a layerwise per-example rule."""
+
+    def __init__(self, d: int, heads: int):
+        super().__init__()
+        if d % heads:
+            raise ModelError(f"model 'tiny_transformer': d_model {d} must be a multiple of heads {heads}")
+        self.heads = heads
+        self.query, self.key, self.value, self.out = (nn.Linear(d, d) for _ in range(4))
+
+    def forward(self, h):
+        b, t, d = h.shape
+        split = lambda z: z.reshape(b, t, self.heads, d // self.heads).transpose(1, 2)  # noqa: E731
+        att = nn.functional.scaled_dot_product_attention(split(self.query(h)), split(self.key(h)), split(self.value(h)))
+        return self.out(att.transpose(1, 2).reshape(b, t, d))
+
+
+class _Block(nn.Module):
+    def __init__(self, d: int, heads: int):
+        super().__init__()
+        self.norm1, self.attn = nn.LayerNorm(d), _Attention(d, heads)
+        self.norm2, self.fc1, self.fc2 = nn.LayerNorm(d), nn.Linear(d, 2 * d), nn.Linear(2 * d, d)
+
+    def forward(self, h):
+        h = h + self.attn(self.norm1(h))
+        return h + self.fc2(nn.functional.gelu(self.fc1(self.norm2(h))))
+
+
+class TinyTransformer(nn.Module):
+    """A small pre-norm transformer encoder for token ids [B, T]: token and position embeddings, ``layers`` blocks,
+    mean pooling, a linear head. Built locally (no weights downloaded)."""
+
+    def __init__(self, length: int, num_classes: int, vocab: int, d_model: int, heads: int, layers: int):
+        super().__init__()
+        self.tokens, self.positions = nn.Embedding(vocab, d_model), nn.Embedding(length, d_model)
+        self.blocks = nn.ModuleList(_Block(d_model, heads) for _ in range(layers))
+        self.norm, self.head = nn.LayerNorm(d_model), nn.Linear(d_model, num_classes)
+        self.register_buffer("steps", torch.arange(length), persistent=False)
+
+    def forward(self, ids):
+        h = self.tokens(ids) + self.positions(self.steps[: ids.shape[1]].expand(ids.shape[0], -1))
+        for block in self.blocks:
+            h = block(h)
+        return self.head(self.norm(h).mean(1))
+
+
+def _tiny_transformer(shape, num_classes, vocab, d_model, heads, layers, lora_rank) -> nn.Module:
+    if len(shape) != 1:
+        raise ModelError(f"model 'tiny_transformer' takes token ids of shape (length,), got {shape}")
+    for key, value, low in (("vocab", vocab, 2), ("d_model", d_model, 1), ("heads", heads, 1), ("layers", layers, 1),
+                            ("lora_rank", lora_rank, 0)):
+        if not _is_int(value) or value < low:
+            raise ModelError(f"model 'tiny_transformer': {key} must be an integer >= {low}, got {value!r}")
+    model = TinyTransformer(shape[0], num_classes, vocab, d_model, heads, layers)
+    if lora_rank:  # frozen base, adapters on the query and value projections, trainable head
+        from dptrain.lora import add_lora
+
+        add_lora(model, lora_rank, targets=("query", "value"), train=("head",))
+    return model
+
+
 _BUILDERS = {
     "logistic": _logistic,
     "mlp": _mlp,
     "cnn28": _cnn28,
     "cnn32": _cnn32,
     "resnet20": _resnet20,
+    "tiny_transformer": _tiny_transformer,
 }
 
 
