@@ -213,3 +213,47 @@ def test_memory_mapped_npz_and_idx_train_like_the_arrays_in_memory(tmp_path):
     (tmp_path / "img.gz").write_bytes(gzip.compress((tmp_path / "img").read_bytes()))
     with pytest.raises(DataError, match="gunzip"):
         idx_dataset(tmp_path / "img.gz", tmp_path / "lab")
+
+
+def test_a_config_run_on_a_memory_mapped_npz_equals_the_run_in_memory(tmp_path, capsys):
+    import json
+
+    import numpy as np
+
+    from dptrain.cli import main
+
+    g = np.random.default_rng(0)
+    x = g.standard_normal((300, 6)).astype(np.float32)
+    y = (x[:, 0] > 0).astype(np.int64)
+    np.savez(tmp_path / "d.npz", x=x[:240], y=y[:240], x_test=x[240:], y_test=y[240:])
+    config = """seed = 3
+[data]
+name = "npz"
+path = "{path}"
+options = {{ num_classes = 2{mmap} }}
+[model]
+name = "mlp"
+options = {{ hidden = [8] }}
+[privacy]
+noise_multiplier = 1.0
+[training]
+steps = 6
+batch_size = 30
+eval_every = 3
+"""
+    for name, mmap in (("mem", ""), ("map", ", mmap = true")):
+        (tmp_path / f"{name}.toml").write_text(config.format(path=tmp_path / "d.npz", mmap=mmap))
+        assert main(["train", "--config", str(tmp_path / f"{name}.toml"), "--out", str(tmp_path / name),
+                     "--no-progress"]) == 0
+    capsys.readouterr()
+    assert (tmp_path / "mem" / "ledger.json").read_text() == (tmp_path / "map" / "ledger.json").read_text()
+    a = torch.load(tmp_path / "mem" / "private" / "checkpoint.pt", weights_only=True)["model"]
+    b = torch.load(tmp_path / "map" / "private" / "checkpoint.pt", weights_only=True)["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    summary = json.loads((tmp_path / "map" / "summary.json").read_text())
+    assert "memory-mapped" in summary["dataset"]
+    np.savez(tmp_path / "no_test.npz", x=x, y=y)
+    (tmp_path / "bad.toml").write_text(config.format(path=tmp_path / "no_test.npz", mmap=", mmap = true"))
+    code = main(["train", "--config", str(tmp_path / "bad.toml"), "--out", str(tmp_path / "bad"), "--no-progress"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "needs the test arrays" in err and len(err.splitlines()) == 1

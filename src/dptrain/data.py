@@ -637,7 +637,7 @@ def load_dataset(name: str, path: str | None = None, *, seed: int = 0, **options
         "digits": ("test_fraction",),
         "synthetic": ("n", "dim", "num_classes", "separation", "test_fraction"),
         "text": ("n", "n_test", "length", "vocab"),
-        "npz": ("num_classes", "test_fraction"),
+        "npz": ("num_classes", "test_fraction", "mmap"),
     }
     if name not in accepted_options:
         raise DataError(f"unknown dataset {name!r} (accepted: {', '.join(DATASET_NAMES)})")
@@ -662,6 +662,17 @@ def load_dataset(name: str, path: str | None = None, *, seed: int = 0, **options
         return make_text_task(seed=seed, **options)
     if path is None:
         raise DataError("dataset 'npz' needs a path to an .npz file with arrays 'x' and 'y'")
+    mmap = options.pop("mmap", False)
+    if not isinstance(mmap, bool):
+        raise DataError(f"data.options.mmap must be true or false, got {mmap!r}")
+    if mmap:
+        from dptrain.memmap import load_npz_mapped
+
+        if options.get("num_classes") is None:
+            raise DataError("npz data needs data.options.num_classes (public metadata, not read from the labels)")
+        if "test_fraction" in options:
+            raise DataError("data.options.test_fraction does not apply with mmap (the archive's x_test is the test set)")
+        return load_npz_mapped(path, _check_int("num_classes", options["num_classes"], 2))
     return load_npz(path, seed=seed, **options)
 
 

@@ -54,6 +54,60 @@ class ArraysDataset(Dataset):
         return list(zip(x, y, strict=True))
 
 
+class MappedArrays(ArraysDataset):
+    """A memory-mapped training set as the config path uses it: float32 inputs, int64 labels, with the public
+    metadata a data set carries (``num_classes``, ``name``, ``input_shape``)."""
+
+    def __init__(self, inputs: np.ndarray, labels: np.ndarray, num_classes: int, name: str):
+        super().__init__(inputs, labels, name)
+        self.num_classes = num_classes
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(int(d) for d in self.inputs.shape[1:])
+
+    @staticmethod
+    def _tensor(a: np.ndarray) -> torch.Tensor:
+        kind = np.float32 if a.dtype.kind == "f" or a.ndim else np.int64  # (labels are 0-dim per item)
+        return torch.from_numpy(np.array(a, dtype=kind, order="C", copy=True))
+
+    def __getitems__(self, indices: list[int]):
+        x = torch.from_numpy(np.array(self.inputs[indices], dtype=np.float32, order="C"))
+        y = torch.from_numpy(np.array(self.labels[indices], dtype=np.int64))
+        return list(zip(x, y, strict=True))
+
+
+def load_npz_mapped(path: str | os.PathLike, num_classes: int):
+    """``data.name = "npz"`` with ``options = { mmap = true }``: the training arrays ``x``, ``y`` memory-mapped (read
+    batch by batch), the test arrays ``x_test``, ``y_test`` (required: a test set split off a mapped training set is
+    not supported) read into memory. The labels are checked against ``num_classes`` (they are read; the inputs are
+    not)."""
+    from dptrain.data import ArrayDataset, DataSplit
+
+    path = Path(path)
+    x, y = memmap_npz_member(path, "x"), memmap_npz_member(path, "y")
+    try:
+        xt, yt = memmap_npz_member(path, "x_test"), memmap_npz_member(path, "y_test")
+    except DataError:
+        raise DataError(
+            f"{path}: data.options.mmap needs the test arrays 'x_test' and 'y_test' in the archive (a test set split "
+            "off a memory-mapped training set is not supported)"
+        ) from None
+    for name, labels in (("y", y), ("y_test", yt)):
+        if labels.ndim != 1 or labels.dtype.kind not in "iu":
+            raise DataError(f"{path}: '{name}' must be integer labels of shape (N,), found {labels.dtype} {labels.shape}")
+        if len(labels) and (int(labels.min()) < 0 or int(labels.max()) >= num_classes):
+            raise DataError(f"{path}: '{name}' holds labels outside [0, num_classes = {num_classes})")
+    if x.ndim < 2 or x.shape[1:] != xt.shape[1:] or x.dtype.kind not in "fiu":
+        raise DataError(f"{path}: 'x' and 'x_test' must be numeric arrays (N, ...) of the same example shape")
+    train = MappedArrays(x, y, num_classes, "npz")
+    test = ArrayDataset(
+        torch.from_numpy(np.array(xt, dtype=np.float32)), torch.from_numpy(np.array(yt, dtype=np.int64)), num_classes,
+        "npz",
+    )
+    return DataSplit(train, test, f"npz file {path} ({len(train)} train, memory-mapped / {len(test)} test)")
+
+
 def memmap_npz_member(path: str | os.PathLike, key: str) -> np.memmap:
     """The array ``key`` of an uncompressed ``.npz`` archive, memory-mapped (read-only)."""
     path = Path(path)
@@ -131,4 +185,12 @@ def idx_dataset(images: str | os.PathLike, labels: str | os.PathLike) -> ArraysD
     return ArraysDataset(memmap_idx(images), memmap_idx(labels), str(images))
 
 
-__all__ = ["ArraysDataset", "idx_dataset", "memmap_idx", "memmap_npz_member", "npz_dataset"]
+__all__ = [
+    "ArraysDataset",
+    "MappedArrays",
+    "idx_dataset",
+    "load_npz_mapped",
+    "memmap_idx",
+    "memmap_npz_member",
+    "npz_dataset",
+]

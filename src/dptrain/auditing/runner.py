@@ -92,6 +92,8 @@ def _audited_run(cfg: RunConfig, randomness, included: torch.Tensor, kind: str):
     last-iterate run."""
     m = len(included)
     data = run_module.load_data(cfg)
+    if not hasattr(data.train, "x"):
+        raise ConfigError("the audit adds canaries to training data held in memory; remove data.options.mmap")
     n = len(data.train)
     if kind == "gradient":
         rows = placeholders(m, data.train)
