@@ -25,7 +25,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_map
 
-from dptrain import independence
+from dptrain import distributed, independence
 from dptrain.accounting import (
     AUTO,
     Ledger,
@@ -213,12 +213,15 @@ class PrivateTrainer:
         release: str = "every_iterate",
         label_key: str = "labels",
         device="auto",
+        group=None,
         noise_schedule=None,
         noise_controller=None,
     ):
         check_private_compatible(model)
         #: where the model, the per-example gradients, clipping, the noise and the update live
         self.device = resolve_device(device)
+        #: a data-parallel run's group (:mod:`dptrain.distributed`; default: the one this process joined)
+        self.group = group if group is not None else distributed.current()
         model.to(self.device)
         self.non_private = bool(non_private)
         if self.non_private:  # a baseline: the same stages without the noise, no ledger, no guarantee
@@ -578,7 +581,23 @@ class PrivateTrainer:
             yield self.grad_sampler(*to_device(self.data.batch(chunk), self.device))
 
     def _clipped_sum(self, idx: torch.Tensor):
-        return clipped_sum(self.per_example(idx), self.clipping, self.params, self.report_not_private)
+        if self.group is None:
+            return clipped_sum(self.per_example(idx), self.clipping, self.params, self.report_not_private)
+        # Data parallel (dptrain.distributed): rank r clips the chunks r, r + N, ...; every rank adds all the chunk
+        # sums in chunk order, the additions one process makes.
+        g = self.group
+        chunks = list(idx.split(self.max_physical_batch_size)) if len(idx) else []
+        mine = []
+        for c in range(g.rank, len(chunks), g.world):
+            s, stats, loss = clipped_sum(self.per_example(chunks[c]), self.clipping, self.params, self.report_not_private)
+            mine.append((c, {n: t.cpu() for n, t in s.items()}, stats, loss))
+        summed = {n: torch.zeros_like(p, memory_format=torch.contiguous_format) for n, p in self.params.items()}
+        stats, loss_sum = ClipStats(0, 0, 0.0), 0.0
+        for _, s, chunk_stats, loss in sorted(distributed.gather(g, mine), key=lambda item: item[0]):
+            for n in summed:
+                summed[n] += s[n].to(summed[n].device)
+            stats, loss_sum = stats.merge(chunk_stats), loss_sum + loss
+        return summed, stats, loss_sum
 
     def train(
         self,

@@ -151,12 +151,13 @@ class Randomness:
     ``secure=True``: the privacy-critical purposes use :class:`~dptrain.secure_random.SecureStream`.
     """
 
-    def __init__(self, seed: int | None = None, *, secure: bool = False, warn: bool = True):
+    def __init__(self, seed: int | None = None, *, secure: bool = False, warn: bool = True, entropy: int | None = None):
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
             raise ConfigError(f"seed must be an integer >= 0 (or absent for secret randomness), got {seed!r}")
         self.seeded = seed is not None
         self.secure = bool(secure)
-        self._entropy = int(seed) if seed is not None else secrets.randbits(128)
+        # ``entropy``: 128 secret bits drawn elsewhere (rank 0 of a data-parallel run shares its own)
+        self._entropy = int(seed) if seed is not None else (int(entropy) if entropy is not None else secrets.randbits(128))
         self._streams: dict[str, Stream] = {}
         if self.seeded and warn:
             warnings.warn(SEEDED_WARNING, NotPrivateWarning, stacklevel=2)

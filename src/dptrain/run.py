@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from dptrain import distributed
 from dptrain.accounting import AUTO, Ledger, RunNumbers, all_reports, tightest
 from dptrain.accounting.ledger import training_steps
 from dptrain.config import ALGORITHMS, SECTIONS, RunConfig, config_to_toml, load_config
@@ -118,7 +119,8 @@ def load_data(cfg: RunConfig) -> DataSplit:
 
 def run_randomness(cfg: RunConfig) -> Randomness:
     """The run's streams (an explicit seed is announced by :func:`_announce_seed` once the run starts)."""
-    return Randomness(cfg.seed, secure=cfg.privacy.secure_noise, warn=False)
+    entropy = distributed.shared_entropy(distributed.current(), cfg.seed)  # every rank of a data-parallel run
+    return Randomness(cfg.seed, secure=cfg.privacy.secure_noise, warn=False, entropy=entropy)
 
 
 def _announce_seed(cfg: RunConfig) -> None:
@@ -320,6 +322,9 @@ def run_training(
     plan``) is checked against the data (its guarantee holds only for the data set size it was made for) and
     recorded in the run directory."""
     rd = RunDirectory(out)
+    group = distributed.from_environment(cfg.training.device if cfg is not None else "auto")
+    if group is not None and not group.main:  # rank 0 alone writes the run directory
+        rd, progress = distributed.FollowerDirectory(rd), False
     if resume:
         return _resume(rd, progress, stop_after)
     if cfg is None:
@@ -361,7 +366,7 @@ def _resume(rd: RunDirectory, progress: bool, stop_after: int | None) -> dict:
         resumed = {name: rd.read_json(name) for name in state.get("released", [])}
         job = build_job(
             cfg,
-            Randomness(cfg.seed, secure=cfg.privacy.secure_noise, warn=False),
+            run_randomness(cfg),
             ledger=ledger,
             accountant=state["accountant"],
             resumed=resumed,

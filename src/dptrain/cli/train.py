@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
 from dptrain.cli import common
 from dptrain.cli.common import positive_int
@@ -64,9 +65,20 @@ def run(args: argparse.Namespace) -> int:
             overrides = [*plan_to_overrides(plan), *overrides]
         # The plan fixes sigma, so a config's target_epsilon is dropped (the plan certifies the budget).
         cfg = load_config(args.config, overrides, unset=("privacy.target_epsilon",) if plan else ())
+        if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1 and not args.out:
+            raise ConfigError("a data-parallel run (torchrun) needs --out DIR: every rank must write to the same place")
         out = args.out or fresh_directory(Path("runs") / (Path(args.config).stem if args.config else "run"))
         summary = run_training(cfg, out, progress=not args.no_progress, stop_after=args.stop_after, plan=plan)
-    print(json.dumps(summary, indent=2) if args.json else format_report(summary))
+    from dptrain import distributed
+
+    group = distributed.current()
+    if group is None or group.main:  # one report per run
+        print(json.dumps(summary, indent=2) if args.json else format_report(summary))
+    if group is not None:
+        import torch.distributed as dist
+
+        dist.barrier()
+        dist.destroy_process_group()
     return 0
 
 

@@ -1,0 +1,121 @@
+"""Data-parallel DP-SGD over torch.distributed: ``torchrun --nproc_per_node N -m dptrain train --config ...``.
+
+How a step is shared (and why the privacy argument is the one-process argument):
+
+- Every rank holds the same model and the same secret streams: rank 0 draws the run's entropy (or takes the seed)
+  and broadcasts it once, so every rank draws the same Poisson batch of indices.
+- The batch is cut into physical chunks exactly as one process cuts it; rank r computes the per-example gradients
+  and the clipped sums of chunks r, r + N, r + 2N, ... Each chunk's clipped sum is a function of its own examples
+  only (the clipping stage of one process, unchanged).
+- One all-gather brings every chunk's clipped sum (and its clip statistics) to every rank, and each rank adds them
+  up in chunk order: the same additions, in the same order, as one process makes, so the sum is bit for bit the
+  one-process sum (an all-reduce would add in another order and round differently).
+- Every rank then adds the same Gaussian noise, drawn from its copy of the same secret noise stream: the released
+  noisy gradient is ONE value, identical on every rank, noised once; it is what one process would release. The
+  optimizer step, identical everywhere, keeps the replicas equal.
+- Rank 0 alone writes the run directory (ledger, metrics, checkpoints, summary); the other ranks read the
+  checkpoint to resume. A rank that dies stops the job (torchrun stops the others); ``--resume`` continues from
+  the last checkpoint, and with ``seed`` set the run ends with the ledger and weights of the one-process run.
+
+gloo on CPU, nccl on GPU (``training.device``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+from dataclasses import dataclass
+
+import torch
+
+from dptrain.errors import ConfigError
+
+_CURRENT: Group | None = None
+
+
+def current() -> Group | None:
+    """The group this process joined with :func:`from_environment` (None: a one-process run)."""
+    return _CURRENT
+
+
+@dataclass(frozen=True)
+class Group:
+    """This process's place in a data-parallel run."""
+
+    rank: int
+    world: int
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+
+def from_environment(device: str = "auto") -> Group | None:
+    """The group of a ``torchrun`` launch (WORLD_SIZE > 1 in the environment), joined once; None otherwise."""
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if world <= 1:
+        return None
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        gpu = device != "cpu" and torch.cuda.is_available()
+        dist.init_process_group(backend="nccl" if gpu else "gloo")
+    if dist.get_world_size() != world:
+        raise ConfigError(f"WORLD_SIZE is {world} but the process group has {dist.get_world_size()} ranks")
+    global _CURRENT
+    _CURRENT = Group(dist.get_rank(), world)
+    return _CURRENT
+
+
+def shared_entropy(group: Group | None, seed: int | None) -> int | None:
+    """The run's entropy, the same on every rank: the seed, or 128 secret bits drawn by rank 0 and broadcast (they
+    never leave the job's processes)."""
+    if group is None or seed is not None:
+        return None
+    import torch.distributed as dist
+
+    box = [secrets.randbits(128) if group.main else None]
+    dist.broadcast_object_list(box, src=0)
+    return int(box[0])
+
+
+def gather(group: Group, local: list) -> list:
+    """Every rank's ``local`` items, concatenated in rank order (one all-gather)."""
+    import torch.distributed as dist
+
+    parts: list = [None] * group.world
+    dist.all_gather_object(parts, local)
+    return [item for part in parts for item in part]
+
+
+def barrier(group: Group | None) -> None:
+    if group is not None:
+        import torch.distributed as dist
+
+        dist.barrier()
+
+
+class FollowerDirectory:
+    """The run directory as a rank other than 0 sees it: it reads (the checkpoint, the config), never writes, and
+    takes no lock (rank 0 holds it)."""
+
+    def __init__(self, directory):
+        self._directory = directory
+
+    def __truediv__(self, name: str):
+        return self._directory / name
+
+    def __getattr__(self, name):
+        if name in ("write_text", "write_json", "save_model", "save_checkpoint", "append_metrics", "truncate_metrics"):
+            return lambda *args, **kwargs: None
+        if name in ("refuse_if_holding", "check_ledger_copy"):
+            return lambda *args, **kwargs: None
+        return getattr(self._directory, name)
+
+    @contextlib.contextmanager
+    def locked(self, create: bool = False):
+        yield self
+
+
+__all__ = ["FollowerDirectory", "Group", "barrier", "current", "from_environment", "gather", "shared_entropy"]
