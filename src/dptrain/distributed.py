@@ -13,6 +13,9 @@ How a step is shared (and why the privacy argument is the one-process argument):
 - Every rank then adds the same Gaussian noise, drawn from its copy of the same secret noise stream: the released
   noisy gradient is ONE value, identical on every rank, noised once; it is what one process would release. The
   optimizer step, identical everywhere, keeps the replicas equal.
+- The chunk sums exchanged by the all-gather are clipped but not yet noised: they stay inside the job's processes
+  (the trust boundary of one process's memory; with several machines, the network between them must be as trusted
+  as that memory) and are never written.
 - Rank 0 alone writes the run directory (ledger, metrics, checkpoints, summary); the other ranks read the
   checkpoint to resume. A rank that dies stops the job (torchrun stops the others); ``--resume`` continues from
   the last checkpoint, and with ``seed`` set the run ends with the ledger and weights of the one-process run.
