@@ -252,3 +252,30 @@ def test_a_schedule_longer_than_its_budget_allows_is_refused():
             noise_schedule=schedule_shape("gd-optimal", 30, kappa=10),
             budget=engine.Budget(1.0, 1e-5),
         )
+
+
+def test_a_zcdp_budget_in_the_config_is_spent_exactly(tmp_path, capsys):
+    """[schedule] R = 0.3927 (the paper's (4, 1e-8)): sum_t sigma_t^-2 = R exactly; the tightest accountant certifies
+    less than the paper's conversion (epsilon 4 at delta 1e-8)."""
+    text = _config(tmp_path, 'kind = "gd-optimal"\noptions = { kappa = 10 }\nR = 0.3927', privacy="", sampling="full")
+    path = tmp_path / "r.toml"
+    path.write_text(text.read_text().replace("delta = 1e-5", "delta = 1e-8"))
+    assert main(["train", "--config", str(path), "--out", str(tmp_path / "o"), "--no-progress"]) == 0
+    summary = json.loads((tmp_path / "o" / "summary.json").read_text())
+    ledger = json.loads((tmp_path / "o" / "ledger.json").read_text())
+    sigmas = [e["event"]["noise_multiplier"] for e in ledger["entries"] for _ in range(e["count"])]
+    assert len(sigmas) == 8 and math.fsum(s**-2 for s in sigmas) == pytest.approx(0.3927, rel=1e-9)
+    assert summary["noise_schedule"]["rho"] == pytest.approx(0.3927 / 2, rel=1e-9)
+    assert summary["accountant"] == "gdp" and summary["epsilon"] < 4.0
+    for bad, message in (
+        ("R = 0.3927\nrho = 0.1", "not both"),
+        ("R = -1.0", "schedule.R must be a finite number > 0"),
+    ):
+        p = tmp_path / "bad.toml"
+        p.write_text(text.read_text().replace("R = 0.3927", bad))
+        assert main(["train", "--config", str(p), "--out", str(tmp_path / "b"), "--no-progress"]) == 2
+        assert message in capsys.readouterr().err
+    p = tmp_path / "both.toml"
+    p.write_text(_config(tmp_path, 'kind = "gd-optimal"\noptions = { kappa = 10 }\nR = 0.3927').read_text())
+    assert main(["train", "--config", str(p), "--out", str(tmp_path / "c"), "--no-progress"]) == 2
+    assert "sets the noise from its own budget" in capsys.readouterr().err

@@ -98,6 +98,9 @@ class Section:
     cls: type
     validate: Callable[[RunConfig], None]
     stage: str | None = None
+    #: True when the section sets the run's noise from a budget of its own (then the config gives neither
+    #: privacy.noise_multiplier nor privacy.target_epsilon)
+    supplies_noise: Callable[[RunConfig], bool] | None = None
 
 
 @dataclass(frozen=True)
@@ -337,7 +340,14 @@ def _validate_dpsgd(cfg: RunConfig) -> None:
     """DP-SGD (the engine's own algorithm): model, noise, clipping, sampling, optimizer."""
     p, t = cfg.privacy, cfg.training
     need(cfg.model.name in MODEL_NAMES, "model.name", f"one of {', '.join(MODEL_NAMES)}", cfg.model.name)
-    if (p.noise_multiplier is None) == (p.target_epsilon is None):
+    supplied = [s.name for s in SECTIONS.values() if s.supplies_noise is not None and s.supplies_noise(cfg)]
+    if supplied:
+        if p.noise_multiplier is not None or p.target_epsilon is not None:
+            raise ConfigError(
+                f"[{supplied[0]}] sets the noise from its own budget: remove privacy.noise_multiplier and "
+                "privacy.target_epsilon"
+            )
+    elif (p.noise_multiplier is None) == (p.target_epsilon is None):
         raise ConfigError("set exactly one of privacy.noise_multiplier and privacy.target_epsilon")
     if p.noise_multiplier is not None:
         check_noise_multiplier(p.noise_multiplier, "privacy.noise_multiplier")

@@ -96,6 +96,8 @@ class Draft:
     #: its scale is calibrated (dptrain.schedules.scale.METHODS)
     noise_schedule: Callable[[int], Any] | None = None
     schedule_calibration: str = "tightest"
+    #: noise schedule shape -> its scale, when a stage sets the noise from a budget of its own (a zCDP budget)
+    noise_scale: Callable[[Any], float] | None = None
     #: (planned steps, sampling rate) -> adaptive noise under a privacy filter (the validation noise schedule)
     noise_controller: Callable[[int, float], Any] | None = None
     #: the trainer, once made (for the stages' summary entries)
@@ -226,7 +228,12 @@ def build_dpsgd_job(
             budget, sigma = None, controller.sigma
         else:
             budget = None if p.target_epsilon is None else Budget(p.target_epsilon, p.delta)
-            sigma = ledger_noise_multiplier(ledger) if resuming else p.noise_multiplier
+            if resuming:
+                sigma = ledger_noise_multiplier(ledger)
+            elif p.noise_multiplier is None and draft.noise_scale is not None:
+                sigma = draft.noise_scale(common["noise_schedule"])
+            else:
+                sigma = p.noise_multiplier
         trainer = make_private(
             model, optimizer, data.train, noise_multiplier=sigma, delta=p.delta, budget=budget, **common
         )

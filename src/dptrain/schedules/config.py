@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from dptrain.config import RunConfig, Section, need, register_section, section_is_default
+from dptrain.config import RunConfig, Section, finite, need, register_section, section_is_default
 from dptrain.errors import ConfigError
 
 #: The kinds (dptrain.schedules.kinds.KINDS; repeated here so that validating a config imports no scipy).
@@ -43,6 +43,8 @@ class ScheduleConfig:
     options: dict = field(default_factory=dict)  # the kind's parameters (kappa, gamma, beta, influence, rate, ...)
     calibration: str = "tightest"  # tightest (the accountant that certifies the run) | zcdp (the paper's)
     levels: int | None = None  # None: 16 for Poisson, the exact shape (<= 1024 levels) for full batches; 0: exact; N
+    rho: float | None = None  # a zCDP budget instead of privacy.target_epsilon: sum_t 1/(2 sigma_t^2) = rho
+    R: float | None = None  # the paper's budget, R = 2 rho (sum_t sigma_t^-2 = R)  # noqa: N815
 
 
 def validate(cfg: RunConfig) -> None:
@@ -65,6 +67,15 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError("schedule.calibration applies when privacy.target_epsilon is set (it calibrates the scale)")
     if s.levels is not None:
         need(s.levels >= 0, "schedule.levels", "an integer >= 0 (0: the exact shape)", s.levels)
+    if s.rho is not None or s.R is not None:
+        if s.rho is not None and s.R is not None:
+            raise ConfigError("give schedule.rho or schedule.R (= 2 rho), not both")
+        key, value = ("schedule.rho", s.rho) if s.rho is not None else ("schedule.R", s.R)
+        need(finite(value) and value > 0, key, "a finite number > 0", value)
+        if s.kind == "validation":
+            raise ConfigError('schedule.kind = "validation" takes privacy.target_epsilon, not a zCDP budget')
+        if s.calibration != "tightest":
+            raise ConfigError(f"{key} is a zCDP budget: the scale is the paper's (zCDP) by definition; drop schedule.calibration")
     if s.kind == "validation":
         if p.target_epsilon is None:
             raise ConfigError(
@@ -94,4 +105,10 @@ def levels_for(cfg: RunConfig) -> int:
     return DEFAULT_POISSON_LEVELS if cfg.privacy.sampling == "poisson" else 0
 
 
-register_section(Section("schedule", ScheduleConfig, validate, stage="dptrain.schedules.stage:stage"))
+def supplies_noise(cfg: RunConfig) -> bool:
+    return cfg.schedule.kind != "none" and (cfg.schedule.rho is not None or cfg.schedule.R is not None)
+
+
+register_section(
+    Section("schedule", ScheduleConfig, validate, stage="dptrain.schedules.stage:stage", supplies_noise=supplies_noise)
+)

@@ -8,7 +8,13 @@ import numpy as np
 
 from dptrain.errors import ConfigError
 from dptrain.schedules.config import MAX_DEFAULT_LEVELS, levels_for
-from dptrain.schedules.kinds import quantised_shape, read_influence, schedule_shape, spent_rho
+from dptrain.schedules.kinds import (
+    calibrate_shape,
+    quantised_shape,
+    read_influence,
+    schedule_shape,
+    spent_rho,
+)
 
 
 def shape_for(cfg, steps: int) -> np.ndarray:
@@ -54,6 +60,9 @@ def stage(draft) -> None:
     else:
         draft.noise_schedule = lambda steps: shape_for(cfg, steps)
         draft.schedule_calibration = cfg.schedule.calibration
+        s = cfg.schedule
+        if s.rho is not None or s.R is not None:  # a zCDP budget: the scale spends it exactly (Lemma 4.1's normalisation)
+            draft.noise_scale = lambda shape: calibrate_shape(shape, rho=s.rho, R=s.R).scale / float(np.max(shape))
     draft.extras.append(lambda: summary(draft.trainer, cfg))
 
 
@@ -68,7 +77,7 @@ def summary(trainer, cfg) -> dict:
             "kind": cfg.schedule.kind,
             "options": {k: v for k, v in cfg.schedule.options.items() if not isinstance(v, list)},
             "scale": c,
-            "calibration": cfg.schedule.calibration if cfg.privacy.target_epsilon is not None else "given",
+            "calibration": _calibration(cfg),
             "levels": int(np.unique(shape).size),
             "first": c * float(shape[0]),
             "last": c * float(shape[-1]),
@@ -100,3 +109,10 @@ def _adaptive_summary(trainer, cfg) -> dict:
         "filter_spent": f.spent(trainer.ledger),
         "filter_budget": f.budget,
     }
+
+
+def _calibration(cfg) -> str:
+    s = cfg.schedule
+    if s.rho is not None or s.R is not None:
+        return f"zCDP budget ({'rho' if s.rho is not None else 'R'} = {s.rho if s.rho is not None else s.R:g})"
+    return s.calibration if cfg.privacy.target_epsilon is not None else "given"
