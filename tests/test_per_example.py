@@ -193,3 +193,41 @@ def test_unused_parameters_get_zero_gradients():
     sampler = LayerwiseGradSampler(model, cross_entropy_per_example)
     grads = sampler(torch.randn(4, 3), torch.tensor([0, 1, 0, 1]))[0].materialize()
     assert grads["unused.weight"].shape == (4, 2, 3) and not grads["unused.weight"].any()
+
+
+class Encoder(nn.Module):
+    """torch's own TransformerEncoderLayer (its attention takes a batched key_padding_mask keyword) and a head."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(20, 8)
+        self.layer = nn.TransformerEncoderLayer(8, 2, dim_feedforward=16, dropout=0.0, batch_first=True)
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, ids, mask):
+        return self.head(self.layer(self.emb(ids), src_key_padding_mask=mask).mean(1))
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_keyword_tensors_of_a_fallback_module_are_split_by_example_and_checked():
+    from dptrain.per_example import FallbackError, _per_module
+
+    torch.manual_seed(0)
+    model = Encoder().double()
+    ids = torch.randint(0, 20, (5, 6))
+    mask = torch.zeros(5, 6, dtype=torch.bool)
+    mask[1, 4:] = True  # padding in example 1 only: sharing the mask whole would be wrong
+    y = torch.tensor([0, 1, 1, 0, 1])
+    sampler = make_grad_sampler(model, lambda o, t: nn.functional.cross_entropy(o, t, reduction="none"))
+    grads = sampler((ids, mask), y)[0].materialize()
+    assert sampler.name == "layerwise+func"  # the encoder layer on its own; embedding and head by their rules
+    for i in range(5):
+        model.zero_grad()
+        nn.functional.cross_entropy(model(ids[i : i + 1], mask[i : i + 1]), y[i : i + 1]).backward()
+        for n, p in model.named_parameters():
+            torch.testing.assert_close(grads[n][i], p.grad, rtol=1e-8, atol=1e-10, msg=n)
+    # a module whose per-example outputs do not reproduce the batch's is refused, not differentiated wrongly
+    lin = nn.Linear(3, 3).double()
+    x = torch.randn(4, 3, dtype=torch.float64)
+    with pytest.raises(FallbackError, match="does not reproduce"):
+        _per_module(lin, (x,), {}, [torch.ones(4, 3, dtype=torch.float64)], [lin(x) + 1.0])

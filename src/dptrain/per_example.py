@@ -319,30 +319,50 @@ class FallbackError(ModelError):
     """A module without a layerwise rule could not be differentiated per example on its own."""
 
 
-def _per_module(m: nn.Module, args: tuple, kwargs: dict, gos: list) -> dict[str, torch.Tensor]:
+def _per_module(
+    m: nn.Module, args: tuple, kwargs: dict, gos: list, recorded: list
+) -> dict[str, torch.Tensor]:
     """Per-example gradients of every parameter of module ``m`` (and its submodules) with torch.func, for that
-    module only: vmap over the examples of grad of <m(args_i), output gradient_i>. Tensor positional arguments are
-    split by example; keyword arguments are passed unchanged to every example."""
+    module only: vmap over the examples of grad of <m(args_i), output gradient_i>. Tensor arguments (positional or
+    keyword) whose first dimension is the batch's are split by example, the others passed whole to every example.
+    That split is a guess for keyword tensors (a shared mask whose first dimension happens to equal the batch size
+    would be split), so the per-example outputs are checked against the ``recorded`` batch outputs: a mismatch is
+    a FallbackError (the whole model then goes to torch.func), never a wrong gradient."""
     params = {n: p.detach() for n, p in m.named_parameters() if p.requires_grad}
     buffers = dict(m.named_buffers())
-    batched = tuple(a for a in args if torch.is_tensor(a))
-    where = [i for i, a in enumerate(args) if torch.is_tensor(a)]
+    b = int(recorded[0].shape[0]) if recorded else 0
+    is_batched = lambda v: torch.is_tensor(v) and v.dim() > 0 and v.shape[0] == b  # noqa: E731
+    where = [i for i, a in enumerate(args) if is_batched(a)]
+    keys = [k for k, v in kwargs.items() if is_batched(v)]
+    split = (tuple(args[i] for i in where), {k: kwargs[k] for k in keys})
 
     def inner(params, tensors, gos_i):
-        full = list(args)
-        for i, t in zip(where, tensors, strict=True):
+        positional, keyword = tensors
+        full, named = list(args), dict(kwargs)
+        for i, t in zip(where, positional, strict=True):
             full[i] = t.unsqueeze(0)
-        out = functional_call(m, (params, buffers), tuple(full), kwargs)
-        return sum((o * g.unsqueeze(0)).sum() for o, g in zip(_tensors(out), gos_i, strict=True))
+        for k in keys:
+            named[k] = keyword[k].unsqueeze(0)
+        outs = _tensors(functional_call(m, (params, buffers), tuple(full), named))
+        loss = sum((o * g.unsqueeze(0)).sum() for o, g in zip(outs, gos_i, strict=True))
+        return loss, [o.detach().squeeze(0) for o in outs]
 
     try:
         with warnings.catch_warnings():  # torch.func has no batching rule for some fused kernels (CPU attention)
             warnings.filterwarnings("ignore", message="There is a performance drop because we have not yet")
-            return vmap(grad(inner), in_dims=(None, 0, 0), randomness="error")(params, batched, gos)
-    except RuntimeError as e:
+            grads, outs = vmap(grad(inner, has_aux=True), in_dims=(None, 0, 0), randomness="error")(params, split, gos)
+    except (RuntimeError, ValueError) as e:
         raise FallbackError(
             f"per-example gradients of {type(m).__name__} through torch.func failed ({' '.join(str(e).split())[:200]})"
         ) from None
+    if len(outs) != len(recorded) or not all(
+        o.shape == r.shape and torch.allclose(o, r.detach(), rtol=1e-4, atol=1e-6) for o, r in zip(outs, recorded, strict=True)
+    ):
+        raise FallbackError(
+            f"{type(m).__name__} computed example by example does not reproduce its batch output (an argument was split "
+            "or shared wrongly)"
+        )
+    return grads
 
 
 def _tensors(out) -> list[torch.Tensor]:
@@ -438,7 +458,7 @@ class LayerwiseGradSampler:
             gos = [fb_grads.get(id(o)) for o in fouts]
             gos = [torch.zeros_like(o) if g is None else g.detach() for o, g in zip(fouts, gos, strict=True)]
             prefix = self._fallback[m]
-            for pname, g in _per_module(m, args, kwargs, gos).items():
+            for pname, g in _per_module(m, args, kwargs, gos, fouts).items():
                 key = f"{prefix}.{pname}" if prefix else pname
                 per_example[key] = per_example[key] + g if key in per_example else g
         for (m, a, out), go in zip(calls, grads_out, strict=True):
