@@ -54,6 +54,7 @@ def _rank_pid(rank: int, out: Path) -> int | None:
     return None
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the worker processes through /proc")
 def test_a_two_process_run_killed_and_resumed_equals_the_one_process_run(tmp_path, capsys):
     cfg = tmp_path / "c.toml"
