@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dptrain.errors import ConfigError
+from dptrain.errors import ConfigError, RankLost
 
 _CURRENT: Group | None = None
 
@@ -88,7 +88,13 @@ def gather(group: Group, local: list) -> list:
     import torch.distributed as dist
 
     parts: list = [None] * group.world
-    dist.all_gather_object(parts, local)
+    try:
+        dist.all_gather_object(parts, local)
+    except (RuntimeError, ConnectionError) as e:
+        raise RankLost(
+            f"another rank of this data-parallel run stopped during a step ({' '.join(str(e).split())[:120]}); "
+            "nothing of the step was released: continue with torchrun ... dptrain train --resume DIR"
+        ) from None
     return [item for part in parts for item in part]
 
 

@@ -41,3 +41,7 @@ class NonFiniteError(DPTrainError, ArithmeticError):
 
 class RunDirectoryError(DPTrainError, OSError):
     """A run directory is in use by another run, already holds a run, or cannot be written."""
+
+
+class RankLost(DPTrainError, RuntimeError):
+    """Another rank of a data-parallel run stopped in the middle of a step (nothing of that step was released)."""
