@@ -57,8 +57,9 @@ def test_a_dataset_gives_exactly_the_run_the_same_tensors_give():
     assert a.ledger.to_dict() == b.ledger.to_dict()
     for p, q in zip(model_a.parameters(), model_b.parameters(), strict=True):
         assert torch.allclose(p, q, atol=1e-6)
-    # only the sampled examples are read (plus one for the structure and the independence probe's shapes)
-    assert ds.reads < 6 * 16 * 2 + 5
+    # read through __getitem__ (not its x and y attributes), and only the sampled examples (plus one for the
+    # structure and the independence probe's shapes)
+    assert 0 < ds.reads < 6 * 16 * 2 + 5
 
 
 class TwoInputs(nn.Module):
@@ -257,3 +258,17 @@ eval_every = 3
     code = main(["train", "--config", str(tmp_path / "bad.toml"), "--out", str(tmp_path / "bad"), "--no-progress"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and "needs the test arrays" in err and len(err.splitlines()) == 1
+
+
+def test_a_dataset_label_out_of_range_is_a_one_line_error_and_releases_nothing():
+    x, y = _data()
+    y = y.clone()
+    y[::3] = 7  # a 2-class model
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 2))
+    trainer = make_private(
+        model, torch.optim.SGD(model.parameters(), lr=0.5), Pairs(x, y), noise_multiplier=1.0, batch_size=16, seed=1
+    )
+    with pytest.raises(DataError, match="check that the labels index the model's outputs"):
+        trainer.step()
+    assert trainer.steps == 0 and trainer.ledger.releases == 0

@@ -187,7 +187,9 @@ def as_source(data, label_key: str = "labels"):
     map-style Dataset -> :class:`DatasetSource`."""
     if isinstance(data, TensorSource | DatasetSource):
         return data
-    if hasattr(data, "x") and hasattr(data, "y"):
+    from dptrain.data import ArrayDataset
+
+    if isinstance(data, ArrayDataset):  # (a user's Dataset with x and y attributes is read through __getitem__)
         return TensorSource(_tensor(data.x), _tensor(data.y))
     if isinstance(data, torch.utils.data.TensorDataset):
         return TensorSource(*data.tensors[:2])

@@ -578,7 +578,15 @@ class PrivateTrainer:
 
     def _tensor_chunks(self, idx: torch.Tensor):
         for chunk in idx.split(self.max_physical_batch_size) if len(idx) else ():
-            yield self.grad_sampler(*to_device(self.data.batch(chunk), self.device))
+            inputs, labels = to_device(self.data.batch(chunk), self.device)
+            try:
+                yield self.grad_sampler(inputs, labels)
+            except IndexError as e:  # e.g. a label out of range for the model's outputs (a Dataset's labels are
+                # only seen batch by batch, so the up-front label check cannot cover them)
+                raise DataError(
+                    f"the loss function failed on a batch of training examples ({' '.join(str(e).split())[:160]}); "
+                    "check that the labels index the model's outputs"
+                ) from None
 
     def _clipped_sum(self, idx: torch.Tensor):
         if self.group is None:
