@@ -38,7 +38,19 @@ def _cases():
         "func, l2_linf, secure noise": (mlp, (x, y), {"grad_sampler": "func", "clipping": "l2_linf", "linf_p": 4,
                                                        "secure_noise": True}),
         "embedding and per-module fallback": (Seq, (ids, y), {}),
+        "a map-style Dataset": (mlp, _Items(x, y), {}),
     }
+
+
+class _Items(torch.utils.data.Dataset):
+    def __init__(self, x, y):
+        self.xs, self.ys = x, y
+
+    def __len__(self):
+        return len(self.ys)
+
+    def __getitem__(self, i):
+        return self.xs[i], self.ys[i]
 
 
 @pytest.mark.parametrize("case", list(_cases()))
