@@ -69,7 +69,8 @@ MEMORY_STEPS = 3
 MEMORY_LOGICAL = 4096
 MEMORY_PHYSICAL = 256
 TARGET_VS_NONPRIVATE = 0.85
-TARGET_VS_OPACUS = 1.2
+TARGET_VS_OPACUS = 1.5  # the scale issue's targets: >= 1.5x Opacus hooks, >= 1.3x Opacus ghost
+TARGET_VS_OPACUS_GHOST = 1.3
 TARGET_MODELMIX_VS_DPSGD = 1 / 1.1  # a ModelMix step costs at most 1.1x a DP-SGD step
 
 WAYS = (
@@ -80,6 +81,7 @@ WAYS = (
     "dptrain-func",
     "dptrain-modelmix",
     "opacus",
+    "opacus-ghost",
 )
 LABELS = {
     "nonprivate": "non-private PyTorch",
@@ -89,6 +91,7 @@ LABELS = {
     "dptrain-func": "dptrain (func/vmap)",
     "dptrain-modelmix": "dptrain + ModelMix (layerwise)",
     "opacus": "Opacus (hooks)",
+    "opacus-ghost": "Opacus (ghost clipping)",
 }
 # (way, logical, physical) for the memory part; opacus with physical < logical uses BatchMemoryManager.
 MEMORY_CONFIGS = (
@@ -179,12 +182,12 @@ class DptrainRunner(Runner):
 
 
 class OpacusRunner(Runner):
-    def __init__(self, x, y, logical: int, physical: int, seed: int):
+    def __init__(self, x, y, logical: int, physical: int, seed: int, ghost: bool = False):
         torch.manual_seed(seed)  # Opacus' Poisson sampler and noise draw from the global RNG here
         model = fresh_model()
         opt = torch.optim.SGD(model.parameters(), lr=LR)
         loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=logical)
-        self.model, self.opt, self.loader = PrivacyEngine().make_private(
+        common = dict(
             module=model,
             optimizer=opt,
             data_loader=loader,
@@ -192,6 +195,13 @@ class OpacusRunner(Runner):
             max_grad_norm=MAX_GRAD_NORM,
             poisson_sampling=True,
         )
+        if ghost:  # fast gradient clipping: Opacus wraps the loss, whose backward does the two passes
+            self.model, self.opt, self.criterion, self.loader = PrivacyEngine().make_private(
+                **common, criterion=torch.nn.CrossEntropyLoss(), grad_sample_mode="ghost"
+            )
+        else:
+            self.model, self.opt, self.loader = PrivacyEngine().make_private(**common)
+            self.criterion = F.cross_entropy
         self.physical = physical if physical < logical else None
         self._batches = self._forever()
 
@@ -215,7 +225,7 @@ class OpacusRunner(Runner):
             t0 = time.perf_counter()
             xb, yb = next(self._batches)
             self.load_s += time.perf_counter() - t0
-            loss = F.cross_entropy(self.model(xb), yb)
+            loss = self.criterion(self.model(xb), yb)
             loss.backward()
             self.opt.step()
             self.opt.zero_grad(set_to_none=True)
@@ -229,8 +239,8 @@ def make_runner(way: str, x, y, logical: int, physical: int, seed: int) -> Runne
         return NonPrivate(x, y, logical, seed, last=way.endswith("channels-last"))
     if way.startswith("dptrain-"):
         return DptrainRunner(x, y, way.removeprefix("dptrain-"), logical, physical, seed)
-    if way == "opacus":
-        return OpacusRunner(x, y, logical, physical, seed)
+    if way in ("opacus", "opacus-ghost"):
+        return OpacusRunner(x, y, logical, physical, seed, ghost=way == "opacus-ghost")
     raise ValueError(f"unknown way {way!r}")
 
 
@@ -248,7 +258,7 @@ def time_way(way: str, x, y, steps: int, seed: int) -> dict:
         examples += runner.step()
     seconds = time.perf_counter() - t0
     result = {"examples": examples, "seconds": seconds, "samples_per_s": examples / seconds}
-    if way == "opacus":
+    if way.startswith("opacus"):
         result["dataloader_s"] = runner.load_s
     del runner
     gc.collect()
@@ -284,6 +294,7 @@ def ratios(summary: dict) -> list[dict]:
             ("nonprivate", TARGET_VS_NONPRIVATE),
             ("nonprivate-channels-last", TARGET_VS_NONPRIVATE),
             ("opacus", TARGET_VS_OPACUS),
+            ("opacus-ghost", TARGET_VS_OPACUS_GHOST),
         ):
             if num in summary and den in summary:
                 value = summary[num]["median_samples_per_s"] / summary[den]["median_samples_per_s"]
@@ -491,8 +502,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [w for w in ways if w not in WAYS]
     if unknown or not ways:
         p.error(f"--ways: unknown {', '.join(unknown) or '(none given)'}; accepted: {', '.join(WAYS)}")
-    if opacus is None and "opacus" in ways:
-        ways.remove("opacus")
+    if opacus is None:
+        ways = [w for w in ways if not w.startswith("opacus")]
         print(
             f"  Opacus is not importable ({OPACUS_ERROR}): skipping its rows. "
             "Install it with: pip install -e '.[bench]'"
