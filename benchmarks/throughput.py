@@ -100,6 +100,7 @@ MEMORY_CONFIGS = (
     ("dptrain-func", MEMORY_LOGICAL, MEMORY_PHYSICAL),
     ("opacus", MEMORY_LOGICAL, MEMORY_PHYSICAL),
     ("opacus", MEMORY_LOGICAL, MEMORY_LOGICAL),
+    ("opacus-ghost", MEMORY_LOGICAL, MEMORY_LOGICAL),
 )
 
 
@@ -363,7 +364,7 @@ def memory(n: int, captured: list[str]) -> list[dict]:
     """
     rows = []
     for way, logical, physical in MEMORY_CONFIGS:
-        if way == "opacus" and opacus is None:
+        if way.startswith("opacus") and opacus is None:
             continue
         cmd = [sys.executable, os.path.abspath(__file__), "--n", str(n)]
         cmd += ["--memory-child", way, str(logical), str(physical)]
