@@ -228,3 +228,18 @@ def test_the_vectorised_gaussian_pld_is_dp_accountings_bit_for_bit():
             a, b = a.to_dense_pmf(), b.to_dense_pmf()
             assert a._lower_loss == b._lower_loss and np.array_equal(a._probs, b._probs), (std, q, adj)
             assert a._infinity_mass == b._infinity_mass
+
+
+def test_truncation_bounds_are_dp_accountings():
+    """The size prediction's Chernoff bounds (standard._self_convolve_bounds) equal dp_accounting's own."""
+    import numpy as np
+    from dp_accounting.pld import common
+
+    from dptrain.accounting import standard
+
+    rng = np.random.default_rng(0)
+    for n, count in ((100, 10), (3000, 234), (9000, 14062), (300, 1)):
+        p = rng.random(n)
+        p /= p.sum() * 1.0001
+        standard._LAST_BOUNDS.clear()
+        assert standard._self_convolve_bounds(p, count) == common.compute_self_convolve_bounds(p, count, 1e-15)
