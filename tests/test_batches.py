@@ -272,3 +272,20 @@ def test_a_dataset_label_out_of_range_is_a_one_line_error_and_releases_nothing()
     with pytest.raises(DataError, match="check that the labels index the model's outputs"):
         trainer.step()
     assert trainer.steps == 0 and trainer.ledger.releases == 0
+
+
+def test_the_automatic_chunk_counts_embedding_gradients_as_factored():
+    class Bag(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.head = nn.Embedding(50_000, 256), nn.Linear(256, 2)
+
+        def forward(self, ids):
+            return self.head(self.emb(ids).mean(1))
+
+    ids, y = torch.randint(0, 50_000, (40, 32)), torch.randint(0, 2, (40,))
+    model = Bag()
+    trainer = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), (ids, y), noise_multiplier=1.0,
+                           batch_size=10)
+    # materialized, one example's embedding gradient alone is 51 MB (5 examples per 256 MiB chunk)
+    assert trainer.max_physical_batch_size > 1000

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_flatten, tree_map
 
 from dptrain import distributed, independence
 from dptrain.accounting import (
@@ -149,10 +149,28 @@ def check_noise_schedule(schedule) -> tuple[float, ...] | None:
     return values
 
 
-def auto_physical_batch_size(params: dict[str, torch.Tensor]) -> int:
-    """Largest chunk whose materialized per-example gradients fit in PER_EXAMPLE_GRADIENT_MEMORY."""
-    per_example = sum(p.numel() * p.element_size() for p in params.values())
+def auto_physical_batch_size(params: dict[str, torch.Tensor], factored: dict[str, int] | None = None) -> int:
+    """Largest chunk whose per-example gradients fit in PER_EXAMPLE_GRADIENT_MEMORY: materialized, except the
+    parameters in ``factored`` (name -> elements one example's factors take, e.g. an Embedding's positions x dim)."""
+    factored = factored or {}
+    per_example = sum(
+        (factored[n] if n in factored else p.numel()) * p.element_size() for n, p in params.items()
+    )
     return max(1, PER_EXAMPLE_GRADIENT_MEMORY // max(1, per_example))
+
+
+def _factored_sizes(model: nn.Module, params: dict[str, torch.Tensor], example) -> dict[str, int]:
+    """Elements per example of the Embedding gradients the layerwise backend keeps factored: positions x (dim + 1 +
+    positions) (the output gradients, the ids, the Gram matrix of the norm), the
+    positions being the largest integer input of one example (its token ids)."""
+    ids = [t.numel() for t in tree_flatten(example)[0] if torch.is_tensor(t) and not t.dtype.is_floating_point]
+    positions = max(ids, default=1)
+    out = {}
+    for prefix, m in model.named_modules():
+        name = f"{prefix}.weight" if prefix else "weight"
+        if type(m) is nn.Embedding and name in params:
+            out[name] = positions * (m.embedding_dim + 1 + positions)  # (and its Gram matrix, for the norm)
+    return out
 
 
 def _all_finite(tensors) -> bool:
@@ -248,12 +266,21 @@ class PrivateTrainer:
             make_grad_sampler(model, loss_fn, grad_sampler) if isinstance(grad_sampler, str) else grad_sampler
         )
         self.params = trainable_parameters(model)
-        self.max_physical_batch_size = int(max_physical_batch_size or auto_physical_batch_size(self.params))
         self._check_optimizer()
         self._check_labels()
         self.independence_checked = bool(check_independence)
         if check_independence:
             independence.check_independence(model, self.grad_sampler, *to_device(self.data.example(), self.device))
+        # Automatic chunks count an Embedding's gradients as factored only once the backend is known to keep them so:
+        # the independence check's pass has settled the automatic backend (a switch to torch.func, which
+        # materializes them, happens at its first pass). Without that check, or on torch.func, all are materialized.
+        settled = self.independence_checked and getattr(self.grad_sampler, "name", "").startswith("layerwise")
+        self.max_physical_batch_size = int(
+            max_physical_batch_size
+            or auto_physical_batch_size(
+                self.params, _factored_sizes(model, self.params, self.data.example()[0]) if settled else None
+            )
+        )
         self.randomness = randomness if randomness is not None else Randomness(seed, secure=secure_noise)
         bind = getattr(optimizer, "bind_randomness", None)
         if bind is not None:  # an update stage that draws secret randomness (ModelMix's mixing weights)
