@@ -21,10 +21,12 @@ that keep a permutation expose it in their state, which lives in the secret chec
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import dp_accounting as dpa
+import numpy as np
 import torch
 
 from dptrain.accounting.ledger import gaussian_step_event
@@ -92,11 +94,84 @@ class _ExactBatch:
         return float(self.batch_size)
 
 
-def _poisson_mask(stream: Stream, n: int, rate: float) -> torch.Tensor:
-    # u < q' with u on the grid k 2^-53 and q' = floor(q 2^53) 2^-53 <= q: each example joins with probability
-    # exactly q' <= q, never more than the rate the ledger records.
-    threshold = math.floor(rate * 2.0**53) * 2.0**-53
-    return (stream.uniform((n,), torch.float64) < threshold).nonzero().squeeze(1)
+#: Bits of the uniform draw each Poisson inclusion is decided by: example i joins iff u_i < k with u_i uniform on
+#: {0, ..., 2^53 - 1} and k = floor(q 2^53), i.e. with probability exactly q' = k 2^-53 <= q (never more than the
+#: rate the ledger records).
+POISSON_BITS = 53
+
+
+class _CoinFlips:
+    """Fair coin flips from a stream's 64-bit words, counted in blocks: ``heads(m)`` is how many of m fresh flips
+    come up 1. The words are drawn ahead (2m flips at the first call: what :func:`binomial_below` needs on average)
+    into one Python integer, whose bit_count does the counting."""
+
+    def __init__(self, stream: Stream):
+        self.stream, self.pool, self.left = stream, 0, 0
+
+    def heads(self, m: int) -> int:
+        if m > self.left:
+            words = self.stream.words((2 * m - self.left) // 64 + 16)
+            self.pool |= int.from_bytes(words.tobytes(), "little") << self.left
+            self.left += 64 * len(words)
+        flips = self.pool & ((1 << m) - 1)
+        self.pool >>= m
+        self.left -= m
+        return flips.bit_count()
+
+
+def binomial_below(heads: Callable[[int], int], n: int, k: int, bits: int = POISSON_BITS) -> int:
+    """Exactly Binomial(n, k 2^-bits): how many of n independent uniforms u_i on {0, ..., 2^bits - 1} fall below k,
+    decided bit by bit from the most significant down. At each bit the examples still undecided (all their higher
+    bits equal k's) split by a fair coin: with k's bit 1, those whose bit is 0 are below k; with k's bit 0, those
+    whose bit is 1 are above it; the rest stay undecided (equal to k in every bit: not below). ``heads(m)`` is the
+    number of ones among m fresh fair coin flips. About 2n flips in all instead of n uniforms."""
+    if k >= 2**bits:  # every uniform is below k (q = 1)
+        return n
+    below, undecided = 0, n
+    for level in range(bits - 1, -1, -1):
+        if not undecided:
+            break
+        ones = heads(undecided)
+        if (k >> level) & 1:
+            below, undecided = below + undecided - ones, ones
+        else:
+            undecided -= ones
+    return below
+
+
+def uniform_subset(stream: Stream, n: int, size: int) -> torch.Tensor:
+    """A uniformly random subset of ``size`` of {0, ..., n-1}, sorted (int64): the first ``size`` distinct values of
+    a sequence of independent uniform integers (exact: 64-bit words by rejection, no modulo bias); for more than
+    half of n, the complement of such a subset."""
+    if 2 * size > n:
+        keep = np.ones(n, dtype=bool)
+        keep[uniform_subset(stream, n, n - size).numpy()] = False
+        return torch.from_numpy(np.flatnonzero(keep)).to(torch.int64)
+    if size == 0:
+        return torch.zeros(0, dtype=torch.int64, device="cpu")
+    limit = (2**64 // n) * n  # words below limit, reduced mod n, are uniform on {0, ..., n-1}
+    draws, distinct = np.zeros(0, np.uint64), 0
+    while True:
+        w = stream.words(size - distinct + 16)
+        if limit < 2**64:
+            w = w[w < np.uint64(limit)]
+        draws = np.concatenate([draws, w % np.uint64(n)])
+        values, first = np.unique(draws, return_index=True)
+        distinct = len(values)
+        if distinct >= size:  # the values first drawn before the size-th distinct one's first draw, in order
+            chosen = values if distinct == size else values[first <= np.partition(first, size - 1)[size - 1]]
+            return torch.from_numpy(chosen.astype(np.int64))
+
+
+def poisson_indices(stream: Stream, n: int, rate: float) -> torch.Tensor:
+    """Poisson sampling of {0, ..., n-1} (each example independently with probability q' = floor(q 2^53) 2^-53 <=
+    q), drawn as its batch size first, then the examples: the size is exactly Binomial(n, q') (:func:`binomial_below`)
+    and, given its size, a Poisson sample is a uniformly random subset of that size (:func:`uniform_subset`), so the
+    batch has exactly the distribution of n independent coin flips, from about 2n bits and 64 per chosen example
+    instead of one 53-bit uniform per example. Sorted int64 indices."""
+    k = math.floor(rate * 2.0**POISSON_BITS)
+    size = binomial_below(_CoinFlips(stream).heads, n, k)
+    return uniform_subset(stream, n, size)
 
 
 @dataclass(frozen=True)
@@ -124,7 +199,7 @@ class PoissonSampling(_Stateless):
         return self.rate_at(step) * self.dataset_size
 
     def sample(self, stream: Stream, step: int) -> torch.Tensor:
-        return _poisson_mask(stream, self.dataset_size, self.rate_at(step))
+        return poisson_indices(stream, self.dataset_size, self.rate_at(step))
 
     def event(self, noise_multiplier: float, step: int) -> dpa.DpEvent:
         return gaussian_step_event(noise_multiplier, "poisson", sampling_rate=self.rate_at(step))

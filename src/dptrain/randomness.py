@@ -68,6 +68,10 @@ class Stream(Protocol):
         """One integer uniform on [low, high), exactly (no modulo bias)."""
         ...
 
+    def words(self, count: int) -> np.ndarray:
+        """``count`` independent uniform 64-bit words (uint64): raw bits for exact discrete draws."""
+        ...
+
     def permutation(self, n: int) -> torch.Tensor:
         """A uniformly random permutation of 0..n-1 (int64)."""
         ...
@@ -114,6 +118,12 @@ class TorchStream:
 
     def permutation(self, n):
         return torch.randperm(n, generator=self.generator, device="cpu")
+
+    def words(self, count):
+        # int64 random_() is uniform on [0, 2^63) exactly (a 64-bit draw mod 2^63): two of them give 64 bits.
+        halves = torch.empty(2 * count, dtype=torch.int64, device="cpu").random_(generator=self.generator).numpy()
+        mask = np.uint64(0xFFFFFFFF)
+        return ((halves[0::2].astype(np.uint64) & mask) << np.uint64(32)) | (halves[1::2].astype(np.uint64) & mask)
 
     def get_state(self):
         state = {"kind": self.kind, "generator": self.generator.get_state()}
