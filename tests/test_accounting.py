@@ -243,3 +243,22 @@ def test_truncation_bounds_are_dp_accountings():
         p /= p.sum() * 1.0001
         ours, theirs = standard._self_convolve_bounds(p, count), common.compute_self_convolve_bounds(p, count, 1e-15)
         assert abs(ours[0] - theirs[0]) <= 1 and abs(ours[1] - theirs[1]) <= 1  # a size prediction: +-1 point
+
+
+def test_self_composition_matches_dp_accountings():
+    """standard._self_composed (our truncation bounds, widened by one point) gives dp_accounting's self-composition:
+    the same losses where dp_accounting keeps them, the same probabilities to rounding, a superset of its support,
+    and the same epsilon."""
+    import numpy as np
+
+    from dptrain.accounting import standard
+
+    for std, q, count, relation in ((0.59, 256 / 60000, 234, "add_or_remove_one"), (1.1, 0.01, 1000, "replace_one"), (2.0, 0.3, 3, "add_or_remove_one")):
+        step = standard._gaussian_step(std, q, 1e-3, standard.NEIGHBORING[relation])
+        ours, theirs = standard._self_composed(step, count), step.self_compose(count)
+        for a, b in ((ours._pmf_remove, theirs._pmf_remove), (ours._pmf_add, theirs._pmf_add)):
+            offset = b._lower_loss - a._lower_loss
+            assert 0 <= offset <= 1 and a.size - offset >= b.size
+            assert np.allclose(a._probs[offset : offset + b.size], b._probs, rtol=1e-9, atol=1e-300)
+            assert a._infinity_mass == b._infinity_mass
+        assert abs(ours.get_epsilon_for_delta(1e-5) - theirs.get_epsilon_for_delta(1e-5)) < 1e-12

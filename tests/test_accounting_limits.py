@@ -126,7 +126,8 @@ def test_ordinary_ledgers_keep_the_1e_4_interval_and_their_numbers():
     report = epsilon(dpsgd_ledger(1.1, 0.0042666666666666667, 14062), DELTA, "pld")
     assert report.epsilon == pytest.approx(2.3817, abs=5e-5)
     assert report.details["discretization"] == PLD_INTERVAL
-    # Up to 10^6 steps: exactly what dp_accounting says at today's interval.
+    # Up to 10^6 steps: what dp_accounting says at today's interval, to 1e-12 (our self-composition keeps one more
+    # point at each end than dp_accounting's truncation, so never less).
     import dp_accounting as dpa
     from dp_accounting.pld import pld_privacy_accountant
 
@@ -134,7 +135,8 @@ def test_ordinary_ledgers_keep_the_1e_4_interval_and_their_numbers():
     direct = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-4)
     direct.compose(dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(0.004, dpa.GaussianDpEvent(1.1)), 10**6))
     report = epsilon(ledger, DELTA, "pld")
-    assert report.details["discretization"] == PLD_INTERVAL and report.epsilon == direct.get_epsilon(DELTA)
+    theirs = direct.get_epsilon(DELTA)
+    assert report.details["discretization"] == PLD_INTERVAL and theirs <= report.epsilon <= theirs * (1 + 1e-12)
 
 
 def test_a_coarser_interval_is_looser_never_below():

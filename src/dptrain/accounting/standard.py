@@ -19,7 +19,7 @@ import dp_accounting as dpa
 import numpy as np
 from dp_accounting.pld import pld_pmf, privacy_loss_distribution, privacy_loss_mechanism
 from dp_accounting.rdp import rdp_privacy_accountant
-from scipy import stats
+from scipy import fft, stats
 
 from dptrain.accounting.base import PrivacyReport, register_accountant
 from dptrain.accounting.ledger import NEIGHBORING, Ledger
@@ -275,8 +275,34 @@ def _compose_pld(
         points = _points(composed) + (_points(step) if q is None else _self_composed_points(step, count))
         if points > PLD_MAX_POINTS:
             return None, points / PLD_MAX_POINTS
-        composed = composed.compose(step if q is None else step.self_compose(count))
+        composed = composed.compose(step if q is None else _self_composed(step, count))
     return composed, 0.0
+
+
+def _self_composed(step: PLD, count: int) -> PLD:
+    """``step.self_compose(count)`` computed as dp_accounting computes it (the same FFT, truncation and infinity
+    mass), with the truncation bounds of :func:`_self_convolve_bounds` widened by one point on each side (they equal
+    dp_accounting's Chernoff bounds up to the last bit of a float, so one point; its 40 scipy log-sum-exps per PMF were
+    60% of a calibration): the kept losses are a superset of dp_accounting's, the truncated tail no larger, and the
+    tail mass is still charged to infinity as dp_accounting does. tests/test_accounting.py checks the result against
+    dp_accounting's. Sparse PMFs are composed by dp_accounting."""
+
+    def compose(pmf):
+        if not isinstance(pmf, pld_pmf.DensePLDPmf):
+            return pmf.self_compose(count, _TAIL_MASS)
+        lower, upper = _self_convolve_bounds(pmf._probs, count)
+        lower, upper = max(0, lower - 1), min((len(pmf._probs) - 1) * count, upper + 1)
+        size = upper - lower + 1
+        fast = fft.next_fast_len(max(size, len(pmf._probs)))
+        probs = np.roll(np.real(fft.ifft(fft.fft(pmf._probs, fast) ** count)), -lower)[:size]
+        infinity = _TAIL_MASS - math.expm1(count * math.log1p(-pmf._infinity_mass))
+        return pld_pmf.DensePLDPmf(
+            pmf._discretization, pmf._lower_loss * count + lower, np.array(probs), infinity, pmf._pessimistic_estimate
+        )
+
+    if step._symmetric:
+        return PLD(compose(step._pmf_remove))
+    return PLD(compose(step._pmf_remove), compose(step._pmf_add))
 
 
 class _VectorizedGaussianLoss(privacy_loss_mechanism.GaussianPrivacyLoss):
