@@ -1,9 +1,10 @@
 """Throughput and peak-memory benchmark: dptrain against non-private PyTorch and Opacus.
 
-Trains the 28x28 CNN (``build_model("cnn28", (1, 28, 28), 10)``) on random data shaped like
-Fashion-MNIST (x ~ N(0, 1), y uniform in 0..9, N = 60000 by default, generated once with a fixed seed).
+Trains one of the scale issue's models (``--model``: the 28x28 CNN ``cnn28`` and ``logistic`` on 1x28x28 inputs,
+``resnet20`` with GroupNorm on 3x32x32) on random data (x ~ N(0, 1), y uniform in 0..9, N = 60000 by default,
+generated once with a fixed seed).
 
-Throughput (all ways in this one process, logical batch 256, interleaved rounds with rotated order; the
+Throughput (all ways in this one process, logical batch --batch (256 by default), interleaved rounds with rotated order; the
 median samples/second over rounds is reported, samples = examples actually processed):
 
   1. non-private PyTorch: SGD(lr=0.1), 256 random indices per step, mean cross-entropy.
@@ -19,7 +20,11 @@ fresh child process (this script with the hidden ``--memory-child WAY LOGICAL PH
 reports ru_maxrss after building data, model and wrapper (its baseline) and after 3 steps of expected
 logical batch 4096.
 
-Usage:  python benchmarks/throughput.py [--steps 40] [--rounds 3] [--n 60000] [--no-memory] [--json PATH]
+``--fixed-batches`` gives every way exactly ``--batch`` examples per step (dptrain's fixed_size sampling, Opacus'
+DataLoader without Poisson sampling), so that the ways process the same number of examples per step.
+
+Usage:  python benchmarks/throughput.py [--model cnn28] [--batch 256] [--fixed-batches] [--steps 40] [--rounds 3]
+        [--n 60000] [--no-memory] [--json PATH] [--ways a,b,...]
 """
 
 from __future__ import annotations
@@ -56,14 +61,20 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     opacus = None
     OPACUS_ERROR = str(exc)
 
-INPUT_SHAPE = (1, 28, 28)
+#: The models of the scale issue's targets, with the input shape each is benchmarked on.
+MODELS = {"cnn28": (1, 28, 28), "resnet20": (3, 32, 32), "logistic": (1, 28, 28)}
 NUM_CLASSES = 10
 DATA_SEED = 0
 MODEL_SEED = 1
 LR = 0.1
 NOISE_MULTIPLIER = 1.0
 MAX_GRAD_NORM = 1.0
+
+# Set by main() from --model, --batch and --fixed-batches (module-level so the memory children see them too).
+MODEL = "cnn28"
+INPUT_SHAPE = MODELS[MODEL]
 BATCH = 256
+FIXED = False  # every way gets exactly BATCH examples per step (dptrain: fixed_size sampling; Opacus: no Poisson)
 WARMUP_STEPS = 3
 MEMORY_STEPS = 3
 MEMORY_LOGICAL = 4096
@@ -116,7 +127,7 @@ def make_data(n: int, seed: int = DATA_SEED) -> tuple[torch.Tensor, torch.Tensor
 
 def fresh_model() -> torch.nn.Module:
     torch.manual_seed(MODEL_SEED)
-    return build_model("cnn28", INPUT_SHAPE, NUM_CLASSES)
+    return build_model(MODEL, INPUT_SHAPE, NUM_CLASSES)
 
 
 class Runner:
@@ -172,6 +183,7 @@ class DptrainRunner(Runner):
             batch_size=logical,
             max_physical_batch_size=physical,
             grad_sampler=backend,
+            sampling="fixed_size" if FIXED else "poisson",
             seed=seed,
             report_not_private=True,
         )
@@ -187,14 +199,16 @@ class OpacusRunner(Runner):
         torch.manual_seed(seed)  # Opacus' Poisson sampler and noise draw from the global RNG here
         model = fresh_model()
         opt = torch.optim.SGD(model.parameters(), lr=LR)
-        loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=logical)
+        loader = torch.utils.data.DataLoader(
+            torch.utils.data.TensorDataset(x, y), batch_size=logical, shuffle=FIXED, drop_last=FIXED
+        )
         common = dict(
             module=model,
             optimizer=opt,
             data_loader=loader,
             noise_multiplier=NOISE_MULTIPLIER,
             max_grad_norm=MAX_GRAD_NORM,
-            poisson_sampling=True,
+            poisson_sampling=not FIXED,
         )
         if ghost:  # fast gradient clipping: Opacus wraps the loss, whose backward does the two passes
             self.model, self.opt, self.criterion, self.loader = PrivacyEngine().make_private(
@@ -203,7 +217,7 @@ class OpacusRunner(Runner):
         else:
             self.model, self.opt, self.loader = PrivacyEngine().make_private(**common)
             self.criterion = F.cross_entropy
-        self.physical = physical if physical < logical else None
+        self.physical = physical if physical is not None and physical < logical else None
         self._batches = self._forever()
 
     def _forever(self):
@@ -235,7 +249,7 @@ class OpacusRunner(Runner):
                 return n
 
 
-def make_runner(way: str, x, y, logical: int, physical: int, seed: int) -> Runner:
+def make_runner(way: str, x, y, logical: int, physical: int | None, seed: int) -> Runner:
     if way in ("nonprivate", "nonprivate-channels-last"):
         return NonPrivate(x, y, logical, seed, last=way.endswith("channels-last"))
     if way.startswith("dptrain-"):
@@ -249,7 +263,9 @@ def make_runner(way: str, x, y, logical: int, physical: int, seed: int) -> Runne
 
 
 def time_way(way: str, x, y, steps: int, seed: int) -> dict:
-    runner = make_runner(way, x, y, BATCH, BATCH, seed)
+    # physical None: dptrain's automatic chunk (a Poisson batch a little over BATCH is not split in two; Opacus does
+    # not split it either)
+    runner = make_runner(way, x, y, BATCH, None, seed)
     for _ in range(WARMUP_STEPS):
         runner.step()
     runner.load_s = 0.0
@@ -366,7 +382,8 @@ def memory(n: int, captured: list[str]) -> list[dict]:
     for way, logical, physical in MEMORY_CONFIGS:
         if way.startswith("opacus") and opacus is None:
             continue
-        cmd = [sys.executable, os.path.abspath(__file__), "--n", str(n)]
+        cmd = [sys.executable, os.path.abspath(__file__), "--n", str(n), "--model", MODEL]
+        cmd += ["--fixed-batches"] if FIXED else []
         cmd += ["--memory-child", way, str(logical), str(physical)]
         print(f"  {LABELS[way]} {logical}/{physical} ...", flush=True)
         proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -416,7 +433,7 @@ def machine_info() -> dict:
 
 def print_throughput(summary: dict, ratio_rows: list[dict], steps: int, rounds: int) -> None:
     print(
-        f"\nThroughput: cnn28, logical batch {BATCH}, {steps} timed steps after {WARMUP_STEPS} warm-up, "
+        f"\nThroughput: {MODEL}, logical batch {BATCH} ({'fixed size' if FIXED else 'Poisson for the private ways'}), {steps} timed steps after {WARMUP_STEPS} warm-up, "
         f"median over {rounds} interleaved rounds"
     )
     print(f"  {'way':<22} {'samples/s (median)':>19}  {'min..max over rounds':>22}")
@@ -467,6 +484,7 @@ def print_memory(rows: list[dict]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    global MODEL, INPUT_SHAPE, BATCH, FIXED
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=40, help="timed steps per way and round (default 40)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
@@ -483,8 +501,16 @@ def main(argv: list[str] | None = None) -> int:
         default=",".join(WAYS),
         help=f"comma-separated subset of {', '.join(WAYS)} (default: all; e.g. dptrain-layerwise,dptrain-modelmix)",
     )
+    p.add_argument("--model", choices=tuple(MODELS), default="cnn28", help="model (default cnn28)")
+    p.add_argument("--batch", type=int, default=256, help="logical batch size (default 256)")
+    p.add_argument(
+        "--fixed-batches",
+        action="store_true",
+        help="every way gets exactly --batch examples per step (dptrain fixed_size sampling, Opacus without Poisson)",
+    )
     p.add_argument("--memory-child", nargs=3, metavar=("WAY", "LOGICAL", "PHYSICAL"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    MODEL, INPUT_SHAPE, BATCH, FIXED = args.model, MODELS[args.model], args.batch, args.fixed_batches
 
     if args.memory_child:
         way, logical, physical = args.memory_child
@@ -547,7 +573,9 @@ def main(argv: list[str] | None = None) -> int:
                 "noise_multiplier": NOISE_MULTIPLIER,
                 "max_grad_norm": MAX_GRAD_NORM,
                 "lr": LR,
-                "model": "cnn28",
+                "model": MODEL,
+                "input_shape": list(INPUT_SHAPE),
+                "fixed_size_batches": FIXED,
                 "memory_logical": MEMORY_LOGICAL,
                 "memory_physical": MEMORY_PHYSICAL,
                 "memory_steps": MEMORY_STEPS,
