@@ -272,14 +272,24 @@ def _compose_pld(
         step = _gaussian_step(std, prob, interval, relation)
         if q is not None:
             step = _densified(step, count)
-        points = _points(composed) + (_points(step) if q is None else _self_composed_points(step, count))
+        bounds = None if q is None else _self_convolve_plan(step, count)
+        points = _points(composed) + (_points(step) if q is None else _self_composed_points(step, count, bounds))
         if points > PLD_MAX_POINTS:
             return None, points / PLD_MAX_POINTS
-        composed = composed.compose(step if q is None else _self_composed(step, count))
+        composed = composed.compose(step if q is None else _self_composed(step, count, bounds))
     return composed, 0.0
 
 
-def _self_composed(step: PLD, count: int) -> PLD:
+def _self_convolve_plan(step: PLD, count: int) -> list[tuple[int, int] | None]:
+    """For each PMF of ``step`` (remove, then add unless symmetric): the truncation bounds of its self-composition
+    (:func:`_self_convolve_bounds`) if it is dense, else None. Computed once, for the size check and the composition."""
+    pmfs = [step._pmf_remove] if step._symmetric else [step._pmf_remove, step._pmf_add]
+    return [
+        _self_convolve_bounds(pmf._probs, count) if isinstance(pmf, pld_pmf.DensePLDPmf) else None for pmf in pmfs
+    ]
+
+
+def _self_composed(step: PLD, count: int, plan: list[tuple[int, int] | None] | None = None) -> PLD:
     """``step.self_compose(count)`` computed as dp_accounting computes it (the same FFT, truncation and infinity
     mass), with the truncation bounds of :func:`_self_convolve_bounds` widened by one point on each side (they equal
     dp_accounting's Chernoff bounds up to the last bit of a float, so one point; its 40 scipy log-sum-exps per PMF were
@@ -287,10 +297,12 @@ def _self_composed(step: PLD, count: int) -> PLD:
     tail mass is still charged to infinity as dp_accounting does. tests/test_accounting.py checks the result against
     dp_accounting's. Sparse PMFs are composed by dp_accounting."""
 
-    def compose(pmf):
-        if not isinstance(pmf, pld_pmf.DensePLDPmf):
+    plan = _self_convolve_plan(step, count) if plan is None else plan
+
+    def compose(pmf, bounds):
+        if bounds is None:
             return pmf.self_compose(count, _TAIL_MASS)
-        lower, upper = _self_convolve_bounds(pmf._probs, count)
+        lower, upper = bounds
         lower, upper = max(0, lower - 1), min((len(pmf._probs) - 1) * count, upper + 1)
         size = upper - lower + 1
         fast = fft.next_fast_len(max(size, len(pmf._probs)))
@@ -301,8 +313,8 @@ def _self_composed(step: PLD, count: int) -> PLD:
         )
 
     if step._symmetric:
-        return PLD(compose(step._pmf_remove))
-    return PLD(compose(step._pmf_remove), compose(step._pmf_add))
+        return PLD(compose(step._pmf_remove, plan[0]))
+    return PLD(compose(step._pmf_remove, plan[0]), compose(step._pmf_add, plan[1]))
 
 
 class _VectorizedGaussianLoss(privacy_loss_mechanism.GaussianPrivacyLoss):
@@ -439,19 +451,14 @@ def _densified(step: PLD, count: int) -> PLD:
     return PLD(dense(step._pmf_remove), dense(step._pmf_add))
 
 
-def _self_composed_points(step: PLD, count: int) -> int:
+def _self_composed_points(step: PLD, count: int, plan: list[tuple[int, int] | None] | None = None) -> int:
     """Points of ``step`` self-composed ``count`` times: dp_accounting's Chernoff bound on the composed losses for a
-    dense PMF; a sparse one stays at most _SPARSE_POINTS (see :func:`_densified`)."""
+    dense PMF (``plan``: :func:`_self_convolve_plan`, computed here if not given); a sparse one stays at most
+    _SPARSE_POINTS (see :func:`_densified`)."""
     if count == 1:
         return _points(step)
-    sizes = []
-    for pmf in _pmfs(step):
-        if isinstance(pmf, pld_pmf.DensePLDPmf):
-            lower, upper = _self_convolve_bounds(pmf._probs, count)
-            sizes.append(upper - lower + 1)
-        else:
-            sizes.append(_SPARSE_POINTS)
-    return max(sizes)
+    plan = _self_convolve_plan(step, count) if plan is None else plan
+    return max(_SPARSE_POINTS if b is None else b[1] - b[0] + 1 for b in plan)
 
 
 def _self_convolve_bounds(probs: np.ndarray, count: int) -> tuple[int, int]:
