@@ -20,11 +20,14 @@ fresh child process (this script with the hidden ``--memory-child WAY LOGICAL PH
 reports ru_maxrss after building data, model and wrapper (its baseline) and after 3 steps of expected
 logical batch 4096.
 
+``--malloc tuned`` first calls ``dptrain.cpu_memory.keep_freed_memory()`` (as ``dptrain train`` does), for the whole
+process and so for every way; ``system`` (default) leaves malloc as configured.
+
 ``--fixed-batches`` gives every way exactly ``--batch`` examples per step (dptrain's fixed_size sampling, Opacus'
 DataLoader without Poisson sampling), so that the ways process the same number of examples per step.
 
-Usage:  python benchmarks/throughput.py [--model cnn28] [--batch 256] [--fixed-batches] [--steps 40] [--rounds 3]
-        [--n 60000] [--no-memory] [--json PATH] [--ways a,b,...]
+Usage:  python benchmarks/throughput.py [--model cnn28] [--batch 256] [--fixed-batches] [--malloc system|tuned] [--steps 40]
+        [--rounds 3] [--n 60000] [--no-memory] [--json PATH] [--ways a,b,...]
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
+from dptrain.cpu_memory import keep_freed_memory
 from dptrain.engine import make_private
 from dptrain.modelmix import ModelMixSGD
 from dptrain.models import build_model
@@ -74,6 +78,7 @@ MAX_GRAD_NORM = 1.0
 MODEL = "cnn28"
 INPUT_SHAPE = MODELS[MODEL]
 BATCH = 256
+MALLOC = "system"  # or "tuned": dptrain.cpu_memory.keep_freed_memory() for the whole process (every way)
 FIXED = False  # every way gets exactly BATCH examples per step (dptrain: fixed_size sampling; Opacus: no Poisson)
 WARMUP_STEPS = 3
 MEMORY_STEPS = 3
@@ -384,6 +389,7 @@ def memory(n: int, captured: list[str]) -> list[dict]:
             continue
         cmd = [sys.executable, os.path.abspath(__file__), "--n", str(n), "--model", MODEL]
         cmd += ["--fixed-batches"] if FIXED else []
+        cmd += ["--malloc", MALLOC]
         cmd += ["--memory-child", way, str(logical), str(physical)]
         print(f"  {LABELS[way]} {logical}/{physical} ...", flush=True)
         proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -433,7 +439,8 @@ def machine_info() -> dict:
 
 def print_throughput(summary: dict, ratio_rows: list[dict], steps: int, rounds: int) -> None:
     print(
-        f"\nThroughput: {MODEL}, logical batch {BATCH} ({'fixed size' if FIXED else 'Poisson for the private ways'}), {steps} timed steps after {WARMUP_STEPS} warm-up, "
+        f"\nThroughput: {MODEL}, logical batch {BATCH} ({'fixed size' if FIXED else 'Poisson for the private ways'}), "
+        f"malloc {MALLOC}, {steps} timed steps after {WARMUP_STEPS} warm-up, "
         f"median over {rounds} interleaved rounds"
     )
     print(f"  {'way':<22} {'samples/s (median)':>19}  {'min..max over rounds':>22}")
@@ -484,7 +491,7 @@ def print_memory(rows: list[dict]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    global MODEL, INPUT_SHAPE, BATCH, FIXED
+    global MODEL, INPUT_SHAPE, BATCH, FIXED, MALLOC
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=40, help="timed steps per way and round (default 40)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
@@ -508,9 +515,19 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="every way gets exactly --batch examples per step (dptrain fixed_size sampling, Opacus without Poisson)",
     )
+    p.add_argument(
+        "--malloc",
+        choices=("system", "tuned"),
+        default="system",
+        help="system: malloc as configured; tuned: dptrain.cpu_memory.keep_freed_memory() first, as dptrain train "
+        "does (the whole process: every way)",
+    )
     p.add_argument("--memory-child", nargs=3, metavar=("WAY", "LOGICAL", "PHYSICAL"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     MODEL, INPUT_SHAPE, BATCH, FIXED = args.model, MODELS[args.model], args.batch, args.fixed_batches
+    MALLOC = args.malloc
+    if MALLOC == "tuned" and not keep_freed_memory():
+        p.error("--malloc tuned: this system's malloc does not take the setting (glibc's mallopt)")
 
     if args.memory_child:
         way, logical, physical = args.memory_child
@@ -576,6 +593,7 @@ def main(argv: list[str] | None = None) -> int:
                 "model": MODEL,
                 "input_shape": list(INPUT_SHAPE),
                 "fixed_size_batches": FIXED,
+                "malloc": MALLOC,
                 "memory_logical": MEMORY_LOGICAL,
                 "memory_physical": MEMORY_PHYSICAL,
                 "memory_steps": MEMORY_STEPS,

@@ -43,9 +43,11 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from dptrain.config import load_config
+    from dptrain.cpu_memory import keep_freed_memory
     from dptrain.run import format_report, run_training
     from dptrain.rundir import fresh_directory
 
+    keep_freed_memory()  # this process is ours: keep freed memory for the next step (dptrain.cpu_memory)
     if args.resume:
         if args.config or args.set:
             raise ConfigError(
