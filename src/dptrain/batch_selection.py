@@ -252,15 +252,15 @@ class FullBatch(_Stateless, _ExactBatch):
 
 @dataclass(frozen=True)
 class FixedSizeSampling(_Stateless, _ExactBatch):
-    """A uniformly random subset of exactly ``batch_size`` examples, drawn independently at every step (the
-    first b of a fresh secret permutation)."""
+    """A uniformly random subset of exactly ``batch_size`` examples, drawn independently at every step
+    (:func:`uniform_subset`)."""
 
     dataset_size: int
     batch_size: int
     scheme: str = "fixed_size"
 
     def sample(self, stream: Stream, step: int) -> torch.Tensor:
-        return stream.permutation(self.dataset_size)[: self.batch_size]
+        return uniform_subset(stream, self.dataset_size, self.batch_size)
 
     def event(self, noise_multiplier: float, step: int) -> dpa.DpEvent:
         if self.batch_size == self.dataset_size:
