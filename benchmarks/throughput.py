@@ -276,11 +276,14 @@ def time_way(way: str, x, y, steps: int, seed: int) -> dict:
         runner.step()
     runner.load_s = 0.0
     examples = 0
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     t0 = time.perf_counter()
     for _ in range(steps):
         examples += runner.step()
     seconds = time.perf_counter() - t0
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
     result = {"examples": examples, "seconds": seconds, "samples_per_s": examples / seconds}
+    result["page_faults_per_step"] = faults / steps  # minor faults: memory taken back from the system
     if way.startswith("opacus"):
         result["dataloader_s"] = runner.load_s
     del runner
@@ -303,6 +306,7 @@ def throughput(x, y, ways: list[str], steps: int, rounds: int, captured: list[st
         rates = [run["samples_per_s"] for run in runs]
         summary[way] = {
             "median_samples_per_s": statistics.median(rates),
+            "median_page_faults_per_step": statistics.median(run["page_faults_per_step"] for run in runs),
             "min_samples_per_s": min(rates),
             "max_samples_per_s": max(rates),
             "rounds": runs,
@@ -460,10 +464,11 @@ def print_throughput(summary: dict, ratio_rows: list[dict], steps: int, rounds: 
         f"malloc {MALLOC}, {steps} timed steps after {WARMUP_STEPS} warm-up, "
         f"median over {rounds} interleaved rounds"
     )
-    print(f"  {'way':<22} {'samples/s (median)':>19}  {'min..max over rounds':>22}")
+    print(f"  {'way':<22} {'samples/s (median)':>19}  {'min..max over rounds':>22}  {'page faults/step':>17}")
     for way, s in summary.items():
         span = f"{s['min_samples_per_s']:.0f}..{s['max_samples_per_s']:.0f}"
-        print(f"  {LABELS[way]:<22} {s['median_samples_per_s']:>19.0f}  {span:>22}")
+        faults = s["median_page_faults_per_step"]
+        print(f"  {LABELS[way]:<22} {s['median_samples_per_s']:>19.0f}  {span:>22}  {faults:>17.0f}")
     if "opacus" in summary:
         share = [r["dataloader_s"] / r["seconds"] for r in summary["opacus"]["rounds"]]
         print(

@@ -3,8 +3,8 @@
 A DP-SGD step on the CPU allocates and frees much more than a non-private one: the per-example gradients of a
 chunk (138 MB for ResNet-20 at 128 examples), the grouped-convolution outputs, the recorded activations. glibc's
 malloc returns large freed blocks to the operating system (``munmap``, or trimming the top of the heap), so the
-next step takes them back page by page: about 90,000 page faults per ResNet-20 step of 128 fixed-size examples,
-where a non-private step takes 14,000, and 7,200 per cnn28 step of 256. On this project's 2-core machine that churn
+next step takes them back page by page: 70,000 page faults per ResNet-20 step of 128 fixed-size examples, where the
+non-private step of the same benchmark run took none, and 7,200 per cnn28 step of 256. On this project's 2-core machine that churn
 was most of dptrain's overhead over non-private training with fixed-size batches (README, Performance); with
 Poisson batches, whose sizes vary, fewer of the faults go away.
 
