@@ -50,17 +50,22 @@ def per_example_norms(grads: PerExampleGrads) -> torch.Tensor:
     return torch.sqrt(sum(grads.sq_norms().values()))
 
 
-def drop_non_finite(grads: PerExampleGrads, sq: dict[str, torch.Tensor]):
-    """Examples whose gradient holds NaN or inf contribute exactly zero (a rule applied to each example alone, so
-    the sum keeps its sensitivity: scaling a NaN by a clip factor would put NaN into everyone's release).
-    Returns (grads, squared norms with those examples at 0, how many were dropped)."""
-    total = sum(sq.values())
+def screen_non_finite(sq: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mask [B] of the examples whose gradient holds NaN or inf, each example's total squared norm with those at 0).
+    Such examples contribute exactly zero (a rule applied to each example alone, so the sum keeps its sensitivity:
+    scaling a NaN by a clip factor would put NaN into everyone's release)."""
+    values = list(sq.values())
+    dtype = values[0].dtype
+    for v in values[1:]:
+        dtype = torch.promote_types(dtype, v.dtype)
+    total = torch.stack([v.to(dtype) for v in values]).sum(0)
     bad = ~torch.isfinite(total)
-    count = int(bad.sum())
-    if not count:
-        return grads, sq, 0
-    zero = total.new_zeros(())
-    return grads.zero_examples(bad), {n: torch.where(bad, zero, v) for n, v in sq.items()}, count
+    return bad, torch.where(bad, total.new_zeros(()), total)
+
+
+def read_counts(*values: torch.Tensor) -> list[float]:
+    """Scalar tensors read back together (one synchronization instead of one per statistic)."""
+    return torch.stack([v.to(torch.float64) for v in values]).tolist()
 
 
 def _factors(norms: torch.Tensor, bound: float) -> torch.Tensor:
@@ -83,11 +88,13 @@ class FlatClipping:
         return self.max_grad_norm
 
     def clip_and_sum(self, grads):
-        grads, sq, dropped = drop_non_finite(grads, grads.sq_norms())
-        norms = torch.sqrt(sum(sq.values()))
-        factors = _factors(norms, self.max_grad_norm)
-        stats = ClipStats(len(norms), int((norms > self.max_grad_norm).sum()), float(norms.sum()), dropped)
-        return grads.weighted_sum(factors), stats
+        bad, total = screen_non_finite(grads.sq_norms())
+        norms = total.sqrt()
+        dropped, clipped, norm_sum = read_counts(bad.sum(), (norms > self.max_grad_norm).sum(), norms.sum())
+        if dropped:
+            grads = grads.zero_examples(bad)
+        stats = ClipStats(len(norms), int(clipped), norm_sum, int(dropped))
+        return grads.weighted_sum(_factors(norms, self.max_grad_norm)), stats
 
 
 @dataclass(frozen=True)
@@ -105,13 +112,16 @@ class PerLayerClipping:
         return self.max_grad_norm
 
     def clip_and_sum(self, grads):
-        grads, sq, dropped = drop_non_finite(grads, grads.sq_norms())
+        sq = grads.sq_norms()
+        bad, total = screen_non_finite(sq)
         bound = self.max_grad_norm / math.sqrt(len(sq))
-        norms = {n: v.sqrt() for n, v in sq.items()}
+        norms = {n: torch.where(bad, v.new_zeros(()), v).sqrt() for n, v in sq.items()}
         clipped = torch.stack([v > bound for v in norms.values()]).any(0)
-        total = torch.sqrt(sum(sq.values()))
+        dropped, n_clipped, norm_sum = read_counts(bad.sum(), clipped.sum(), total.sqrt().sum())
+        if dropped:
+            grads = grads.zero_examples(bad)
         summed = grads.weighted_sum({n: _factors(v, bound) for n, v in norms.items()})
-        return summed, ClipStats(len(total), int(clipped.sum()), float(total.sum()), dropped)
+        return summed, ClipStats(len(total), int(n_clipped), norm_sum, int(dropped))
 
 
 @dataclass(frozen=True)
@@ -140,16 +150,18 @@ class L2LinfClipping:
         return {"linf_p": self.linf_p}
 
     def clip_and_sum(self, grads):
-        grads, sq, dropped = drop_non_finite(grads, grads.sq_norms())
-        norms = torch.sqrt(sum(sq.values()))
+        bad, total = screen_non_finite(grads.sq_norms())
+        norms = total.sqrt()
+        dropped, n_clipped, norm_sum = read_counts(bad.sum(), (norms > self.max_grad_norm).sum(), norms.sum())
+        if dropped:
+            grads = grads.zero_examples(bad)
         factors = _factors(norms, self.max_grad_norm)
         bound = self.max_grad_norm / math.sqrt(self.linf_p)
         summed = {}
         for n, g in grads.materialize().items():
             clipped = g * factors.reshape(-1, *([1] * (g.dim() - 1))).to(g.dtype)
             summed[n] = clipped.clamp(-bound, bound).sum(0)
-        stats = ClipStats(len(norms), int((norms > self.max_grad_norm).sum()), float(norms.sum()), dropped)
-        return summed, stats
+        return summed, ClipStats(len(norms), int(n_clipped), norm_sum, int(dropped))
 
 
 def make_clipping(name: str, max_grad_norm: float, linf_p: int | None = None) -> Clipping:
