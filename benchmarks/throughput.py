@@ -78,6 +78,7 @@ MAX_GRAD_NORM = 1.0
 MODEL = "cnn28"
 INPUT_SHAPE = MODELS[MODEL]
 BATCH = 256
+DEVICE = "cpu"  # --device: where the model, its gradients and the noise live (the data stays in CPU memory)
 MALLOC = "system"  # or "tuned": dptrain.cpu_memory.keep_freed_memory() for the whole process (every way)
 FIXED = False  # every way gets exactly BATCH examples per step (dptrain: fixed_size sampling; Opacus: no Poisson)
 WARMUP_STEPS = 3
@@ -133,7 +134,13 @@ def make_data(n: int, seed: int = DATA_SEED) -> tuple[torch.Tensor, torch.Tensor
 
 def fresh_model() -> torch.nn.Module:
     torch.manual_seed(MODEL_SEED)
-    return build_model(MODEL, INPUT_SHAPE, NUM_CLASSES)
+    return build_model(MODEL, INPUT_SHAPE, NUM_CLASSES).to(DEVICE)
+
+
+def synchronize() -> None:
+    """Wait for the device's queued work (timings on CUDA must not stop the clock before the kernels finish)."""
+    if DEVICE.startswith("cuda"):
+        torch.cuda.synchronize()
 
 
 class Runner:
@@ -162,7 +169,8 @@ class NonPrivate(Runner):
     def step(self) -> int:
         idx = torch.randint(0, len(self.x), (self.batch,), generator=self.gen)
         self.model.train()
-        loss = F.cross_entropy(self.model(self.x[idx]), self.y[idx])
+        xb, yb = self.x[idx].to(DEVICE, non_blocking=True), self.y[idx].to(DEVICE, non_blocking=True)
+        loss = F.cross_entropy(self.model(xb), yb)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         self.opt.step()
@@ -190,6 +198,7 @@ class DptrainRunner(Runner):
             max_physical_batch_size=physical,
             grad_sampler=backend,
             sampling="fixed_size" if FIXED else "poisson",
+            device=DEVICE,
             seed=seed,
             report_not_private=True,
         )
@@ -245,6 +254,7 @@ class OpacusRunner(Runner):
         while True:
             t0 = time.perf_counter()
             xb, yb = next(self._batches)
+            xb, yb = xb.to(DEVICE, non_blocking=True), yb.to(DEVICE, non_blocking=True)
             self.load_s += time.perf_counter() - t0
             loss = self.criterion(self.model(xb), yb)
             loss.backward()
@@ -277,9 +287,11 @@ def time_way(way: str, x, y, steps: int, seed: int) -> dict:
     runner.load_s = 0.0
     examples = 0
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    synchronize()
     t0 = time.perf_counter()
     for _ in range(steps):
         examples += runner.step()
+    synchronize()
     seconds = time.perf_counter() - t0
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
     result = {"examples": examples, "seconds": seconds, "samples_per_s": examples / seconds}
@@ -461,7 +473,7 @@ def machine_info() -> dict:
 def print_throughput(summary: dict, ratio_rows: list[dict], steps: int, rounds: int) -> None:
     print(
         f"\nThroughput: {MODEL}, logical batch {BATCH} ({'fixed size' if FIXED else 'Poisson for the private ways'}), "
-        f"malloc {MALLOC}, {steps} timed steps after {WARMUP_STEPS} warm-up, "
+        f"malloc {MALLOC}, device {DEVICE}, {steps} timed steps after {WARMUP_STEPS} warm-up, "
         f"median over {rounds} interleaved rounds"
     )
     print(f"  {'way':<22} {'samples/s (median)':>19}  {'min..max over rounds':>22}  {'page faults/step':>17}")
@@ -515,7 +527,7 @@ def print_memory(rows: list[dict]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    global MODEL, INPUT_SHAPE, BATCH, FIXED, MALLOC
+    global MODEL, INPUT_SHAPE, BATCH, FIXED, MALLOC, DEVICE
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=40, help="timed steps per way and round (default 40)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
@@ -546,10 +558,22 @@ def main(argv: list[str] | None = None) -> int:
         help="system: malloc as configured; tuned: dptrain.cpu_memory.keep_freed_memory() first, as dptrain train "
         "does (the whole process: every way)",
     )
+    p.add_argument(
+        "--device",
+        default="cpu",
+        help="cpu (default) or cuda[:N]: the model, gradients and noise of every way on that device; the data stays in "
+        "CPU memory and each batch is moved (peak memory is measured on the CPU only)",
+    )
     p.add_argument("--memory-child", nargs=3, metavar=("WAY", "LOGICAL", "PHYSICAL"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     MODEL, INPUT_SHAPE, BATCH, FIXED = args.model, MODELS[args.model], args.batch, args.fixed_batches
     MALLOC = args.malloc
+    DEVICE = args.device
+    if not (DEVICE == "cpu" or (DEVICE.startswith("cuda") and torch.cuda.is_available())):
+        p.error(f"--device {DEVICE}: accepted: cpu, or cuda[:N] where torch sees a GPU")
+    if DEVICE != "cpu" and args.memory:
+        print("  --device is not cpu: skipping the peak-memory part (it measures CPU memory)")
+        args.memory = False
     if MALLOC == "tuned" and not keep_freed_memory():
         p.error("--malloc tuned: this system's malloc does not take the setting (glibc's mallopt)")
 
@@ -618,6 +642,8 @@ def main(argv: list[str] | None = None) -> int:
                 "input_shape": list(INPUT_SHAPE),
                 "fixed_size_batches": FIXED,
                 "malloc": MALLOC,
+                "device": DEVICE,
+                "device_name": torch.cuda.get_device_name(DEVICE) if DEVICE.startswith("cuda") else info["cpu_model"],
                 "memory_logical": MEMORY_LOGICAL,
                 "memory_physical": MEMORY_PHYSICAL,
                 "memory_steps": MEMORY_STEPS,
