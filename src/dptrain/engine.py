@@ -773,7 +773,7 @@ def make_private(
 
     ``batch_size`` is the expected logical batch size (Poisson sampling rate q = batch_size / len(data)).
     Options: noise_schedule (a shape s_t, t = 1..T: step t adds noise of multiplier noise_multiplier x s_t, and the
-    run has at most T steps; :mod:`dptrain.schedules`), sampling ("poisson" | "full"), delta, accountant (default "auto": the tightest certified one),
+    run has at most T steps; :mod:`dptrain.schedules`), sampling ("poisson" | "full" | "fixed_size" | "cyclic" | "shuffled": :mod:`dptrain.batch_selection`), delta, accountant (default "auto": the tightest certified one),
     clipping ("flat" | "per_layer" | "l2_linf", with linf_p: Algorithm 2 of ModelMix), loss_fn (per-example losses), max_physical_batch_size (default: automatic,
     per-example gradients of a chunk within 256 MiB), grad_sampler ("auto" | "func" | "layerwise"),
     seed (None: secret randomness from the operating system; an integer makes the run reproducible and NOT
