@@ -44,6 +44,7 @@ _EXPORTS = {
     "ProjectedNoisySGD": "dptrain.last_iterate",
     "make_private_dpsgd_f": "dptrain.dpsgd_f",
     "FeaturePreprocessing": "dptrain.dpsgd_f",
+    "keep_freed_memory": "dptrain.cpu_memory",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -14,7 +14,7 @@ free at its top (``M_TRIM_THRESHOLD``). The process's peak memory is what it was
 back between steps. This is the tuning PyTorch's CPU performance guide reaches with jemalloc or tcmalloc, without
 preloading a library. It changes the whole process, so the library never calls it on its own: ``dptrain train``
 and ``dptrain reproduce`` (whose process it is) do, unless ``DPTRAIN_SYSTEM_MALLOC=1`` is set; a Python user calls
-it once, if they want it.
+``dptrain.keep_freed_memory()`` once, if they want it.
 """
 
 from __future__ import annotations
