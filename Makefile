@@ -40,7 +40,7 @@ run: $(STAMP) data
 	fi
 
 # Two workers, one per core (tests/conftest.py keeps each worker's torch on one thread).
-test: $(STAMP)
+test: $(STAMP) data
 	$(BIN)/python -m pytest -q -n 2
 
 lint: $(STAMP)

@@ -2,11 +2,27 @@
 torch to one intra-op thread, so that two workers do not oversubscribe the cores."""
 
 import os
+from pathlib import Path
 
+import pytest
 import torch
+
+from dptrain.data import DEFAULT_FASHION_MNIST_DIR
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
+
+#: Tests that read the real Fashion-MNIST (Debian's dataset-fashion-mnist, which `make test` installs when it can):
+#: skipped, with the reason, on a machine without it.
+HAS_FASHION_MNIST = (Path(DEFAULT_FASHION_MNIST_DIR) / "train-images-idx3-ubyte.gz").is_file()
+NO_FASHION_MNIST = f"Fashion-MNIST not installed at {DEFAULT_FASHION_MNIST_DIR} (make data, as root)"
+needs_fashion_mnist = pytest.mark.skipif(not HAS_FASHION_MNIST, reason=NO_FASHION_MNIST)
+
+
+def require_fashion_mnist() -> None:
+    """In a fixture (marks do not apply to fixtures): skip the tests using it on a machine without Fashion-MNIST."""
+    if not HAS_FASHION_MNIST:
+        pytest.skip(NO_FASHION_MNIST)
 
 
 def run_interrupted(cfg, out, at: int, monkeypatch) -> None:

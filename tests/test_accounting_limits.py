@@ -126,8 +126,10 @@ def test_ordinary_ledgers_keep_the_1e_4_interval_and_their_numbers():
     report = epsilon(dpsgd_ledger(1.1, 0.0042666666666666667, 14062), DELTA, "pld")
     assert report.epsilon == pytest.approx(2.3817, abs=5e-5)
     assert report.details["discretization"] == PLD_INTERVAL
-    # Up to 10^6 steps: what dp_accounting says at today's interval, to 1e-12 (our self-composition keeps one more
-    # point at each end than dp_accounting's truncation, so never less).
+    # Up to 10^6 steps: what dp_accounting says at today's interval, to 1e-11. (Our self-composition keeps one more
+    # point at each end than dp_accounting's truncation and may take another FFT length: the two differ by the FFT's
+    # rounding, not always on the same side: 28.906374457711 ours against 28.906374457746 theirs on one AMD EPYC,
+    # 1.2e-12 apart.)
     import dp_accounting as dpa
     from dp_accounting.pld import pld_privacy_accountant
 
@@ -136,7 +138,7 @@ def test_ordinary_ledgers_keep_the_1e_4_interval_and_their_numbers():
     direct.compose(dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(0.004, dpa.GaussianDpEvent(1.1)), 10**6))
     report = epsilon(ledger, DELTA, "pld")
     theirs = direct.get_epsilon(DELTA)
-    assert report.details["discretization"] == PLD_INTERVAL and theirs <= report.epsilon <= theirs * (1 + 1e-12)
+    assert report.details["discretization"] == PLD_INTERVAL and report.epsilon == pytest.approx(theirs, rel=1e-11)
 
 
 def test_a_coarser_interval_is_looser_never_below():

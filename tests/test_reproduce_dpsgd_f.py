@@ -10,6 +10,7 @@ import json
 
 import pytest
 import torch
+from conftest import require_fashion_mnist
 
 from dptrain.reproduce import dpsgd_f as dpf
 from dptrain.reproduce import run_reproduction
@@ -30,6 +31,7 @@ def test_concentration_matches_brute_force():
 
 @pytest.fixture(scope="module")
 def quick_data():
+    require_fashion_mnist()
     return dpf._data("fashion-mnist", True)
 
 

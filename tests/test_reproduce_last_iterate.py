@@ -14,6 +14,7 @@ import dp_accounting
 import numpy as np
 import pytest
 import torch
+from conftest import needs_fashion_mnist, require_fashion_mnist
 from scipy import integrate, stats
 
 from dptrain.accounting import epsilon
@@ -157,6 +158,7 @@ def test_composition_ledger_is_what_dp_accounting_computes():
 
 @pytest.fixture(scope="module")
 def task():
+    require_fashion_mnist()
     data = fashion_mnist()
     return li._binary(data.train, 1000), li._binary(data.test, None)
 
@@ -235,6 +237,7 @@ TINY = li.Scale(
 )
 
 
+@needs_fashion_mnist
 def test_run_writes_report_json_and_plots(tmp_path, monkeypatch, cv):
     """The plumbing of ``run``: real training on 300 examples, the accountants (tested above) replaced by
     constants, section (a) from the fixture."""

@@ -11,6 +11,7 @@ import math
 import dp_accounting
 import pytest
 import torch
+from conftest import needs_fashion_mnist, require_fashion_mnist
 
 from dptrain.accounting.standard import RDP_ORDERS
 from dptrain.errors import ConfigError
@@ -91,6 +92,7 @@ def test_tight_epsilons_agree_with_dp_accounting_directly(ratios):
 def task():
     from dptrain.data import load_dataset
 
+    require_fashion_mnist()
     data = load_dataset("fashion-mnist")
     return proactive._binary_subset(data.train, 2000), proactive._binary_subset(data.test, None)
 
@@ -134,6 +136,7 @@ def test_private_and_noise_free_runs(task):
     assert acc < clean
 
 
+@needs_fashion_mnist
 def test_run_writes_report_json_and_plots(tmp_path, monkeypatch, ratios):
     monkeypatch.setattr(proactive, "QUICK", TINY)
     monkeypatch.setattr(proactive, "ratio_rows", lambda: ratios)  # computed once, by the fixture
