@@ -169,7 +169,9 @@ class NonPrivate(Runner):
     def step(self) -> int:
         idx = torch.randint(0, len(self.x), (self.batch,), generator=self.gen)
         self.model.train()
-        xb, yb = self.x[idx].to(DEVICE, non_blocking=True), self.y[idx].to(DEVICE, non_blocking=True)
+        # rows gathered as dptrain gathers them (index_select: twice as fast as x[idx] on the CPU)
+        xb = self.x.index_select(0, idx).to(DEVICE, non_blocking=True)
+        yb = self.y.index_select(0, idx).to(DEVICE, non_blocking=True)
         loss = F.cross_entropy(self.model(xb), yb)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
