@@ -174,7 +174,11 @@ def _factored_sizes(model: nn.Module, params: dict[str, torch.Tensor], example) 
 
 
 def _all_finite(tensors) -> bool:
-    return all(bool(torch.isfinite(t).all()) for t in tensors)
+    """Whether every element of every tensor is finite, read back in one synchronization: a float64 sum per tensor is
+    NaN or inf exactly when an element is (float32 or narrower values cannot overflow it); a float64 tensor is summed
+    times zero (0 per finite element, NaN per NaN or inf), which cannot overflow either."""
+    sums = [(t * 0 if t.dtype == torch.float64 else t).sum(dtype=torch.float64) for t in tensors]
+    return not sums or bool(torch.isfinite(torch.stack(sums)).all())
 
 
 def clipped_sum(chunks, clipping: Clipping, params: dict[str, torch.Tensor], with_loss: bool = False):
@@ -536,7 +540,8 @@ class PrivateTrainer:
                 f"pass its budget (epsilon={controller.filter.epsilon:g} at delta={controller.filter.delta:g})"
             )
         with deferred_signals(), self._rolled_back_on_error():
-            self.model.train()
+            if not self.model.training:  # (evaluate() left it in eval mode)
+                self.model.train()
             idx = self.sampler.sample(self.randomness.stream("sampling"), self.steps)
             summed, stats, loss_sum = self._clipped_sum(idx)
             if stats.non_finite:
@@ -553,10 +558,13 @@ class PrivateTrainer:
                     "overflows the model's dtype; lower privacy.max_grad_norm"
                 )
             # (a sum that overflows despite the clip bound leaves non-finite weights: caught after the update)
-            noisy = summed if self.non_private else add_gaussian_noise(summed, std, self.randomness.stream("noise"))
             scale = 1.0 / self.sampler.expected_batch_size_at(self.steps)
+            if self.non_private:
+                grads = {n: s * scale for n, s in summed.items()}
+            else:  # the noisy sums are fresh tensors: scaled in place
+                grads = {n: s.mul_(scale) for n, s in add_gaussian_noise(summed, std, self.randomness.stream("noise")).items()}
             for n, p in self.params.items():
-                p.grad = (noisy[n] * scale).to(p.dtype)
+                p.grad = grads[n].to(p.dtype)
             # The release happens here: record it, count it and apply it together.
             self._committed = True
             if not self.non_private:

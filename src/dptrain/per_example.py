@@ -434,6 +434,8 @@ class LayerwiseGradSampler:
         # a module with a rule inside a fallback subtree is covered by the fallback
         self._layers = {m: v for m, v in self._layers.items() if not any(m in f.modules() for f in self._fallback)}
         self._records: dict[nn.Module, list] | None = None
+        #: the trainable parameters when the hooks were placed (the engine's, too: it fixes them when it is made)
+        self._params = trainable_parameters(model)
         self._handles = [m.register_forward_hook(self._record) for m in self._layers]
         self._handles += [m.register_forward_hook(self._record_call, with_kwargs=True) for m in self._fallback]
 
@@ -460,7 +462,7 @@ class LayerwiseGradSampler:
                 )
         finally:
             self._records = None
-        n = batch_len(x)
+        n = batch_len(y)
         if losses.shape != (n,):
             raise ModelError(
                 f"the loss function must return one loss per example (shape [{n}]), got shape {list(losses.shape)}"
@@ -491,7 +493,7 @@ class LayerwiseGradSampler:
                     )
                 per_example[key] = g
         result = {}
-        for name, p in trainable_parameters(self.model).items():  # parameters the forward pass did not use: zero
+        for name, p in self._params.items():  # parameters the forward pass did not use: zero
             result[name] = (
                 per_example[name] if name in per_example else p.new_zeros((n, *p.shape))
             )
