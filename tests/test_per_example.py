@@ -249,3 +249,36 @@ def test_keyword_tensors_of_a_fallback_module_are_split_by_example_and_checked()
     x = torch.randn(4, 3, dtype=torch.float64)
     with pytest.raises(FallbackError, match="does not reproduce"):
         _per_module(lin, (x,), {}, [torch.ones(4, 3, dtype=torch.float64)], [lin(x) + 1.0])
+
+
+@pytest.mark.parametrize(
+    "conv",
+    [
+        lambda: nn.Conv2d(3, 5, 3, stride=2, padding=1),
+        lambda: nn.Conv2d(2, 4, (3, 2), stride=(2, 1), padding=(2, 0), dilation=(1, 2)),
+        lambda: nn.Conv2d(1, 6, 5, stride=3, padding=2, dilation=2, bias=False),
+        lambda: nn.Conv2d(9, 8, 3, padding=1),  # above the channel threshold: both forms asked for explicitly
+        lambda: nn.Conv1d(3, 4, 3, stride=2, padding=1, dilation=2),
+    ],
+)
+@pytest.mark.parametrize("below", [0, 100])  # CONV_FORWARD_BELOW_CHANNELS: 0 -> grouped backward, 100 -> forward form
+def test_conv_weight_gradients_by_forward_and_grouped_backward_match_loop(conv, below, monkeypatch):
+    """Both ways of forming per-example conv weight gradients (one forward convolution with the output gradients as
+    filters, or a grouped convolution backward) equal the loop, across strides, dilations, paddings and kernel
+    shapes."""
+    import dptrain.per_example as pe
+
+    monkeypatch.setattr(pe, "CONV_FORWARD_BELOW_CHANNELS", below)
+    torch.manual_seed(0)
+    layer = conv()
+    spatial = (11,) if isinstance(layer, nn.Conv1d) else (11, 9)
+    model = nn.Sequential(layer, nn.Tanh(), nn.Flatten(), nn.LazyLinear(3)).double()
+    x = torch.randn(6, layer.in_channels, *spatial, dtype=torch.float64)
+    model(x)  # materialize the lazy head
+    y = torch.randint(0, 3, (6,))
+    expected = loop_gradients(model, x, y)
+    sampler = LayerwiseGradSampler(model, cross_entropy_per_example)
+    grads = sampler(x, y)[0].materialize()
+    sampler.close()
+    for n in expected:
+        torch.testing.assert_close(grads[n], expected[n], rtol=1e-9, atol=1e-11, msg=n)
