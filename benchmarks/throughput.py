@@ -469,6 +469,9 @@ def machine_info() -> dict:
         "nproc": nproc,
         "torch_num_threads": torch.get_num_threads(),
         "cpu_model": cpu,
+        # the vector instructions torch's CPU kernels use here: hosts sold under one model name differ, and the
+        # ratios with them (README, Performance)
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
     }
 
 
@@ -591,7 +594,7 @@ def main(argv: list[str] | None = None) -> int:
         f"  torch {info['torch']}, opacus {info['opacus'] or 'not installed'}, python {info['python']}, "
         f"nproc {info['nproc']}, torch threads {info['torch_num_threads']}"
     )
-    print(f"  CPU: {info['cpu_model']}")
+    print(f"  CPU: {info['cpu_model']} ({info['cpu_capability']})")
     ways = [w.strip() for w in args.ways.split(",") if w.strip()]
     unknown = [w for w in ways if w not in WAYS]
     if unknown or not ways:
