@@ -531,7 +531,9 @@ class PrivateTrainer:
 
     # -- training -----------------------------------------------------------------------------------------
     def step(self) -> StepResult:
-        """Draw a batch, privatize its gradient, record the release and update the model (atomically)."""
+        """Draw a batch, privatize its gradient, record the release and update the model (atomically). A model in eval
+        mode (after :meth:`evaluate`) is put back in training mode; a submodule set to eval inside a training model is
+        left as it is."""
         allowed = self.allowed_steps()
         if allowed is not None and self.steps >= allowed:
             raise BudgetExhausted(
