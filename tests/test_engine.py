@@ -173,3 +173,25 @@ def test_an_empty_poisson_batch_still_releases_pure_noise():
         updates.append(float((model.weight.detach() - before).abs().sum()))
     assert 0 in sizes and trainer.ledger.releases == 20
     assert all(u > 0 for u, s in zip(updates, sizes, strict=True) if s == 0)  # noise moved the model anyway
+
+
+def test_steps_train_in_training_mode_after_an_evaluation():
+    """evaluate() leaves the model in eval mode; the next step runs it in training mode (its dropout layer sees
+    training=True). A submodule the user set to eval inside a training model stays so."""
+    split = make_gaussian_mixture(n=64, dim=5, num_classes=3, seed=0)
+    data = split.train
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 16), nn.ReLU(), nn.Dropout(0.5), nn.Linear(16, 3))
+    trainer = make_private(
+        model, torch.optim.SGD(model.parameters(), lr=0.1), data, noise_multiplier=1.0, batch_size=16, seed=0
+    )
+    trainer.evaluate(split.test.x, split.test.y)
+    assert not model.training
+    seen = []
+    model[2].register_forward_hook(lambda m, i, o: seen.append(m.training))
+    trainer.step()
+    assert model.training and seen and all(seen)
+    model[2].eval()  # the user's choice inside a training model
+    seen.clear()
+    trainer.step()
+    assert model.training and seen and not any(seen)
