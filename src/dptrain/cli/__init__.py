@@ -6,7 +6,7 @@ One module per command (:data:`COMMANDS`), each with the same small interface:
 - ``add_arguments(parser)``: its flags (those several commands share come from :mod:`dptrain.cli.common`);
 - ``run(args) -> int``: the command itself, returning the exit code.
 
-Building the parser imports no torch: a command that needs it imports it inside ``run``.
+Building the parser imports no torch, dp_accounting or scipy: a command that needs them imports them inside ``run``.
 
 Every user error (bad config, impossible parameter, corrupt file, unsupported model) is printed as one
 line on stderr and exits with code 2; no traceback.

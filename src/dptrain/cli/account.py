@@ -7,17 +7,11 @@ from __future__ import annotations
 import argparse
 import json
 
-from dptrain.accounting import accountant_names, all_reports, check_noise_multiplier, epsilon, tightest
-from dptrain.accounting.last_iterate import (
-    NOT_CERTIFIED,
-    Setting,
-    certifiable,
-    last_iterate_report,
-    rdp_bound,
-)
 from dptrain.cli import common
 from dptrain.cli.common import check, finite_float, positive_int
 from dptrain.errors import ConfigError
+
+# dp_accounting and scipy (dptrain.accounting) are imported when the command runs: building the parser stays light.
 
 NAME = "account"
 HELP = "epsilon spent by DP-SGD (or projected noisy SGD) with given parameters"
@@ -52,6 +46,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dptrain.accounting import accountant_names, all_reports, check_noise_multiplier, epsilon, tightest
+
     if args.accountant == "last_iterate":
         return _last_iterate(args)
     for flag in ("noise_multiplier", "sampling_rate"):
@@ -104,6 +100,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _last_iterate(args: argparse.Namespace) -> int:
+    from dptrain.accounting.last_iterate import (
+        NOT_CERTIFIED,
+        Setting,
+        certifiable,
+        last_iterate_report,
+        rdp_bound,
+    )
+
     needed = ("lipschitz", "diameter", "smoothness", "learning_rate", "dataset_size", "noise_std")
     missing = [f"--{k.replace('_', '-')}" for k in needed if getattr(args, k) is None]
     if missing:

@@ -8,11 +8,11 @@ import argparse
 import json
 import math
 
-from dptrain.accounting import calibrate, epsilon, gaussian_mechanism_epsilon, gaussian_mechanism_noise
-from dptrain.accounting.calibration import gaussian_mechanism_delta
 from dptrain.cli import common
 from dptrain.cli.common import check, finite_float, positive_int
 from dptrain.errors import ConfigError
+
+# dp_accounting and scipy (dptrain.accounting) are imported when the command runs: building the parser stays light.
 
 NAME = "calibrate"
 HELP = "smallest noise multiplier meeting an (epsilon, delta) budget"
@@ -38,6 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dptrain.accounting import calibrate, epsilon
+
     if args.mechanism == "gaussian":
         return _gaussian(args)
     if args.sampling_rate is None or (args.steps is None and args.epochs is None):
@@ -74,6 +76,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _gaussian(args: argparse.Namespace) -> int:
+    from dptrain.accounting import gaussian_mechanism_epsilon, gaussian_mechanism_noise
+    from dptrain.accounting.calibration import gaussian_mechanism_delta
+
     given = [
         f
         for f, v in (

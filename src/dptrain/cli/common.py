@@ -1,18 +1,27 @@
 """What several commands share, defined once: the argument types, the flags more than one command takes, and the
 range checks of those flags.
 
-Imports only :mod:`dptrain.accounting` (never torch), so that building the parser stays fast.
+Imports nothing heavy (no torch, no dp_accounting, no scipy), so that building the parser stays fast: what needs
+:mod:`dptrain.accounting` imports it when a command runs.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+from typing import TYPE_CHECKING
 
-from dptrain.accounting import AUTO, RunNumbers, accountant_names
-from dptrain.accounting.ledger import Ledger
-from dptrain.accounting.modelmix import modelmix_ledger
 from dptrain.errors import ConfigError
+
+if TYPE_CHECKING:  # annotations only
+    from dptrain.accounting import Ledger, RunNumbers
+
+#: ``--accountant auto``: every accountant that certifies the run is asked, the tightest answers
+#: (:data:`dptrain.accounting.AUTO`).
+AUTO = "auto"
+#: The accountants ``--accountant`` offers: the registry of :mod:`dptrain.accounting` (tests/test_cli.py checks that
+#: they are the same), named here so that building the parser does not import dp_accounting and scipy.
+ACCOUNTANTS = ("rdp", "pld", "gdp", "proactive", "last_iterate", "composition", "modelmix", "filter")
 
 # --- argument types (argparse turns their ArgumentTypeError into "argument --flag: ...") -----------------------
 
@@ -103,7 +112,7 @@ def check_delta(args: argparse.Namespace) -> None:
 
 def add_accountant(parser: argparse.ArgumentParser, *, allow_all: bool = True) -> None:
     """``--accountant``: ``auto`` (the default), any registered accountant, and with ``allow_all`` also ``all``."""
-    choices = [AUTO, *accountant_names()] + (["all"] if allow_all else [])
+    choices = [AUTO, *ACCOUNTANTS] + (["all"] if allow_all else [])
     parser.add_argument(
         "--accountant",
         default=AUTO,
@@ -147,6 +156,8 @@ def check_rate_and_delta(args: argparse.Namespace) -> None:
 def run_numbers(args: argparse.Namespace) -> RunNumbers:
     """The run's numbers from ``--sampling``, ``--sampling-rate`` and ``--steps`` or ``--epochs`` (after
     :func:`check_rate_and_delta`): epochs become steps in :meth:`RunNumbers.planned`, nowhere else."""
+    from dptrain.accounting import RunNumbers
+
     epochs = getattr(args, "epochs", None)
     if epochs is not None:
         check(epochs > 0, "--epochs", "a number > 0", epochs)
@@ -192,6 +203,8 @@ def add_modelmix(parser: argparse.ArgumentParser) -> None:
 def modelmix_ledgers(args: argparse.Namespace, numbers: RunNumbers):
     """sigma -> the ModelMix ledger of ``numbers`` when ``--tau-over-lr`` is given, else None. ModelMix's flags are
     refused with an accountant that cannot read them (one line, naming the flag)."""
+    from dptrain.accounting.modelmix import modelmix_ledger
+
     given = [f for f in MODELMIX_FLAGS if getattr(args, f, None) is not None]
     if args.accountant == "modelmix" and "tau_over_lr" not in given:
         raise ConfigError("--accountant modelmix needs --tau-over-lr, --batch-size and --max-grad-norm")

@@ -9,7 +9,10 @@ import json
 from dptrain.cli import common
 from dptrain.cli.common import finite_float, positive_int
 from dptrain.errors import ConfigError
-from dptrain.planner import PLAN_ACCOUNTANTS, plan_budget, plan_from_sigma
+
+#: The accountants a plan can be made with: :data:`dptrain.planner.PLAN_ACCOUNTANTS` (tests/test_cli.py checks that
+#: they are the same), named here so that building the parser does not import the planner's dp_accounting and scipy.
+PLAN_ACCOUNTANTS = ("proactive", "rdp", "pld", "gdp")
 
 NAME = "plan"
 HELP = "choose noise, batch size and rounds before training (Proactive DP)"
@@ -40,6 +43,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dptrain.planner import plan_budget
+
     if args.from_sigma is not None:
         return _from_sigma(args)
     if args.epsilon is None or args.delta is None:
@@ -91,6 +96,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _from_sigma(args: argparse.Namespace) -> int:
+    from dptrain.planner import plan_from_sigma
+
     if args.epsilon is not None or args.delta is not None:
         raise ConfigError(
             "--from-sigma plans for delta = 1/N from sigma; do not combine it with --epsilon/--delta"

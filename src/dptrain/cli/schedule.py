@@ -9,20 +9,13 @@ import argparse
 import json
 from pathlib import Path
 
-import numpy as np
-
 from dptrain.cli import common
 from dptrain.cli.common import finite_float, positive_int
 from dptrain.errors import ConfigError
-from dptrain.schedules.bounds import bound_summary, erub_dynamic
-from dptrain.schedules.kinds import (
-    ACCOUNTANTS,
-    KIND_PARAMS,
-    KINDS,
-    calibrate_schedule,
-    check_kind,
-    read_influence,
-)
+from dptrain.schedules.names import ACCOUNTANTS, KIND_PARAMS, KINDS
+
+# numpy, scipy and dp_accounting (dptrain.schedules.kinds, .bounds) are imported in the functions that run the
+# command: building the parser stays light.
 
 NAME = "schedule"
 HELP = "noise schedule sigma_1..sigma_T calibrated to a budget, or the optimal T (Dynamic Noise Influence)"
@@ -129,6 +122,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dptrain.schedules.kinds import calibrate_schedule, check_kind
+
     if args.bound:
         return _bound(args)
     if args.alpha is not None:
@@ -173,6 +168,8 @@ def _default_accountant(args: argparse.Namespace, q: float) -> str:
 
 def _kind_params(args: argparse.Namespace, kind: str) -> dict:
     """The kind parameters given, as calibrate_schedule's keywords (a flag the kind does not take: error)."""
+    from dptrain.schedules.kinds import read_influence
+
     given = {name: getattr(args, name) for name in PARAM_HELP if getattr(args, name) is not None}
     takes = KIND_PARAMS[kind]
     for name in given:
@@ -185,6 +182,8 @@ def _kind_params(args: argparse.Namespace, kind: str) -> dict:
 
 
 def _summary(schedule, args: argparse.Namespace) -> str:
+    import numpy as np
+
     s = schedule
     T, sig = s.T, s.sigmas
     shown = ", ".join(
@@ -220,6 +219,7 @@ def _summary(schedule, args: argparse.Namespace) -> str:
 def _plot(path: Path, schedule, zcdp) -> Path:
     """sigma_t vs t as a PNG at ``path`` (folder created), the zcdp-calibrated schedule dashed beside it."""
     import matplotlib
+    import numpy as np
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -254,6 +254,8 @@ def _plot(path: Path, schedule, zcdp) -> Path:
 
 
 def _bound(args: argparse.Namespace) -> int:
+    from dptrain.schedules.bounds import bound_summary, erub_dynamic
+
     extra = [
         f
         for dest, f in (*SCHEDULE_FLAGS, *((p, "--" + p) for p in PARAM_HELP if p != "kappa"))

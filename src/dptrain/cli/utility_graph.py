@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import json
 
-from dptrain.accounting import RunNumbers
 from dptrain.cli import common
 from dptrain.cli.common import check, finite_float, float_list, positive_int
 
@@ -39,6 +38,7 @@ def run(args: argparse.Namespace) -> int:
     # torch is imported here, not at the top: building the parser must stay light.
     from pathlib import Path
 
+    from dptrain.accounting import RunNumbers
     from dptrain.config import load_config
     from dptrain.data import load_dataset
     from dptrain.models import build_model

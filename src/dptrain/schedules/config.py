@@ -7,7 +7,7 @@ no torch.
     delta = 1e-5
 
     [schedule]
-    kind = "gd-optimal"           # see dptrain.schedules.kinds.KINDS (dptrain schedule --help)
+    kind = "gd-optimal"           # see dptrain.schedules.names.KINDS (dptrain schedule --help)
     options = { kappa = 10 }      # the kind's parameters (influence: a file name or a list of T numbers)
     calibration = "tightest"      # or "zcdp": the paper's calibration (sum_t 1/(2 sigma_t^2) = rho)
     levels = 16                   # optional: round the shape to that many geometric levels (0: the exact shape)
@@ -22,9 +22,11 @@ from dataclasses import dataclass, field
 
 from dptrain.config import RunConfig, Section, finite, need, register_section, section_is_default
 from dptrain.errors import ConfigError
+from dptrain.schedules.names import KIND_PARAMS
+from dptrain.schedules.names import KINDS as SHAPE_KINDS
 
-#: The kinds (dptrain.schedules.kinds.KINDS; repeated here so that validating a config imports no scipy).
-KINDS = ("uniform", "influence", "gd-optimal", "momentum", "exponential", "time", "step", "polynomial", "validation")
+#: The kinds: the shapes of dptrain.schedules.names (read without scipy) and the adaptive one.
+KINDS = (*SHAPE_KINDS, "validation")
 #: Levels a Poisson-sampled run's shape is rounded to by default: few enough for the pld accountant, which is
 #: the tightest for subsampled steps (dptrain.schedules.kinds.PLD_MAX_LEVELS).
 DEFAULT_POISSON_LEVELS = 16
@@ -54,7 +56,6 @@ def validate(cfg: RunConfig) -> None:
             raise ConfigError(f"[schedule] needs schedule.kind (one of {', '.join(KINDS)})")
         return
     need(s.kind in KINDS, "schedule.kind", f"one of none, {', '.join(KINDS)}", s.kind)
-    from dptrain.schedules.kinds import KIND_PARAMS  # numpy only
     from dptrain.schedules.validation import DEFAULTS
 
     takes = tuple(DEFAULTS) if s.kind == "validation" else KIND_PARAMS[s.kind]

@@ -88,32 +88,8 @@ from dptrain.schedules.bounds import (
     rho_from_R,
 )
 
-KINDS = (
-    "uniform",
-    "influence",
-    "gd-optimal",
-    "momentum",
-    "exponential",
-    "time",
-    "step",
-    "polynomial",
-)
-#: Kinds that are not from Dynamic Noise Influence (Yu et al. 2019's decays, calibrated the same way).
-BASELINE_KINDS = ("exponential", "time", "step", "polynomial")
-ACCOUNTANTS = ("zcdp", "exact", "rdp", "pld")
-MOMENTUM_FORMS = ("reindexed", "two-exponential")
-
-#: Parameters each kind accepts (anything else is a ConfigError naming it).
-KIND_PARAMS: dict[str, tuple[str, ...]] = {
-    "uniform": (),
-    "influence": ("influence",),
-    "gd-optimal": ("gamma", "kappa", "eta"),
-    "momentum": ("beta", "gamma", "kappa", "eta0", "form", "c1", "c2"),
-    "exponential": ("rate",),
-    "time": ("rate",),
-    "step": ("factor", "period"),
-    "polynomial": ("power", "final", "period"),
-}
+# (the names live in a light module: the config validator and the CLI parser read them without scipy)
+from dptrain.schedules.names import ACCOUNTANTS, BASELINE_KINDS, KIND_PARAMS, KINDS, MOMENTUM_FORMS
 
 #: Largest sigma_max / sigma_min a schedule may span. Beyond it the noisiest steps carry no signal and the noise
 #: multipliers leave the range the accountants compute in.
