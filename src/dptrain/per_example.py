@@ -211,9 +211,10 @@ CONV_GROUPS_PER_CALL = 128
 
 #: Input channels below which :func:`_conv_weight_per_example` forms the per-example weight gradients by one forward
 #: convolution (:func:`_conv_weight_by_forward`) rather than a grouped convolution backward. oneDNN's grouped kernels
-#: are slow for channel counts that are not multiples of 8; on this project's CPU (2026-11-25, 128 examples of 32x32,
-#: 3x3 kernels, 16 output channels) the forward form took 1.6 / 4.1 / 8.2 ms for 1 / 3 / 6 input channels against
-#: 3.1 / 9.7 / 13.0 ms, and lost from 8 channels on (10.6 against 2.3 ms). The first layer of an image model is the case.
+#: are slow for channel counts that are not multiples of 8. ``python benchmarks/micro.py conv`` on this project's CPU
+#: (2026-11-25; 128 examples of 32x32, 3x3 kernels, 16 output channels): the forward form 1.8 / 3.9 / 8.4 ms for
+#: 1 / 3 / 6 input channels against 4.6 / 11.0 / 14.5 ms grouped, and from 8 channels on it loses (10.6 against
+#: 2.2 ms). The first layer of an image model is the case.
 CONV_FORWARD_BELOW_CHANNELS = 8
 
 

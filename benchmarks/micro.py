@@ -1,0 +1,131 @@
+"""Timings of single pieces of a DP step, the figures behind choices in the code (milliseconds, mean of repeats
+after a warm-up, freed memory kept, torch's default threads).
+
+    python benchmarks/micro.py conv       # per-example conv weight gradients: the forms dptrain chooses between
+    python benchmarks/micro.py gather     # a batch of rows: advanced indexing vs index_select
+    python benchmarks/micro.py sampling   # drawing a batch from a secret stream: fixed-size and Poisson
+
+``conv`` times, for the layers of ResNet-20 (128 examples) and cnn28 (256 examples): dptrain's per-example weight
+gradients (the form it picks), the grouped convolution backward and the forward-convolution form each, the unfold
+and batched product that Opacus' way amounts to (written here for the comparison, not Opacus' code), and the
+batched weight gradient of a non-private backward as the reference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+import torch.nn.functional as F
+
+import dptrain.per_example as pe
+from dptrain.cpu_memory import keep_freed_memory
+
+#: (name, examples, in channels, out channels, input size, kernel, stride, padding)
+CONV_LAYERS = (
+    ("resnet20 conv1", 128, 3, 16, 32, 3, 1, 1),
+    ("resnet20 16->16", 128, 16, 16, 32, 3, 1, 1),
+    ("resnet20 32->32", 128, 32, 32, 16, 3, 1, 1),
+    ("resnet20 64->64", 128, 64, 64, 8, 3, 1, 1),
+    ("cnn28 conv1", 256, 1, 16, 28, 8, 2, 3),
+    ("cnn28 conv2", 256, 16, 32, 13, 4, 2, 0),
+    # where the forward form stops paying (dptrain.per_example.CONV_FORWARD_BELOW_CHANNELS)
+    ("1->16, 32x32", 128, 1, 16, 32, 3, 1, 1),
+    ("6->16, 32x32", 128, 6, 16, 32, 3, 1, 1),
+    ("8->16, 32x32", 128, 8, 16, 32, 3, 1, 1),
+)
+
+
+def timed(f, repeat: int) -> float:
+    f()
+    t0 = time.perf_counter()
+    for _ in range(repeat):
+        f()
+    return (time.perf_counter() - t0) / repeat * 1e3
+
+
+def conv_row(b, c_in, c_out, size, k, s, p, repeat: int) -> list[float]:
+    layer = torch.nn.Conv2d(c_in, c_out, k, stride=s, padding=p)
+    a = torch.randn(b, c_in, size, size)
+    go = torch.randn_like(layer(a))
+
+    def unfold():
+        u = F.unfold(a, layer.kernel_size, padding=layer.padding, stride=layer.stride)
+        return torch.einsum("bol,bil->boi", go.flatten(2), u)
+
+    def batched():
+        return torch.ops.aten.convolution_backward(
+            go, a, layer.weight, None, list(layer.stride), list(layer.padding), list(layer.dilation), False,
+            [0, 0], 1, [False, True, False],
+        )[1]
+
+    def grouped():
+        threshold = pe.CONV_FORWARD_BELOW_CHANNELS
+        pe.CONV_FORWARD_BELOW_CHANNELS = 0
+        try:
+            return pe._conv_weight_per_example(layer, a, go)
+        finally:
+            pe.CONV_FORWARD_BELOW_CHANNELS = threshold
+
+    return [
+        timed(lambda: pe._conv_weight_per_example(layer, a, go), repeat),
+        timed(grouped, repeat),
+        timed(lambda: pe._conv_weight_by_forward(layer, a, go), repeat),
+        timed(unfold, repeat),
+        timed(batched, repeat),
+    ]
+
+
+def conv(repeat: int) -> None:
+    print(f"{'layer':18s} {'dptrain':>8s} {'grouped':>8s} {'forward':>8s} {'unfold':>8s} {'batched':>8s}  (ms)")
+    for name, *shape in CONV_LAYERS:
+        print(f"{name:18s} " + " ".join(f"{v:8.2f}" for v in conv_row(*shape, repeat)))
+
+
+def gather_times(x: torch.Tensor, b: int, repeat: int, g: torch.Generator) -> tuple[float, float]:
+    """(x[idx], x.index_select(0, idx)) in ms, each on fresh random indices."""
+    idx = [torch.randint(0, len(x), (b,), generator=g) for _ in range(repeat + 1)]
+    first, second = iter(idx), iter(idx)
+    return timed(lambda: x[next(first)], repeat), timed(lambda: x.index_select(0, next(second)), repeat)
+
+
+def gather(repeat: int) -> None:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(60000, 1, 28, 28, generator=g)
+    for b in (256, 1024):
+        t_index, t_select = gather_times(x, b, repeat, g)
+        print(f"{b} random rows of 60,000 28x28 images: x[idx] {t_index:.3f} ms, x.index_select(0, idx) {t_select:.3f} ms")
+
+
+def sampling_times(stream, b: int, repeat: int) -> tuple[float, float]:
+    from dptrain.batch_selection import poisson_indices, uniform_subset
+
+    return (
+        timed(lambda: uniform_subset(stream, 60000, b), repeat),
+        timed(lambda: poisson_indices(stream, 60000, b / 60000), repeat),
+    )
+
+
+def sampling(repeat: int) -> None:
+    from dptrain.randomness import Randomness
+
+    stream = Randomness(None).stream("sampling")
+    for b in (256, 1024):
+        fixed, poisson = sampling_times(stream, b, repeat)
+        print(f"batch {b} of 60,000 from the secret stream: fixed size {fixed:.3f} ms, Poisson {poisson:.3f} ms")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("what", choices=["conv", "gather", "sampling"])
+    parser.add_argument("--repeat", type=int, default=None, help="repeats per timing (default: 10 conv, 1000 others)")
+    args = parser.parse_args(argv)
+    keep_freed_memory()
+    repeat = args.repeat or (10 if args.what == "conv" else 1000)
+    {"conv": conv, "gather": gather, "sampling": sampling}[args.what](repeat)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
