@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import needs_fashion_mnist
 
 from dptrain.data import (
     CIFAR10_MEAN,
@@ -32,9 +33,6 @@ from dptrain.data import (
     read_idx,
 )
 from dptrain.errors import DataError
-
-FASHION_DIR = Path("/usr/share/datasets/fashion-mnist")
-
 
 # ----------------------------------------------------------------------------------------------
 # Writers for the real formats
@@ -649,7 +647,7 @@ def test_error_messages_are_one_line(tmp_path):
     assert "\n" not in str(info.value)
 
 
-@pytest.mark.skipif(not FASHION_DIR.is_dir(), reason="Fashion-MNIST not installed at /usr/share/datasets")
+@needs_fashion_mnist
 def test_load_dataset_fashion_mnist_real():
     split = load_dataset("fashion-mnist")
     assert len(split.train) == 60000 and len(split.test) == 10000
@@ -658,4 +656,4 @@ def test_load_dataset_fashion_mnist_real():
     assert set(split.test.y.unique().tolist()) == set(range(10))
     # The public constants standardize the real data to roughly zero mean and unit variance.
     assert abs(split.train.x.mean().item()) < 0.01 and abs(split.train.x.std().item() - 1) < 0.01
-    assert split.description == f"Fashion-MNIST from {FASHION_DIR} (60000 train / 10000 test)"
+    assert split.description == "Fashion-MNIST from /usr/share/datasets/fashion-mnist (60000 train / 10000 test)"
