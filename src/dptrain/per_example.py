@@ -332,9 +332,24 @@ def _conv2d(m: nn.Conv2d, a: torch.Tensor, go: torch.Tensor) -> dict[str, torch.
 
 
 def _group_norm(m: nn.GroupNorm, a: torch.Tensor, go: torch.Tensor) -> dict[str, torch.Tensor]:
-    xhat = F.group_norm(a, m.num_groups, None, None, m.eps)
-    dims = tuple(range(2, a.dim()))
-    return {"weight": (go * xhat).sum(dims), "bias": go.sum(dims)}
+    """Per-example GroupNorm gradients: weight sum_hw go * xhat and bias sum_hw go for every (example, channel), by
+    torch's own fused GroupNorm kernels applied to the batch seen as ONE example of B x C channels in B x G groups.
+    GroupNorm normalizes each group of each example on its own, so that view normalizes exactly as the layer did, and
+    its "batch" weight and bias gradients are the per-example ones: two passes over the input instead of four (the
+    normalized input is never written). The weight gradient is formed as torch forms the batch gradient,
+    rstd (sum go a - mean sum go), with the same rounding (for inputs whose mean is large against their spread it
+    cancels as torch's own gradient does; ``tests/test_per_example.py`` bounds it)."""
+    b, c = a.shape[:2]
+    hw = a[0, 0].numel()
+    groups = b * m.num_groups
+    x, g = a.reshape(1, b * c, hw), go.reshape(1, b * c, hw)
+    _, mean, rstd = torch.ops.aten.native_group_norm(x, None, None, 1, b * c, hw, groups, m.eps)
+    # (the weight only enters the input gradient, which is not asked for; the kernel wants one of the right size)
+    ones = a.new_ones(b * c)
+    _, weight, bias = torch.ops.aten.native_group_norm_backward(
+        g, x, mean, rstd, ones, 1, b * c, hw, groups, [False, True, True]
+    )
+    return {"weight": weight.reshape(b, c), "bias": bias.reshape(b, c)}
 
 
 def _layer_norm(m: nn.LayerNorm, a: torch.Tensor, go: torch.Tensor) -> dict[str, torch.Tensor]:
