@@ -10,7 +10,7 @@ import pytest
 import torch
 from scipy import stats
 
-from dptrain.batch_selection import binomial_below, poisson_indices, uniform_subset
+from dptrain.batch_selection import binomial_below, distinct_in_order, poisson_indices, uniform_subset
 from dptrain.randomness import Randomness
 
 STREAM_KINDS = [False, True]  # TorchStream, SecureStream
@@ -107,3 +107,19 @@ def test_poisson_edge_rates():
     stream = _stream(False)
     assert poisson_indices(stream, 7, 1.0).tolist() == list(range(7))
     assert len(poisson_indices(stream, 10**6, 2.0**-60)) == 0  # q' = floor(q 2^53) 2^-53 = 0: never more than q
+
+
+def test_distinct_in_order_gives_the_first_distinct_values_of_the_sequence():
+    """uniform_subset keeps the first ``size`` distinct values of its draws: distinct_in_order must split the
+    sequence's distinct values, ordered by first appearance, into those of the first ``size`` draws (sorted) and the
+    rest in order (checked against np.unique's first indices on short sequences with many repeats)."""
+    rng = np.random.default_rng(0)
+    for _ in range(3000):
+        draws = rng.integers(0, int(rng.integers(1, 30)), int(rng.integers(0, 50))).astype(np.uint64)
+        size = int(rng.integers(1, 51))
+        values, first = np.unique(draws, return_index=True)
+        in_order = values[np.argsort(first)]
+        head, later = distinct_in_order(draws, size)
+        k = len(head)
+        assert np.array_equal(head, np.sort(in_order[:k])) and np.array_equal(later, in_order[k:]), (draws, size)
+        assert k == len(np.unique(draws[:size]))

@@ -156,11 +156,27 @@ def uniform_subset(stream: Stream, n: int, size: int) -> torch.Tensor:
         if limit < 2**64:
             w = w[w < np.uint64(limit)]
         draws = np.concatenate([draws, w % np.uint64(n)])
-        values, first = np.unique(draws, return_index=True)
-        distinct = len(values)
-        if distinct >= size:  # the values first drawn before the size-th distinct one's first draw, in order
-            chosen = values if distinct == size else values[first <= np.partition(first, size - 1)[size - 1]]
-            return torch.from_numpy(chosen.astype(np.int64))
+        head, later = distinct_in_order(draws, size)
+        distinct = len(head) + len(later)
+        if distinct >= size:
+            return torch.from_numpy(np.sort(np.concatenate([head, later[: size - len(head)]])).astype(np.int64))
+
+
+def distinct_in_order(draws: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct values of the sequence ``draws``, split for :func:`uniform_subset`: those of its first ``size``
+    entries (sorted), and the others in the order they first appear. The first ``size`` distinct values of the
+    sequence are the first part and the start of the second. (The same values as ``np.unique(draws,
+    return_index=True)`` ordered by first index, without a stable sort of the whole sequence: the repeats are few.)"""
+    head = np.sort(draws[:size])
+    head = head[np.concatenate(([True], head[1:] != head[:-1]))] if len(head) else head
+    rest = draws[size:]
+    if len(head) and len(rest):
+        at = np.minimum(np.searchsorted(head, rest), len(head) - 1)
+        rest = rest[head[at] != rest]  # (a value past the last of head is not in it either)
+    if len(rest) < 2:
+        return head, rest
+    values, first = np.unique(rest, return_index=True)
+    return head, values[np.argsort(first)]
 
 
 def poisson_indices(stream: Stream, n: int, rate: float) -> torch.Tensor:

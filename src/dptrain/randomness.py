@@ -109,7 +109,8 @@ class TorchStream:
 
     def add_gaussian(self, x, std):
         gen = self._generator_for(x.device)
-        return x + std * torch.randn(x.shape, generator=gen, dtype=x.dtype, device=x.device)
+        # (std z + x, formed in the draw's own buffer: the value of x + std z, without two temporaries)
+        return torch.randn(x.shape, generator=gen, dtype=x.dtype, device=x.device).mul_(std).add_(x)
 
     def integers(self, low, high):
         if not high > low:
@@ -120,10 +121,10 @@ class TorchStream:
         return torch.randperm(n, generator=self.generator, device="cpu")
 
     def words(self, count):
-        # int64 random_() is uniform on [0, 2^63) exactly (a 64-bit draw mod 2^63): two of them give 64 bits.
-        halves = torch.empty(2 * count, dtype=torch.int64, device="cpu").random_(generator=self.generator).numpy()
-        mask = np.uint64(0xFFFFFFFF)
-        return ((halves[0::2].astype(np.uint64) & mask) << np.uint64(32)) | (halves[1::2].astype(np.uint64) & mask)
+        # random_ over the whole int64 range (from its lowest value, no upper bound) is one 64-bit draw of the
+        # generator per value, all 64 bits kept (ATen's full-range kernel): read as uint64, uniform words.
+        draws = torch.empty(count, dtype=torch.int64, device="cpu").random_(-(2**63), None, generator=self.generator)
+        return draws.numpy().view(np.uint64)
 
     def get_state(self):
         state = {"kind": self.kind, "generator": self.generator.get_state()}
