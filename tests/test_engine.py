@@ -54,6 +54,21 @@ def test_noise_has_the_configured_standard_deviation():
     assert abs(float(noisy.mean())) < 5 * std / math.sqrt(400_000)
 
 
+def test_noise_of_several_tensors_is_independent_with_the_configured_std():
+    """The tensors of one dtype are noised as one vector and returned as views of it: each keeps its shape and
+    values, gets noise of the configured std, and no two share a draw (a reused draw would correlate them fully)."""
+    std, n = 1.5, 200_000
+    summed = {"w": torch.full((400, 500), 3.0), "b": torch.full((n,), -1.0), "h": torch.zeros(7, dtype=torch.float64)}
+    noisy = add_gaussian_noise(summed, std, TorchStream(0))
+    assert {k: (v.shape, v.dtype) for k, v in noisy.items()} == {k: (v.shape, v.dtype) for k, v in summed.items()}
+    w, b = (noisy["w"] - 3.0).reshape(-1), noisy["b"] + 1.0
+    for e in (w, b):
+        assert float(e.std()) == pytest.approx(std, rel=0.01)
+        assert abs(float(e.mean())) < 5 * std / math.sqrt(n)
+    assert abs(float(torch.corrcoef(torch.stack([w, b]))[0, 1])) < 5 / math.sqrt(n)
+    assert float(summed["w"].max()) == 3.0  # the inputs are left as they were
+
+
 def test_engine_gradient_is_noise_with_std_sigma_c_over_expected_batch():
     # Zero inputs and no bias: every per-example gradient is 0, so the optimizer sees pure noise with
     # std sigma * C / (q n). 100k coordinates: 1.5% tolerance is > 6 standard errors.

@@ -183,7 +183,8 @@ def _all_finite(tensors) -> bool:
     NaN or inf exactly when an element is (float32 or narrower values cannot overflow it); a float64 tensor is summed
     times zero (0 per finite element, NaN per NaN or inf), which cannot overflow either."""
     sums = [(t * 0 if t.dtype == torch.float64 else t).sum(dtype=torch.float64) for t in tensors]
-    return not sums or bool(torch.isfinite(torch.stack(sums)).all())
+    # (the sum of those float64 sums cannot overflow either: NaN or inf exactly when one of them is)
+    return not sums or math.isfinite(torch.stack(sums).sum().item())
 
 
 def clipped_sum(chunks, clipping: Clipping, params: dict[str, torch.Tensor], with_loss: bool = False):
@@ -568,8 +569,9 @@ class PrivateTrainer:
             scale = 1.0 / self.sampler.expected_batch_size_at(self.steps)
             if self.non_private:
                 grads = {n: s * scale for n, s in summed.items()}
-            else:  # the noisy sums are fresh tensors: scaled in place
-                grads = {n: s.mul_(scale) for n, s in add_gaussian_noise(summed, std, self.randomness.stream("noise")).items()}
+            else:  # the noisy sums are fresh tensors: scaled in place, in one call
+                grads = add_gaussian_noise(summed, std, self.randomness.stream("noise"))
+                torch._foreach_mul_(list(grads.values()), scale)
             for n, p in self.params.items():
                 p.grad = grads[n].to(p.dtype)
             # The release happens here: record it, count it and apply it together.
@@ -586,7 +588,8 @@ class PrivateTrainer:
                     f"training diverged at step {self.steps}: the optimizer step overflows the model's dtype; lower "
                     "the learning rate"
                 ) from None
-            self.optimizer.zero_grad(set_to_none=True)
+            for p in self.params.values():  # (the gradients this step set: the optimizer's zero_grad, less its overhead)
+                p.grad = None
         if not _all_finite(self.params.values()):
             raise NonFiniteError(
                 f"training diverged at step {self.steps}: the model's weights are no longer finite (NaN or inf) "

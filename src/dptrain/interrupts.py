@@ -18,7 +18,13 @@ import contextlib
 import signal
 import threading
 
+try:  # CPython's C module behind ``signal``: the same calls without the enum conversions (~1 us instead of ~6)
+    import _signal as _raw
+except ImportError:  # pragma: no cover - another Python
+    _raw = signal
+
 DEFERRED = (signal.SIGINT, signal.SIGTERM)
+_DEFERRED_NUMBERS = tuple(int(s) for s in DEFERRED)
 
 
 class Terminated(BaseException):  # noqa: N818  (like KeyboardInterrupt, not an Exception subclass)
@@ -43,12 +49,12 @@ def deferred_signals():
         if signum not in pending:
             pending.append(signum)
 
-    previous = {s: signal.signal(s, hold) for s in DEFERRED}
+    previous = {s: _raw.signal(s, hold) for s in _DEFERRED_NUMBERS}
     try:
         yield
     finally:
         for s, handler in previous.items():
-            signal.signal(s, handler)
+            _raw.signal(s, handler)
         for s in pending:
             signal.raise_signal(s)  # runs the handler that was in place before the block
 
