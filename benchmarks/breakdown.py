@@ -64,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", choices=sorted(SHAPES), default="resnet20")
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--channels-last", action="store_true", help="model and data in channels_last (NHWC), both ways")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     keep_freed_memory()
@@ -71,10 +72,12 @@ def main(argv: list[str] | None = None) -> int:
     g = torch.Generator().manual_seed(0)
     x = torch.randn(N, *shape, generator=g)
     y = torch.randint(0, 10, (N,), generator=g)
+    layout = torch.channels_last if args.channels_last else torch.contiguous_format
+    x = x.contiguous(memory_format=layout)
 
     def fresh():
         torch.manual_seed(1)
-        m = build_model(args.model, shape, 10)
+        m = build_model(args.model, shape, 10).to(memory_format=layout)
         return m, torch.optim.SGD(m.parameters(), lr=0.1)
 
     # -- the non-private step, stage by stage, and its backward pass to the layer outputs only ------------------
@@ -173,8 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     per_example = sum(v for k, v in med_dp.items() if k.startswith("per-example"))
     floor = med_np["total"] - batched_weight_grads + per_example + med_dp.get("clipping", 0) + med_dp.get("noise", 0)
 
-    print(f"{args.model}, batch {b}, {args.steps} alternated steps, torch threads {torch.get_num_threads()} "
-          "(medians, ms)")
+    print(f"{args.model}, batch {b}, {'channels_last, ' if args.channels_last else ''}{args.steps} alternated steps, "
+          f"torch threads {torch.get_num_threads()} (medians, ms)")
     order = ["batch selection", "gather", "forward", "backward", "backward to outputs",
              *sorted(k for k in med_dp if k.startswith("per-example")), "clipping", "noise", "optimizer",
              "rest of the step", "total"]
@@ -189,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({
-                "model": args.model, "batch": b, "steps": args.steps, "threads": torch.get_num_threads(),
+                "model": args.model, "batch": b, "channels_last": args.channels_last, "steps": args.steps, "threads": torch.get_num_threads(),
                 "cpu_capability": torch.backends.cpu.get_cpu_capability(),
                 "nonprivate_median_s": med_np, "dptrain_median_s": med_dp,
                 "batched_weight_gradients_s": batched_weight_grads, "kernel_floor_s": floor,

@@ -7,13 +7,16 @@ after a warm-up, freed memory kept, torch's default threads).
 
 ``conv`` times, for the layers of ResNet-20 (128 examples) and cnn28 (256 examples): dptrain's per-example weight
 gradients (the form it picks), the grouped convolution backward and the forward-convolution form each, the unfold
-and batched product that Opacus' way amounts to (written here for the comparison, not Opacus' code), and the
+and batched product that Opacus' way amounts to (written here for the comparison, not Opacus' code), two forms
+tried and not kept (the patches by a depthwise convolution with one-hot filters, then a batched product; for stride
+1, one batched product per kernel offset over a shifted window of the padded input, no patches copied), and the
 batched weight gradient of a non-private backward as the reference.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import time
 
 import torch
@@ -60,6 +63,26 @@ def conv_row(b, c_in, c_out, size, k, s, p, repeat: int) -> list[float]:
             [0, 0], 1, [False, True, False],
         )[1]
 
+    def depthwise_unfold():  # the patches by a depthwise convolution with one-hot filters, then a batched product
+        eye = torch.eye(k * k).reshape(k * k, 1, k, k).repeat(c_in, 1, 1, 1)
+        u = F.conv2d(a, eye, None, stride=s, padding=p, groups=c_in)  # [B, c_in k k, positions]
+        return torch.bmm(go.flatten(2), u.flatten(2).transpose(1, 2))
+
+    def shifted():  # stride 1: per kernel offset, one batched product over a shifted window of the padded input
+        h, w = a.shape[2:]
+        hp, wp, ho = h + 2 * p, w + 2 * p, go.shape[2]
+        buf = a.new_zeros(b * c_in * hp * wp + wp * k + k)  # (slack: the last window reads past the last row)
+        buf[: b * c_in * hp * wp].view(b, c_in, hp, wp)[:, :, p : p + h, p : p + w] = a
+        g = go.new_zeros(b, c_out, ho, wp)
+        g[..., : go.shape[3]] = go  # the padding columns are zero: their products vanish
+        g = g.view(b, c_out, ho * wp)
+        out = a.new_empty(k, k, b, c_out, c_in)
+        for u in range(k):
+            for v in range(k):
+                window = buf.as_strided((b, ho * wp, c_in), (c_in * hp * wp, 1, hp * wp), u * wp + v)
+                torch.bmm(g, window, out=out[u, v])
+        return out.permute(2, 3, 4, 0, 1)
+
     def grouped():
         threshold = pe.CONV_FORWARD_BELOW_CHANNELS
         pe.CONV_FORWARD_BELOW_CHANNELS = 0
@@ -73,12 +96,15 @@ def conv_row(b, c_in, c_out, size, k, s, p, repeat: int) -> list[float]:
         timed(grouped, repeat),
         timed(lambda: pe._conv_weight_by_forward(layer, a, go), repeat),
         timed(unfold, repeat),
+        timed(depthwise_unfold, repeat),
+        timed(shifted, repeat) if s == 1 else math.nan,
         timed(batched, repeat),
     ]
 
 
 def conv(repeat: int) -> None:
-    print(f"{'layer':18s} {'dptrain':>8s} {'grouped':>8s} {'forward':>8s} {'unfold':>8s} {'batched':>8s}  (ms)")
+    columns = ("dptrain", "grouped", "forward", "unfold", "dw-unf", "shifted", "batched")
+    print(f"{'layer':18s} " + " ".join(f"{c:>8s}" for c in columns) + "  (ms)")
     for name, *shape in CONV_LAYERS:
         print(f"{name:18s} " + " ".join(f"{v:8.2f}" for v in conv_row(*shape, repeat)))
 
