@@ -10,6 +10,11 @@ OUTARG := $(if $(OUT),--out $(OUT),)
 
 .PHONY: run test lint bench data clean
 
+# Python may keep the bytecode of what it imports (under __pycache__, ignored by git) even where the environment says
+# not to: without it every process compiles torch's modules again (import torch 3.6 s instead of 1.4 s here), and the
+# tests start many processes (the CLI's, torchrun's ranks).
+export PYTHONDONTWRITEBYTECODE :=
+
 # --no-compile: no .pyc files for all of torch at install time (73 s -> 19 s here); Python compiles the modules it
 # imports on first use.
 $(STAMP): pyproject.toml
