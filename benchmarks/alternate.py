@@ -19,13 +19,11 @@ import warnings
 
 import torch
 import torch.nn.functional as F
+from common import SHAPES, N, random_data
 
 from dptrain.cpu_memory import keep_freed_memory
 from dptrain.engine import make_private
 from dptrain.models import build_model
-
-SHAPES = {"logistic": (1, 28, 28), "cnn28": (1, 28, 28), "resnet20": (3, 32, 32)}
-N = 60000
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,9 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     keep_freed_memory()
     shape, b = SHAPES[args.model], args.batch
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(N, *shape, generator=g)
-    y = torch.randint(0, 10, (N,), generator=g)
+    x, y, g = random_data(shape)
 
     def fresh():
         torch.manual_seed(1)

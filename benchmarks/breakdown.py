@@ -31,13 +31,12 @@ import warnings
 
 import torch
 import torch.nn.functional as F
+from common import SHAPES, N, random_data
 
 import dptrain.engine as engine
 from dptrain.cpu_memory import keep_freed_memory
 from dptrain.models import build_model
 
-SHAPES = {"logistic": (1, 28, 28), "cnn28": (1, 28, 28), "resnet20": (3, 32, 32)}
-N = 60000
 #: the layer types of the per-example rules this breakdown names (others are counted under "other layers")
 LAYER_TYPES = (torch.nn.Conv2d, torch.nn.GroupNorm, torch.nn.Linear, torch.nn.LayerNorm)
 
@@ -69,9 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     keep_freed_memory()
     shape, b = SHAPES[args.model], args.batch
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(N, *shape, generator=g)
-    y = torch.randint(0, 10, (N,), generator=g)
+    x, y, g = random_data(shape)
     layout = torch.channels_last if args.channels_last else torch.contiguous_format
     x = x.contiguous(memory_format=layout)
 
