@@ -300,16 +300,23 @@ class _Progress:
 
         self.bar = tqdm(total=total, initial=initial, disable=not enabled, unit="step", dynamic_ncols=True)
         self.loss = math.nan
+        self.postfix: dict[str, str] = {}
 
     def update(self, result: StepResult | None, eps: float | None) -> None:
-        postfix = {} if eps is None else {"eps": f"{eps:.3f}"}
+        self.postfix = {} if eps is None else {"eps": f"{eps:.3f}"}
         loss = (result.not_private or {}).get("train_loss") if result is not None else None
         if loss is not None:
             self.loss = loss if math.isnan(self.loss) else 0.9 * self.loss + 0.1 * loss
-            postfix["loss (not private)"] = f"{self.loss:.3f}"
-        if postfix:
-            self.bar.set_postfix(postfix, refresh=False)
+            self.postfix["loss (not private)"] = f"{self.loss:.3f}"
+        if self.postfix:
+            self.bar.set_postfix(self.postfix, refresh=False)
         self.bar.update(1)
+
+    def show_epsilon(self, eps: float) -> None:
+        """The epsilon after the last step (:meth:`update` is given one refreshed on a timer: at the end it would
+        show a value some steps old)."""
+        self.postfix["eps"] = f"{eps:.3f}"
+        self.bar.set_postfix(self.postfix)
 
     def close(self) -> None:
         self.bar.close()
@@ -394,14 +401,14 @@ def _train(job: Job, rd: RunDirectory, progress: bool, stop_after: int | None, e
         remaining = min(remaining, stop_after)
     wall = lambda: elapsed + time.perf_counter() - start  # noqa: E731
     bar = _Progress(job.total_steps, trainer.steps, progress)
-    eps, eps_time, last_checkpoint = None, -math.inf, time.perf_counter()
+    eps, eps_time, eps_step, last_checkpoint = None, -math.inf, None, time.perf_counter()
     refresh, logged = EPSILON_REFRESH_S, None
     try:
         with terminate_as_exception():
             for result in trainer.iter_steps(remaining):
                 if progress and time.perf_counter() - eps_time > refresh:
                     asked = time.perf_counter()
-                    eps, eps_time = trainer.epsilon().epsilon, time.perf_counter()
+                    eps, eps_time, eps_step = trainer.epsilon().epsilon, time.perf_counter(), trainer.steps
                     # an accountant call on a ledger of many distinct steps can take seconds: keep it under ~5%
                     refresh = max(EPSILON_REFRESH_S, 20 * (eps_time - asked))
                 bar.update(result, eps)
@@ -412,6 +419,8 @@ def _train(job: Job, rd: RunDirectory, progress: bool, stop_after: int | None, e
                             logged = _evaluate_and_log(rd, job, result)
                         _checkpoint(rd, job, wall())
                     last_checkpoint = time.perf_counter()
+            if progress and eps_step is not None and eps_step != trainer.steps:
+                bar.show_epsilon(trainer.epsilon().epsilon)
     except (KeyboardInterrupt, Terminated):
         bar.close()
         with deferred_signals():
