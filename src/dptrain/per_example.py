@@ -10,9 +10,10 @@ single-example backward passes):
   gradient it would throw away), and each layer's per-example weight gradient is formed from its
   input and output gradient: an outer product for Linear (on [B, in] or sequences [B, T, in]), a grouped
   convolution backward for Conv1d/Conv2d, torch's fused GroupNorm kernels on the batch seen as one example for
-  GroupNorm, the normalized input for LayerNorm/RMSNorm, the looked-up ids for Embedding. About twice as fast as ``func`` on the small CNNs of the DP literature. A module with
-  parameters but no rule (attention, PReLU, a custom layer) is differentiated per example by torch.func on its
-  own, from its recorded inputs and output gradient: the fallback is per module, not for the whole model.
+  GroupNorm, the normalized input for LayerNorm/RMSNorm, the looked-up ids for Embedding. About twice as fast as
+  ``func`` on the small CNNs of the DP literature. A module with parameters but no rule (attention, PReLU, a custom
+  layer) is differentiated per example by torch.func on its own, from its recorded inputs and output gradient: the
+  fallback is per module, not for the whole model.
 
 ``make_grad_sampler(model, loss_fn, "auto")`` uses ``layerwise`` with that per-module fallback, and ``func`` for the
 whole model only when a module cannot be differentiated on its own; ``"layerwise"`` is strict (rules only).
