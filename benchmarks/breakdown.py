@@ -41,6 +41,18 @@ from dptrain.models import build_model
 LAYER_TYPES = (torch.nn.Conv2d, torch.nn.GroupNorm, torch.nn.Linear, torch.nn.LayerNorm)
 
 
+#: autograd.grad as torch defines it (dptrain's calls to it are timed by a wrapper; the non-private ones are not)
+AUTOGRAD_GRAD = torch.autograd.grad
+
+
+class TimedClipping:
+    """A clipping rule whose clip_and_sum is timed as the "clipping" stage."""
+
+    def __init__(self, rule, clock: Clock):
+        self.sensitivity, self.facts = rule.sensitivity, getattr(rule, "facts", {})
+        self.clip_and_sum = clock.wrap("clipping", rule.clip_and_sum)
+
+
 class Clock:
     """Seconds per named stage within one step (reset before each step)."""
 
@@ -98,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         loss = F.cross_entropy(model(xb), yb)
         mark()
         if to_outputs:
-            torch.autograd.grad(loss, outputs)
+            AUTOGRAD_GRAD(loss, outputs)
             mark()
             return {"backward to outputs": t[4] - t[3]}
         opt.zero_grad(set_to_none=True)
@@ -127,15 +139,10 @@ def main(argv: list[str] | None = None) -> int:
     for m, (prefix, rule) in list(getattr(backend, "_layers", {}).items()):
         kind = type(m).__name__ if isinstance(m, LAYER_TYPES) else "other layers"
         backend._layers[m] = (prefix, clock.wrap(f"per-example {kind}", rule))
-    clipping = trainer.clipping
-    trainer.clipping = type("TimedClipping", (), {
-        "sensitivity": clipping.sensitivity,
-        "facts": getattr(clipping, "facts", {}),
-        "clip_and_sum": staticmethod(clock.wrap("clipping", clipping.clip_and_sum)),
-    })()
-    real_noise, real_grad = engine.add_gaussian_noise, torch.autograd.grad
+    trainer.clipping = TimedClipping(trainer.clipping, clock)
+    real_noise = engine.add_gaussian_noise
     engine.add_gaussian_noise = clock.wrap("noise", real_noise)
-    torch.autograd.grad = clock.wrap("backward to outputs", real_grad)
+    torch.autograd.grad = clock.wrap("backward to outputs", AUTOGRAD_GRAD)
     dp_opt.step = clock.wrap("optimizer", dp_opt.step)
 
     def dp() -> dict[str, float]:
@@ -162,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
             for k, v in dp().items():
                 dp_times[k].append(v)
     finally:
-        engine.add_gaussian_noise, torch.autograd.grad = real_noise, real_grad
+        engine.add_gaussian_noise, torch.autograd.grad = real_noise, AUTOGRAD_GRAD
         trainer.grad_sampler = grad_sampler
         trainer.close()
 

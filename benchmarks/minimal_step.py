@@ -25,12 +25,13 @@ import warnings
 
 import torch
 import torch.nn.functional as F
+from common import SHAPES, N, random_data
 
 from dptrain.cpu_memory import keep_freed_memory
 from dptrain.engine import make_private
 from dptrain.models import build_model
 
-N, SHAPE, CLASSES = 60000, (1, 28, 28), 10
+SHAPE, CLASSES = SHAPES["logistic"], 10
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,9 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     keep_freed_memory()
     b = args.batch
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(N, *SHAPE, generator=g)
-    y = torch.randint(0, CLASSES, (N,), generator=g)
+    x, y, g = random_data(SHAPE)
 
     def model():
         torch.manual_seed(1)
