@@ -2,6 +2,7 @@
 after a warm-up, freed memory kept, torch's default threads).
 
     python benchmarks/micro.py conv       # per-example conv weight gradients: the forms dptrain chooses between
+    python benchmarks/micro.py groupnorm  # per-example GroupNorm gradients: dptrain's rule and the former form
     python benchmarks/micro.py gather     # a batch of rows: advanced indexing vs index_select
     python benchmarks/micro.py sampling   # drawing a batch from a secret stream: fixed-size and Poisson
 
@@ -109,6 +110,28 @@ def conv(repeat: int) -> None:
         print(f"{name:18s} " + " ".join(f"{v:8.2f}" for v in conv_row(*shape, repeat)))
 
 
+#: (name, examples, channels, groups, size): ResNet-20's GroupNorm layers at 128 examples
+GROUPNORM_LAYERS = (("resnet20 16 ch", 128, 16, 4, 32), ("resnet20 32 ch", 128, 32, 4, 16), ("resnet20 64 ch", 128, 64, 4, 8))
+
+
+def groupnorm_row(b: int, c: int, groups: int, size: int, repeat: int) -> list[float]:
+    layer = torch.nn.GroupNorm(groups, c)
+    a, go = torch.randn(b, c, size, size), torch.randn(b, c, size, size)
+
+    def xhat():
+        return (go * F.group_norm(a, groups, None, None, layer.eps)).sum((2, 3)), go.sum((2, 3))
+
+    return [timed(lambda: pe._group_norm(layer, a, go), repeat), timed(xhat, repeat)]
+
+
+def groupnorm(repeat: int) -> None:
+    """dptrain's per-example GroupNorm rule (torch's fused kernels on the batch as one example) against the form it
+    replaced on 2026-11-26 (the normalized input, times the output gradient, summed)."""
+    print(f"{'layer':18s} {'dptrain':>8s} {'xhat':>8s}  (ms)")
+    for name, *shape in GROUPNORM_LAYERS:
+        print(f"{name:18s} " + " ".join(f"{v:8.2f}" for v in groupnorm_row(*shape, repeat)))
+
+
 def gather_times(x: torch.Tensor, b: int, repeat: int, g: torch.Generator) -> tuple[float, float]:
     """(x[idx], x.index_select(0, idx)) in ms, each on fresh random indices."""
     idx = [torch.randint(0, len(x), (b,), generator=g) for _ in range(repeat + 1)]
@@ -144,12 +167,12 @@ def sampling(repeat: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=["conv", "gather", "sampling"])
+    parser.add_argument("what", choices=["conv", "groupnorm", "gather", "sampling"])
     parser.add_argument("--repeat", type=int, default=None, help="repeats per timing (default: 10 conv, 1000 others)")
     args = parser.parse_args(argv)
     keep_freed_memory()
-    repeat = args.repeat or (10 if args.what == "conv" else 1000)
-    {"conv": conv, "gather": gather, "sampling": sampling}[args.what](repeat)
+    repeat = args.repeat or {"conv": 10, "groupnorm": 50}.get(args.what, 1000)
+    {"conv": conv, "groupnorm": groupnorm, "gather": gather, "sampling": sampling}[args.what](repeat)
     return 0
 
 

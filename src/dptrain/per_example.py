@@ -336,10 +336,11 @@ def _group_norm(m: nn.GroupNorm, a: torch.Tensor, go: torch.Tensor) -> dict[str,
     """Per-example GroupNorm gradients: weight sum_hw go * xhat and bias sum_hw go for every (example, channel), by
     torch's own fused GroupNorm kernels applied to the batch seen as ONE example of B x C channels in B x G groups.
     GroupNorm normalizes each group of each example on its own, so that view normalizes exactly as the layer did, and
-    its "batch" weight and bias gradients are the per-example ones: two passes over the input instead of four (the
-    normalized input is never written). The weight gradient is formed as torch forms the batch gradient,
-    rstd (sum go a - mean sum go), with the same rounding (for inputs whose mean is large against their spread it
-    cancels as torch's own gradient does; ``tests/test_per_example.py`` bounds it)."""
+    its "batch" weight and bias gradients are the per-example ones: one fused forward (for the means and inverse
+    deviations; its normalized output is dropped) and one fused backward forming both sums, instead of the normalized
+    input, its product with the output gradient and two reductions. The weight gradient is formed as torch forms the
+    batch gradient, rstd (sum go a - mean sum go), with the same rounding (for inputs whose mean is large against
+    their spread it cancels as torch's own gradient does; ``tests/test_per_example.py`` bounds it)."""
     b, c = a.shape[:2]
     hw = a[0, 0].numel()
     groups = b * m.num_groups
