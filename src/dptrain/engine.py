@@ -303,6 +303,9 @@ class PrivateTrainer:
         if bind is not None:  # an update stage that draws secret randomness (ModelMix's mixing weights)
             bind(self.randomness)
         self.report_not_private = bool(report_not_private)
+        #: The noise stage, (sums, std, stream) -> noisy sums; None: :func:`dptrain.noise.add_gaussian_noise`. Only an
+        #: audit's deliberately injected bug replaces it (:mod:`dptrain.auditing.bugs`), never a training run.
+        self.noise_stage: Callable | None = None
         #: The per-example gradient stage: indices of a logical batch -> (gradients, losses) per physical chunk.
         self.per_example: Callable[[torch.Tensor], Iterator[tuple[PerExampleGrads, torch.Tensor]]] = (
             self._tensor_chunks
@@ -570,7 +573,7 @@ class PrivateTrainer:
             if self.non_private:
                 grads = {n: s * scale for n, s in summed.items()}
             else:  # the noisy sums are fresh tensors: scaled in place, in one call
-                grads = add_gaussian_noise(summed, std, self.randomness.stream("noise"))
+                grads = (self.noise_stage or add_gaussian_noise)(summed, std, self.randomness.stream("noise"))
                 torch._foreach_mul_(list(grads.values()), scale)
             for n, p in self.params.items():
                 p.grad = grads[n].to(p.dtype)
