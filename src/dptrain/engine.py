@@ -17,15 +17,15 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_flatten, tree_map
 
-from dptrain import distributed, independence
+from dptrain import distributed, preflight
 from dptrain.accounting import (
     AUTO,
     Ledger,
@@ -37,11 +37,13 @@ from dptrain.accounting import (
     max_releases,
     steps_for_epochs,
 )
-from dptrain.accounting.checks import check_delta
+from dptrain.accounting.checks import check_delta, check_delta_for_size
 from dptrain.accounting.ledger import TRAINING_MECHANISMS, step_facts, training_steps
 from dptrain.batch_selection import REPLACE_ONE_SCHEMES, BatchSampler, make_sampler
-from dptrain.batches import TensorSource, as_source, call_model
+from dptrain.batches import as_source
+from dptrain.buffers import check_buffer_updates
 from dptrain.clipping import Clipping, ClipStats, make_clipping
+from dptrain.devices import resolve_device, to_device
 from dptrain.errors import AccountingError, BudgetExhausted, ConfigError, DataError, NonFiniteError
 from dptrain.interrupts import deferred_signals
 from dptrain.models import check_private_compatible
@@ -70,43 +72,6 @@ class Budget:
 
     epsilon: float
     delta: float
-
-
-#: Memory the materialized per-example gradients of one physical chunk may take by default.
-PER_EXAMPLE_GRADIENT_MEMORY = 256 * 2**20
-
-
-#: Devices a run accepts by name (any torch.device of an available accelerator works too).
-DEVICES = ("cpu", "cuda", "auto")
-
-
-def resolve_device(device) -> torch.device:
-    """``"auto"`` -> cuda when available, else cpu; a name or torch.device -> that device, if this machine has it
-    (a one-line ConfigError otherwise)."""
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = device if isinstance(device, torch.device) else torch.device(device)
-    except (RuntimeError, TypeError):
-        raise ConfigError(f"device must be one of {', '.join(DEVICES)} (or cuda:N), got {device!r}") from None
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ConfigError(f"device {device!r} is not available on this machine (no CUDA GPU); use cpu or auto")
-        if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise ConfigError(f"device {device!r} does not exist: this machine has {torch.cuda.device_count()} GPU(s)")
-    elif dev.type != "cpu":
-        raise ConfigError(f"device must be one of {', '.join(DEVICES)} (or cuda:N), got {device!r}")
-    return dev
-
-
-def to_device(inputs, device: torch.device):
-    """A batch (a tensor or a tuple/list/dict of tensors) on ``device``. (Tensors and pairs of tensors, the common case,
-    without the pytree machinery: it costs more than the copy itself for a small batch on the CPU.)"""
-    if torch.is_tensor(inputs):
-        return inputs.to(device, non_blocking=True)
-    if type(inputs) is tuple and all(torch.is_tensor(t) for t in inputs):
-        return tuple(t.to(device, non_blocking=True) for t in inputs)
-    return tree_map(lambda t: t.to(device, non_blocking=True) if torch.is_tensor(t) else t, inputs)
 
 
 #: Release policies: every iterate is released (DP-SGD), or only the last one (projected noisy SGD).
@@ -152,30 +117,6 @@ def check_noise_schedule(schedule) -> tuple[float, ...] | None:
     if bad is not None:
         raise ConfigError(f"noise_schedule must hold finite numbers > 0, got noise_schedule[{bad}]={values[bad]!r}")
     return values
-
-
-def auto_physical_batch_size(params: dict[str, torch.Tensor], factored: dict[str, int] | None = None) -> int:
-    """Largest chunk whose per-example gradients fit in PER_EXAMPLE_GRADIENT_MEMORY: materialized, except the
-    parameters in ``factored`` (name -> elements one example's factors take, e.g. an Embedding's positions x dim)."""
-    factored = factored or {}
-    per_example = sum(
-        (factored[n] if n in factored else p.numel()) * p.element_size() for n, p in params.items()
-    )
-    return max(1, PER_EXAMPLE_GRADIENT_MEMORY // max(1, per_example))
-
-
-def _factored_sizes(model: nn.Module, params: dict[str, torch.Tensor], example) -> dict[str, int]:
-    """Elements per example of the Embedding gradients the layerwise backend keeps factored: positions x (dim + 1 +
-    positions) (the output gradients, the ids, the Gram matrix of the norm), the
-    positions being the largest integer input of one example (its token ids)."""
-    ids = [t.numel() for t in tree_flatten(example)[0] if torch.is_tensor(t) and not t.dtype.is_floating_point]
-    positions = max(ids, default=1)
-    out = {}
-    for prefix, m in model.named_modules():
-        name = f"{prefix}.weight" if prefix else "weight"
-        if type(m) is nn.Embedding and name in params:
-            out[name] = positions * (m.embedding_dim + 1 + positions)  # (and its Gram matrix, for the norm)
-    return out
 
 
 def _all_finite(tensors) -> bool:
@@ -247,6 +188,7 @@ class PrivateTrainer:
         release_facts: dict | None = None,
         release: str = "every_iterate",
         label_key: str = "labels",
+        buffer_updates: str = "refuse",
         device="auto",
         group=None,
         noise_schedule=None,
@@ -283,20 +225,18 @@ class PrivateTrainer:
             make_grad_sampler(model, loss_fn, grad_sampler) if isinstance(grad_sampler, str) else grad_sampler
         )
         self.params = trainable_parameters(model)
+        preflight.check_trainable(self.params)
         self._check_optimizer()
-        self._check_labels()
+        preflight.check_labels(model, self.data, loss_fn, self.device, own_backend=isinstance(grad_sampler, str))
+        check_delta_for_size(self.delta, len(self.data), "delta")
+        if budget is not None:
+            check_delta_for_size(budget.delta, len(self.data), "budget delta")
         self.independence_checked = bool(check_independence)
-        if check_independence:
-            independence.check_independence(model, self.grad_sampler, *to_device(self.data.example(), self.device))
-        # Automatic chunks count an Embedding's gradients as factored only once the backend is known to keep them so:
-        # the independence check's pass has settled the automatic backend (a switch to torch.func, which
-        # materializes them, happens at its first pass). Without that check, or on torch.func, all are materialized.
-        settled = self.independence_checked and getattr(self.grad_sampler, "name", "").startswith("layerwise")
-        self.max_physical_batch_size = int(
-            max_physical_batch_size
-            or auto_physical_batch_size(
-                self.params, _factored_sizes(model, self.params, self.data.example()[0]) if settled else None
-            )
+        #: Buffers a training-mode forward writes from the batch, kept only with buffer_updates="not_private" (the run
+        #: is then labelled not private: they are released unnoised with the model).
+        self.not_private_buffers: list[str] = []
+        self.max_physical_batch_size, self.not_private_buffers = preflight.probe_model(
+            self, max_physical_batch_size, self.independence_checked, check_buffer_updates(buffer_updates)
         )
         self.randomness = randomness if randomness is not None else Randomness(seed, secure=secure_noise)
         bind = getattr(optimizer, "bind_randomness", None)
@@ -319,6 +259,7 @@ class PrivateTrainer:
         self.release_facts = release_facts
         neighboring = "replace_one" if self.sampler.scheme in REPLACE_ONE_SCHEMES else "add_or_remove_one"
         self.ledger = ledger if ledger is not None else Ledger(neighboring=neighboring)
+        self.ledger.private = self.private
         self.steps = training_steps(self.ledger)
         self._allowed_steps: int | None = None
         #: The noise schedule's shape (None: constant noise): step t (from 0) adds noise of multiplier
@@ -366,30 +307,6 @@ class PrivateTrainer:
         if missing:
             raise ConfigError(
                 f"the optimizer does not hold these trainable parameters of the model: {missing[:3]}"
-            )
-
-    def _check_labels(self) -> None:
-        """With the default cross-entropy loss, labels must index the model's outputs (a one-line DataError, not a
-        raw IndexError in the middle of a step). The model is run on one all-zero input: no private example."""
-        if not isinstance(self.data, TensorSource):  # a Dataset: labels are read batch by batch, never all at once
-            return
-        y = self.data.labels
-        if self.loss_fn is not cross_entropy_per_example or y.dtype.is_floating_point or not len(y):
-            return
-        inputs, _ = to_device(self.data.example(), self.device)
-        with torch.no_grad(), torch.random.fork_rng(devices=[]):
-            was_training = self.model.training
-            self.model.eval()
-            outputs = call_model(self.model, tree_map(torch.zeros_like, inputs))
-            self.model.train(was_training)
-        if not torch.is_tensor(outputs) or outputs.dim() != 2 or y.dim() != 1:
-            return
-        k = outputs.shape[1]
-        low, high = int(y.min()), int(y.max())
-        if low < 0 or high >= k:
-            raise DataError(
-                f"labels must be class indices in [0, {k}) for a model with {k} outputs; the training labels range "
-                f"from {low} to {high}"
             )
 
     # -- the run's numbers --------------------------------------------------------------------------------
@@ -526,12 +443,36 @@ class PrivateTrainer:
             self._allowed_steps = self.steps + more
         return self._allowed_steps
 
+    @property
+    def not_private_reasons(self) -> list[str]:
+        """Why this run is not private whatever its epsilon (empty for a private run): seeded randomness (the noise can
+        be recomputed), buffers written from private batches (released unnoised)."""
+        reasons = []
+        if self.randomness.seeded:
+            reasons.append("seeded randomness: the noise and the batches can be recomputed from the seed")
+        if self.not_private_buffers:
+            reasons.append(
+                f"buffers written from private batches are released unnoised ({', '.join(self.not_private_buffers)})"
+            )
+        return reasons
+
+    @property
+    def private(self) -> bool:
+        return not self.not_private_reasons
+
     def epsilon(self, delta: float | None = None, accountant: str | None = None) -> PrivacyReport:
-        """Privacy spent so far (epsilon at ``delta``), from the ledger."""
+        """Privacy spent so far (epsilon at ``delta``), from the ledger. For a run that is not private (seeded, or with
+        buffers written from private batches) the report is marked not certified: its epsilon is what the run would
+        certify with secret randomness and nothing released outside the ledger."""
         if self.non_private:
             raise AccountingError("a non_private baseline released its gradients without noise: it has no epsilon")
-        delta = self.delta if delta is None else delta
-        return epsilon(self.ledger, delta, accountant or self.accountant)
+        delta = self.delta if delta is None else check_delta_for_size(delta, len(self.data), "delta")
+        report = epsilon(self.ledger, delta, accountant or self.accountant)
+        reasons = self.not_private_reasons
+        if not reasons:
+            return report
+        note = "NOT private: " + "; ".join(reasons)
+        return dataclasses.replace(report, certified=False, details={**report.details, "private": False, "note": note})
 
     # -- training -----------------------------------------------------------------------------------------
     def step(self) -> StepResult:
@@ -634,14 +575,8 @@ class PrivateTrainer:
     def _tensor_chunks(self, idx: torch.Tensor):
         for chunk in idx.split(self.max_physical_batch_size) if len(idx) else ():
             inputs, labels = to_device(self.data.batch(chunk), self.device)
-            try:
+            with preflight.loss_errors_named():
                 yield self.grad_sampler(inputs, labels)
-            except IndexError as e:  # e.g. a label out of range for the model's outputs (a Dataset's labels are
-                # only seen batch by batch, so the up-front label check cannot cover them)
-                raise DataError(
-                    f"the loss function failed on a batch of training examples ({' '.join(str(e).split())[:160]}); "
-                    "check that the labels index the model's outputs"
-                ) from None
 
     def _clipped_sum(self, idx: torch.Tensor):
         if self.group is None:
@@ -743,6 +678,7 @@ class PrivateTrainer:
         torch.set_rng_state(state["torch_rng"])
         if self.device.type == "cuda" and "cuda_rng" in state:
             torch.cuda.set_rng_state(state["cuda_rng"], self.device)
+        ledger.private = self.private
         self.ledger, self.steps = ledger, steps
         self._allowed_steps = None
 
@@ -780,6 +716,15 @@ class PrivateTrainer:
         self.grad_sampler.close()
 
 
+def _check_options(options: dict, function: str, taken: tuple[str, ...]) -> None:
+    """A one-line ConfigError for an option ``function`` does not take (instead of Python's TypeError)."""
+    fixed = ("self", "model", "optimizer", "data", *taken)
+    accepted = [p for p in inspect.signature(PrivateTrainer.__init__).parameters if p not in fixed]
+    unknown = sorted(k for k in options if k not in accepted)
+    if unknown:
+        raise ConfigError(f"{function}() takes no option {unknown[0]!r}; its options: {', '.join(accepted)}")
+
+
 def make_private(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -804,6 +749,7 @@ def make_private(
     NOT private), non_private (a baseline for experiments: the same sampling, clipping and optimizer with
     noise_multiplier=0, nothing recorded in the ledger, no epsilon: NOT private).
     """
+    _check_options(options, "make_private", ("noise_multiplier", "max_grad_norm", "batch_size"))
     trainer = PrivateTrainer(
         model,
         optimizer,
@@ -849,6 +795,9 @@ def make_private_with_epsilon(
     With ``noise_schedule`` (a shape s_t, or a :class:`dptrain.schedules.kinds.Schedule`) the noise multiplier is
     the schedule's scale c (sigma_t = c s_t), calibrated by :func:`dptrain.schedules.scale.calibrate_scale`;
     ``schedule_calibration="zcdp"`` calibrates it as the paper does (sum_t 1/(2 sigma_t^2) = rho)."""
+    _check_options(
+        options, "make_private_with_epsilon", ("noise_multiplier", "max_grad_norm", "batch_size", "delta", "accountant")
+    )
     trainer = PrivateTrainer(
         model,
         optimizer,

@@ -14,6 +14,18 @@ def check_delta(delta: float, key: str = "delta") -> float:
     return float(delta)
 
 
+def check_delta_for_size(delta: float, n: int, key: str = "delta") -> float:
+    """delta < 1/n for a data set of n examples: a mechanism that releases one example, chosen at random, whole is
+    (0, 1/n)-DP, so a delta of 1/n or more certifies nothing about any one person."""
+    delta = check_delta(delta, key)
+    if n >= 1 and delta * n >= 1:
+        raise AccountingError(
+            f"{key} must be below 1/n = {1 / n:.3g} for a data set of n = {n} examples, got {delta:g}: releasing one "
+            "random example whole is (0, 1/n)-DP, so such a delta certifies nothing (1/n^2 or smaller is usual)"
+        )
+    return delta
+
+
 def check_noise_multiplier(value: float, key: str = "noise multiplier") -> float:
     """The one rule for a Gaussian release's noise multiplier, checked at every edge (config, CLI, Python API,
     ledger): a finite number > 0. Zero would release the gradient itself, which no accountant certifies."""

@@ -116,6 +116,11 @@ class Ledger:
 
     entries: list[LedgerEntry] = field(default_factory=list)
     neighboring: str = "add_or_remove_one"
+    #: False when the run that recorded it is not private whatever its epsilon: its randomness was seeded (the noise
+    #: can be recomputed) or it released something no event covers (a buffer written from private batches). The
+    #: accountants still price the events (what the run would certify with secret randomness); whoever reports the
+    #: epsilon must say it is not a certificate.
+    private: bool = True
 
     def __post_init__(self) -> None:
         if self.neighboring not in NEIGHBORING:
@@ -145,7 +150,11 @@ class Ledger:
 
     def is_prefix_of(self, other: Ledger) -> bool:
         """True when ``other`` is this ledger followed by zero or more further releases."""
-        if self.neighboring != other.neighboring or len(self.entries) > len(other.entries):
+        if (
+            self.neighboring != other.neighboring
+            or self.private != other.private
+            or len(self.entries) > len(other.entries)
+        ):
             return False
         for i, (mine, theirs) in enumerate(zip(self.entries, other.entries, strict=False)):
             if mine.event != theirs.event or mine.facts != theirs.facts:
@@ -156,7 +165,9 @@ class Ledger:
         return True
 
     def copy(self) -> Ledger:
-        return Ledger([LedgerEntry(e.event, e.count, dict(e.facts)) for e in self.entries], self.neighboring)
+        return Ledger(
+            [LedgerEntry(e.event, e.count, dict(e.facts)) for e in self.entries], self.neighboring, self.private
+        )
 
     # -- reading --
     @property
@@ -180,6 +191,7 @@ class Ledger:
     def to_dict(self) -> dict[str, Any]:
         return {
             "format": LEDGER_FORMAT,
+            "private": self.private,
             "neighboring": self.neighboring,
             "releases": self.releases,
             "entries": [e.to_dict() for e in self.entries],
@@ -189,8 +201,11 @@ class Ledger:
     def from_dict(cls, data: dict[str, Any]) -> Ledger:
         if not isinstance(data, dict) or data.get("format") != LEDGER_FORMAT:
             raise ValueError(f"not a {LEDGER_FORMAT} ledger")
+        private = data.get("private", True)
+        if not isinstance(private, bool):
+            raise ValueError(f"ledger's private must be true or false, got {private!r}")
         return cls(
-            [LedgerEntry.from_dict(e) for e in data["entries"]], data.get("neighboring", "add_or_remove_one")
+            [LedgerEntry.from_dict(e) for e in data["entries"]], data.get("neighboring", "add_or_remove_one"), private
         )
 
     def save(self, path: str | os.PathLike) -> None:

@@ -497,10 +497,13 @@ def _train_nonprivate(train, test, batch: int, epochs: int, eta0: float, seed: i
 
 
 def _epsilons(trainer, n: int) -> dict[str, Any]:
+    """The run's ledger priced at the paper's delta = 1/N. (A training run refuses delta >= 1/n: releasing one random
+    example whole is (0, 1/n)-DP. The reproduction prices the ledger at the paper's delta to compare with its
+    numbers.)"""
     out: dict[str, Any] = {}
     for name in ("proactive", "pld"):
         try:
-            out[name] = trainer.epsilon(1 / n, name).epsilon
+            out[name] = epsilon(trainer.ledger, 1 / n, name).epsilon
         except AccountingError as e:
             out[name] = None
             out[f"{name}_refusal"] = str(e)
