@@ -31,6 +31,7 @@ seed = 1
 [data]
 name = "synthetic"
 options = { n = 300, dim = 8, num_classes = 2, separation = 3.0 }
+test_is_public = true  # generated data: its test split is public
 [model]
 name = "logistic"
 [privacy]

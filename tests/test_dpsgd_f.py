@@ -339,6 +339,7 @@ def _cfg(*extra):
         [
             'data.name="synthetic"',
             "data.options={n = 2000, dim = 10, num_classes = 3, separation = 3.0}",
+            "data.test_is_public=true",  # generated data: its test split is public
             'model.name="logistic"',
             "privacy.target_epsilon=2.0",
             "training.epochs=3",
@@ -358,7 +359,8 @@ def test_train_private_mean_run_and_resume(tmp_path):
         'privacy.accountant="rdp"',
     )
     whole = run_training(cfg, tmp_path / "whole", progress=False)
-    assert whole["epsilon"] <= 2.0 and whole["certified"]
+    assert whole["epsilon"] <= 2.0 and whole["accountants"]["rdp"]["certified"]
+    assert not whole["certified"] and whole["private"] is False  # seeded: not private, whatever its epsilon
     assert whole["test_accuracy_raw_model"] == pytest.approx(whole["test_accuracy"])
     assert whole["preprocessing"]["kind"] == "private_mean"
     saved = torch.load(tmp_path / "whole" / "model.pt", weights_only=True)

@@ -23,6 +23,7 @@ from typing import Any
 from dptrain.accounting.base import check_accountant
 from dptrain.accounting.checks import check_noise_multiplier
 from dptrain.batch_selection import SAMPLING_NAMES
+from dptrain.buffers import BUFFER_UPDATES
 from dptrain.clipping import CLIPPING_NAMES
 from dptrain.data import DATASET_NAMES
 from dptrain.errors import ConfigError
@@ -37,6 +38,10 @@ class DataConfig:
     options: dict = field(default_factory=dict)  # loader options (test_fraction, n, dim, num_classes, ...)
     classes: list | None = None  # keep only these labels, relabelled 0..k-1 in this order (e.g. [2, 4])
     seed: int = 0  # train/test split and synthetic data: public, NOT the privacy randomness
+    #: whether the evaluation data is public, so that its metrics may be written as shareable outputs; default: true
+    #: only where the test set is a separate file (fashion-mnist, an .npz with x_test), false where it is split off
+    #: the private training examples (then test metrics are written only with training.log_not_private, labelled)
+    test_is_public: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -72,6 +77,9 @@ class TrainingConfig:
     grad_sampler: str = "auto"
     eval_every: int | None = None  # steps between evaluations/checkpoints; default: once per epoch
     log_not_private: bool = False  # write the training loss and clip statistics (NOT private) to metrics.jsonl
+    #: buffers a training-mode forward writes from the batch: refuse the model, or not_private (train; the run is
+    #: labelled not private, the buffers being released unnoised)
+    buffer_updates: str = "refuse"
     algorithm: str = "dpsgd"  # dpsgd, or an algorithm a package registers (projected_noisy_sgd: [convex])
     update: str = "optimizer"  # optimizer (training.optimizer), or an update rule a package registers (modelmix)
     device: str = "auto"  # cpu | cuda | cuda:N | auto (cuda when this machine has a GPU, else cpu)
@@ -399,6 +407,8 @@ def _validate_dpsgd(cfg: RunConfig) -> None:
     )
     if t.eval_every is not None:
         need(t.eval_every >= 1, "training.eval_every", "an integer >= 1", t.eval_every)
+    need(t.buffer_updates in BUFFER_UPDATES, "training.buffer_updates", f"one of {', '.join(BUFFER_UPDATES)}",
+         t.buffer_updates)
 
 
 register_algorithm(
@@ -433,6 +443,40 @@ def config_to_toml(cfg: RunConfig) -> str:
             if v is not None:  # None is TOML's absence; the default is None for every optional key
                 lines.append(f"{f.name} = {_toml_value(v)}")
     return "\n".join(lines) + "\n"
+
+
+def config_keys(cfg: RunConfig) -> dict[str, Any]:
+    """Every key of a config as a dotted name -> value (tables such as ``data.options`` flattened too), for comparing
+    two configs key by key."""
+    out: dict[str, Any] = {"seed": cfg.seed}
+
+    def put(prefix: str, value: Any) -> None:
+        if isinstance(value, dict) and value:
+            for k, v in value.items():
+                put(f"{prefix}.{k}", v)
+        else:
+            out[prefix] = value
+
+    for name in (*CORE_SECTIONS, *SECTIONS):
+        section = getattr(cfg, name)
+        for f in dataclasses.fields(section):
+            put(f"{name}.{f.name}", getattr(section, f.name))
+    return out
+
+
+def changed_keys(before: RunConfig, after: RunConfig) -> list[str]:
+    """The dotted keys whose values differ between two configs (a key present in one only counts as changed)."""
+    a, b = config_keys(before), config_keys(after)
+    return sorted(k for k in a.keys() | b.keys() if k not in a or k not in b or a[k] != b[k])
+
+
+def config_from_toml(text: str) -> RunConfig:
+    """A config from TOML text (e.g. the copy a run keeps of the config it started with)."""
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"config is not valid TOML: {e}") from None
+    return config_from_dict(raw)
 
 
 def _register_packages() -> None:

@@ -14,6 +14,8 @@ boundary and stop, and ``resume=True`` continues into the same run an uninterrup
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import importlib
 import math
 import sys
@@ -29,7 +31,15 @@ from torch import nn
 from dptrain import distributed
 from dptrain.accounting import AUTO, Ledger, RunNumbers, all_reports, tightest
 from dptrain.accounting.ledger import training_steps
-from dptrain.config import ALGORITHMS, SECTIONS, RunConfig, config_to_toml, load_config
+from dptrain.config import (
+    ALGORITHMS,
+    SECTIONS,
+    RunConfig,
+    changed_keys,
+    config_from_toml,
+    config_to_toml,
+    load_config,
+)
 from dptrain.data import DataSplit, load_dataset, select_classes
 from dptrain.engine import (
     Budget,
@@ -39,7 +49,7 @@ from dptrain.engine import (
     make_private,
     make_private_with_epsilon,
 )
-from dptrain.errors import AccountingError, ConfigError
+from dptrain.errors import AccountingError, ConfigError, DataError, RunDirectoryError
 from dptrain.interrupts import Terminated, deferred_signals, terminate_as_exception
 from dptrain.models import build_model
 from dptrain.randomness import SEEDED_WARNING, Randomness
@@ -71,6 +81,11 @@ class Job:
     #: files a stage released before training (written once, read back on resume): name -> JSON-able
     released: dict[str, Any] = field(default_factory=dict)
     description: str = ""  # the model, for the report
+    #: whether the test set may be treated as public (data.test_is_public, default: a separate test file); if not,
+    #: its metrics are written only labelled not private, and only with training.log_not_private
+    test_is_public: bool = True
+    #: the config the run started with, as TOML: kept in every checkpoint; a resume may not change it
+    frozen_config: str = ""
 
 
 @dataclass
@@ -162,7 +177,11 @@ def build_job(
     (sigma is read from it), ``accountant`` the one that certified the run, ``resumed`` the stages' released
     files. ``data`` replaces the config's data (e.g. an audit's training set with canaries). Writes nothing."""
     builder = resolve(ALGORITHMS[cfg.training.algorithm].build)
-    return builder(cfg, randomness, ledger=ledger, accountant=accountant, resumed=resumed or {}, data=data)
+    job = builder(cfg, randomness, ledger=ledger, accountant=accountant, resumed=resumed or {}, data=data)
+    public = cfg.data.test_is_public
+    job.test_is_public = job.data.separate_test if public is None else public
+    job.frozen_config = config_to_toml(cfg)
+    return job
 
 
 def build_dpsgd_job(
@@ -200,6 +219,7 @@ def build_dpsgd_job(
         grad_sampler=t.grad_sampler,
         randomness=randomness,
         report_not_private=t.log_not_private,
+        buffer_updates=t.buffer_updates,
         device=t.device,
     )
     # The run's numbers, computed once here: steps from epochs, the batch-size schedule (growing batches: Proactive
@@ -332,18 +352,34 @@ def run_training(
     plan: dict | None = None,
 ) -> dict:
     """Run (or resume) a job; returns the summary. ``stop_after`` ends this invocation after that many steps with a
-    checkpoint (for time-sliced jobs); ``resume`` continues the run stored in ``out``; ``plan`` (from ``dptrain
+    checkpoint (for time-sliced jobs); ``resume`` continues the run stored in ``out`` with the config it started with
+    (:func:`resumed_config`: a resume may not change what the run releases or certifies); ``plan`` (from ``dptrain
     plan``) is checked against the data (its guarantee holds only for the data set size it was made for) and
     recorded in the run directory."""
     rd = RunDirectory(out)
     group = distributed.from_environment(cfg.training.device if cfg is not None else "auto")
-    if group is not None and not group.main:  # rank 0 alone writes the run directory
+    main = group is None or group.main
+    if not main:  # rank 0 alone writes the run directory
         rd, progress = distributed.FollowerDirectory(rd), False
     if resume:
-        return _resume(rd, progress, stop_after)
+        return _resume(rd, progress, stop_after, main)
     if cfg is None:
         raise ConfigError("a config is needed to start a run")
     rd.refuse_if_holding()  # early, before the work of building the job
+    return _start(cfg, rd, progress, stop_after, plan, main)
+
+
+def _start(
+    cfg: RunConfig,
+    rd: RunDirectory,
+    progress: bool,
+    stop_after: int | None,
+    plan: dict | None,
+    main: bool,
+    holding_lock: bool = False,
+) -> dict:
+    """A new run in ``rd``: the job, then (holding the lock) a checkpoint at step 0 before any other file, so that the
+    directory is resumable from its first moment, then the config and the stages' released files, then training."""
     start = time.perf_counter()
     job = build_job(cfg, run_randomness(cfg))
     if plan is not None and int(plan.get("dataset_size", -1)) != len(job.data.train):
@@ -351,9 +387,16 @@ def run_training(
             f"the plan was made for a data set of {plan.get('dataset_size')} examples, but the training set has "
             f"{len(job.data.train)}; plan again with --dataset-size {len(job.data.train)}"
         )
-    with rd.locked(create=True):
+    with contextlib.nullcontext(rd) if holding_lock else rd.locked(create=True):
         rd.refuse_if_holding()  # authoritative: under the lock
-        rd.write_text(CONFIG, config_to_toml(cfg))
+        if main and rd.discard_unreleased():
+            print(
+                f"dptrain: {rd.path} held a run that stopped before its first step (nothing was released); "
+                "starting afresh",
+                file=sys.stderr,
+            )
+        _checkpoint(rd, job, 0.0)
+        rd.write_text(CONFIG, job.frozen_config)
         _announce_seed(cfg)
         if plan is not None:
             rd.write_json(PLAN, plan)
@@ -362,9 +405,16 @@ def run_training(
         return _train(job, rd, progress, stop_after, elapsed=0.0, start=start)
 
 
-def _resume(rd: RunDirectory, progress: bool, stop_after: int | None) -> dict:
+def _resume(rd: RunDirectory, progress: bool, stop_after: int | None, main: bool) -> dict:
     with rd.locked():
-        cfg = load_config(rd / CONFIG)
+        if not rd.checkpoint.exists() and not rd.released_anything():
+            if not (rd / CONFIG).exists():
+                raise RunDirectoryError(
+                    f"{rd.path} holds no run to resume; start one there with dptrain train --config FILE --out {rd.path}"
+                )
+            # Stopped before its first checkpoint (by an older dptrain, or killed within its first moments): nothing
+            # was released, so the run starts afresh from its config, as a run of 0 steps would continue.
+            return _start(load_config(rd / CONFIG), rd, progress, stop_after, rd.read_json(PLAN), main, True)
         previous = rd.read_json(SUMMARY)
         if previous is not None and previous.get("finished"):
             print(
@@ -375,9 +425,10 @@ def _resume(rd: RunDirectory, progress: bool, stop_after: int | None) -> dict:
             return previous
         start = time.perf_counter()
         state = rd.load_checkpoint()
+        cfg, changed = resumed_config(rd, state)
         ledger = Ledger.from_dict(state["ledger"])
         rd.check_ledger_copy(ledger)
-        resumed = {name: rd.read_json(name) for name in state.get("released", [])}
+        resumed = _released_files(rd, state)
         job = build_job(
             cfg,
             run_randomness(cfg),
@@ -385,9 +436,91 @@ def _resume(rd: RunDirectory, progress: bool, stop_after: int | None) -> dict:
             accountant=state["accountant"],
             resumed=resumed,
         )
+        _check_step_change(job, changed)
+        if "config" in state:
+            job.frozen_config = state["config"]  # (the config the run started with stays the reference)
         job.trainer.load_state_dict(state)
         rd.truncate_metrics(job.trainer.steps)
         return _train(job, rd, progress, stop_after, elapsed=float(state.get("elapsed_s", 0.0)), start=start)
+
+
+#: Config keys a resume may change: they cannot change what the run releases or certifies (how often the public test
+#: set is evaluated, how a logical batch is cut into physical chunks) or, for the step count, only within the budget
+#: the run started with (:func:`_check_step_change`).
+RESUME_MAY_CHANGE = ("training.eval_every", "training.max_physical_batch_size", "training.epochs", "training.steps")
+STEP_KEYS = ("training.epochs", "training.steps")
+
+
+def frozen_config(state: dict) -> RunConfig | None:
+    """The config a checkpoint's run started with (None for a checkpoint written before dptrain kept it); its hash is
+    checked, so a damaged copy is refused rather than trusted."""
+    text = state.get("config")
+    if text is None:
+        return None
+    if not isinstance(text, str) or hashlib.sha256(text.encode()).hexdigest() != state.get("config_sha256"):
+        raise DataError("the checkpoint's copy of the run's config does not match its hash: the checkpoint is damaged")
+    return config_from_toml(text)
+
+
+def resumed_config(rd: RunDirectory, state: dict) -> tuple[RunConfig, list[str]]:
+    """The config a resume runs with, and the keys it changed: ``config.toml`` as it is now, which may differ from the
+    config the run started with (kept in the checkpoint) only in :data:`RESUME_MAY_CHANGE`; any other change is
+    refused with one line listing the changed keys. A deleted ``config.toml`` is written back from the checkpoint."""
+    path = rd / CONFIG
+    frozen = frozen_config(state)
+    if frozen is None:  # a checkpoint from before configs were frozen: config.toml is all there is
+        return load_config(path), []
+    if not path.exists():
+        rd.write_text(CONFIG, state["config"])
+        return frozen, []
+    try:
+        now = load_config(path)
+    except ConfigError as e:
+        raise ConfigError(
+            f"{path} was edited since the run started and is no longer valid ({e}); restore it (the run's config is "
+            "kept in its checkpoint) to resume"
+        ) from None
+    changed = changed_keys(frozen, now)
+    refused = [k for k in changed if k not in RESUME_MAY_CHANGE]
+    if refused:
+        raise ConfigError(
+            f"{path} changed since the run started ({', '.join(refused)}): a resume may not change what the run "
+            f"releases or certifies; restore {'that key' if len(refused) == 1 else 'those keys'} or start a new run "
+            f"(a resume may change only {', '.join(RESUME_MAY_CHANGE)})"
+        )
+    return now, changed
+
+
+def _check_step_change(job: Job, changed: list[str]) -> None:
+    """More (or fewer) steps on resume only within the budget the run started with: a target epsilon the trainer
+    enforces, with a constant noise multiplier (a noise schedule or a batch-size schedule is planned for its length)."""
+    if not any(k in STEP_KEYS for k in changed):
+        return
+    t = job.trainer
+    if t.budget is None or t.noise_schedule is not None or t.noise_controller is not None or t.sampler.max_steps:
+        raise ConfigError(
+            "training.epochs/training.steps may change on resume only for a run with a privacy budget "
+            "(privacy.target_epsilon) and a constant noise multiplier: here it would change what the run certifies; "
+            "restore them or start a new run"
+        )
+
+
+def _released_files(rd: RunDirectory, state: dict) -> dict[str, Any]:
+    """What the run's stages released before training (a private mean, ...), as the checkpoint keeps it: a file lost
+    in a crash before it was written is written back; a file that differs from the checkpoint's copy was edited."""
+    kept = state.get("released_content")
+    if kept is None:  # an older checkpoint: the files are the only copy
+        return {name: rd.read_json(name) for name in state.get("released", [])}
+    for name, content in kept.items():
+        on_disk = rd.read_json(name)
+        if on_disk is None and not (rd / name).exists():
+            rd.write_json(name, content)
+        elif on_disk != content:
+            raise DataError(
+                f"{rd / name} does not match the run's checkpoint (edited, or from another run): restore or delete it "
+                "to resume"
+            )
+    return dict(kept)
 
 
 def _train(job: Job, rd: RunDirectory, progress: bool, stop_after: int | None, elapsed: float, start: float):
@@ -445,36 +578,68 @@ def _train(job: Job, rd: RunDirectory, progress: bool, stop_after: int | None, e
             summary.update(job.save_model(rd))
             for extra in job.extras:
                 summary.update(extra())
+        _label_test_metrics(job, summary, final)
         rd.write_json(SUMMARY, summary)
     trainer.close()
     return summary
 
 
+def _label_test_metrics(job: Job, summary: dict, final: dict | None) -> None:
+    """A test split cut from the private data is not public: every test metric of the summary (``test_accuracy*``,
+    the stages' ones included) moves under ``not_private`` with training.log_not_private, and is dropped without it."""
+    if job.test_is_public:
+        return
+    metrics = {k: summary.pop(k) for k in [k for k in summary if k.startswith("test_accuracy")]}
+    if final is not None:
+        metrics["test_accuracy"] = final["row"].get("not_private", {}).get("test_accuracy")
+    summary["test_accuracy"] = None
+    kept = {k: v for k, v in metrics.items() if v is not None}
+    if job.cfg.training.log_not_private and kept:
+        summary["not_private"] = kept
+
+
 def _checkpoint(rd: RunDirectory, job: Job, wall: float) -> None:
-    state = {**job.trainer.state_dict(), "elapsed_s": wall, "released": sorted(job.released)}
+    state = {
+        **job.trainer.state_dict(),
+        "elapsed_s": wall,
+        "released": sorted(job.released),
+        "released_content": job.released,
+        "config": job.frozen_config,
+        "config_sha256": hashlib.sha256(job.frozen_config.encode()).hexdigest(),
+    }
     rd.save_checkpoint(state, job.trainer.ledger)
 
 
 def _evaluate_and_log(rd: RunDirectory, job: Job, result: StepResult | None) -> dict:
+    """Evaluate the released model, append a metrics row, and return {row, report, accuracy}. The test accuracy is
+    written as a shareable metric only when the test set is public (``job.test_is_public``); a test split cut from the
+    private training examples is evaluated only with training.log_not_private, under the ``not_private`` key."""
     t = job.trainer
     report = t.epsilon()
     row = {
         "step": t.steps,
         "epoch": t.expected_epochs,
-        "test_accuracy": job.evaluate(),
         "epsilon": report.epsilon,
         "delta": report.delta,
+        "private": t.private,  # False: seeded, or buffers released unnoised (summary.json says why)
     }
-    if result is not None and result.not_private is not None:
-        row["not_private"] = result.not_private  # asked for by training.log_not_private; labelled
+    not_private = dict(result.not_private) if result is not None and result.not_private is not None else {}
+    accuracy = None
+    if job.test_is_public:
+        accuracy = row["test_accuracy"] = job.evaluate()
+    elif job.cfg.training.log_not_private:
+        not_private["test_accuracy"] = job.evaluate()  # a split of the private data: labelled
+    if not_private:
+        row["not_private"] = not_private  # asked for by training.log_not_private; labelled
     rd.append_metrics(row)
-    if result is not None:  # the published evaluation drives adaptive noise, if any (held-out data: public)
-        t.observe_validation(row["test_accuracy"])
-    return {"row": row, "report": report}
+    if result is not None and accuracy is not None:  # adaptive noise reads the published evaluation (public data)
+        t.observe_validation(accuracy)
+    return {"row": row, "report": report, "accuracy": accuracy}
 
 
 def accountant_table(ledger: Ledger, delta: float) -> dict:
-    """Every accountant's answer for the run's ledger: {name: {epsilon, certified} or {refused: why}}."""
+    """Every accountant's answer for the run's ledger: {name: {epsilon, certified} or {refused: why}} (``certified``:
+    a proven bound on the recorded mechanism; whether the run is private at all is the summary's ``private``)."""
     reports, refusals = all_reports(ledger, delta)
     table = {k: {"epsilon": r.epsilon, "certified": r.certified} for k, r in reports.items()}
     table.update({k: {"refused": why} for k, why in refusals.items()})
@@ -490,9 +655,12 @@ def _summary(job: Job, rd: RunDirectory, final: dict | None, wall: float, finish
         "delta": report.delta,
         "accountant": report.accountant,
         "certified": report.certified,
+        "private": t.private,
+        **({"not_private_because": t.not_private_reasons} if not t.private else {}),
         "accountant_choice": "auto: the tightest certified" if cfg.privacy.accountant == AUTO else "config",
         "accountants": accountant_table(t.ledger, report.delta),
-        "test_accuracy": final["row"]["test_accuracy"] if final is not None else None,
+        "test_accuracy": final["accuracy"] if final is not None else None,
+        "test_is_public": job.test_is_public,
         "steps": t.steps,
         "planned_steps": job.total_steps,
         "finished": finished,
@@ -519,19 +687,20 @@ def _summary(job: Job, rd: RunDirectory, final: dict | None, wall: float, finish
 
 def format_report(summary: dict) -> str:
     """The privacy/utility report printed at the end of ``dptrain train``."""
-    cert = "" if summary["certified"] else "  (approximation, not certified)"
+    private = summary.get("private", True)
+    cert = "" if summary["certified"] else "  (approximation, not certified)" if private else "  (NOT private)"
     target = "" if summary["target_epsilon"] is None else f" (target {summary['target_epsilon']:g})"
     others = ", ".join(
         f"{k} {v['epsilon']:.4f}" + ("" if v["certified"] else " (approx.)")
         for k, v in summary.get("accountants", {}).items()
         if "epsilon" in v and k != summary["accountant"]
     )
-    accuracy = summary["test_accuracy"]
     rows = [
         ("privacy", f"epsilon = {summary['epsilon']:.4f}{target} at delta = {summary['delta']:g}{cert}"),
         ("accountant", summary["accountant"] + (f" (others: {others})" if others else "")),
         *([_last_iterate_row(summary)] if "epsilon_last_iterate" in summary else []),
-        ("test accuracy", "not released yet (last iterate only)" if accuracy is None else f"{accuracy:.4f}"),
+        *([("NOT private", "; ".join(summary["not_private_because"]))] if not private else []),
+        ("test accuracy", _accuracy_text(summary)),
         *([_preprocessing_row(summary)] if "preprocessing" in summary else []),
         ("steps", f"{summary['steps']} of {summary['planned_steps']} ({summary['epochs']:.2f} epochs)"),
         (
@@ -558,6 +727,21 @@ def format_report(summary: dict) -> str:
     ]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def _accuracy_text(summary: dict) -> str:
+    accuracy = summary["test_accuracy"]
+    if accuracy is not None:
+        return f"{accuracy:.4f}"
+    if not summary.get("test_is_public", True):
+        logged = summary.get("not_private", {}).get("test_accuracy")
+        if logged is not None:
+            return f"{logged:.4f} (NOT private: the test split is cut from the private training data)"
+        return (
+            "not written: the test split is cut from the private training data (data.test_is_public = true declares "
+            "it public; training.log_not_private = true writes it labelled not private)"
+        )
+    return "not released yet (last iterate only)"
 
 
 def _last_iterate_row(summary: dict) -> tuple[str, str]:
@@ -594,5 +778,7 @@ def _preprocessing_row(summary: dict) -> tuple[str, str]:
         text += f" (eps_F = {pre['eps_f']:g})"
     if pre.get("tau") is not None:
         text += f", tau = {pre['tau']:.4g}"
-    text += f"; model.pt on raw examples: test accuracy {summary['test_accuracy_raw_model']:.4f}"
+    raw = summary.get("test_accuracy_raw_model")
+    if raw is not None:
+        text += f"; model.pt on raw examples: test accuracy {raw:.4f}"
     return "preprocessing", text

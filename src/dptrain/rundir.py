@@ -38,6 +38,8 @@ from dptrain.errors import DataError, RunDirectoryError
 CONFIG, METRICS, LEDGER, SUMMARY, MODEL = "config.toml", "metrics.jsonl", "ledger.json", "summary.json", "model.pt"
 PREPROCESSING, PLAN = "preprocessing.json", "plan.json"
 PRIVATE, CHECKPOINT, LOCK = "private", "checkpoint.pt", ".lock"
+#: Files whose presence means a run released something (its ledger says so for the rest).
+RELEASE_FILES = (SUMMARY, MODEL, METRICS, PREPROCESSING)
 
 #: Permission bits of shareable files: what the user's umask allows (mkstemp alone would make them 0600).
 _UMASK = os.umask(0)
@@ -74,15 +76,47 @@ class RunDirectory:
         return self.path / PRIVATE / CHECKPOINT
 
     def holds_run(self) -> bool:
-        """True once a run has claimed the directory (its config is written first)."""
+        """True once a run has claimed the directory (its checkpoint at step 0 and its config are written first)."""
         return any((self.path / name).exists() for name in (CONFIG, LEDGER, SUMMARY)) or self.checkpoint.exists()
 
+    def released_anything(self) -> bool:
+        """Whether a run in this directory released anything: a released file (summary, model, metrics, a stage's
+        statistics) or a ledger (the checkpoint's or its copy) that records a release. An unreadable ledger or
+        checkpoint counts as a release: only a directory known to hold nothing released may be started afresh."""
+        if any((self.path / name).exists() for name in RELEASE_FILES):
+            return True
+        if (self.path / LEDGER).exists():
+            try:
+                if Ledger.load(self.path / LEDGER).releases:
+                    return True
+            except DataError:
+                return True
+        if self.checkpoint.exists():
+            try:
+                return Ledger.from_dict(self.load_checkpoint()["ledger"]).releases > 0
+            except (DataError, KeyError, ValueError):
+                return True
+        return False
+
     def refuse_if_holding(self) -> None:
-        if self.holds_run():
+        """Refuse a directory that holds a run which released something. A run that released nothing (stopped before
+        its first step: an error at step 1, a signal or kill -9 in its first moments) does not count: a new run may
+        start there afresh (:meth:`discard_unreleased`, under the lock)."""
+        if self.holds_run() and self.released_anything():
             raise RunDirectoryError(
                 f"output directory {self.path} already holds a run; continue it with --resume {self.path} or choose "
                 "another --out"
             )
+
+    def discard_unreleased(self) -> bool:
+        """Remove the files of a run that released nothing (call it holding the lock, after :meth:`refuse_if_holding`);
+        True if there was one."""
+        if not self.holds_run():
+            return False
+        for path in (self.path / CONFIG, self.path / PLAN, self.path / LEDGER, self.checkpoint):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+        return True
 
     # -- the lock -----------------------------------------------------------------------------------------
     @contextlib.contextmanager

@@ -1,0 +1,221 @@
+"""What a resume may change, and run directories that can always be resumed or restarted (each test fails on the
+engine before it): a config edited between --stop-after and --resume used to change the certificate silently, and a
+run stopped before its first checkpoint left a directory that could be neither resumed nor started again."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from dptrain.cli import main
+from dptrain.rundir import CONFIG, PREPROCESSING
+
+TOML = """\
+[data]
+name = "synthetic"
+options = {{ n = 600, dim = 6, num_classes = 2, separation = 3.0 }}
+test_is_public = true
+[model]
+name = "logistic"
+[privacy]
+{privacy}
+delta = 1e-05
+[training]
+epochs = 2.0
+batch_size = 100
+learning_rate = {lr}
+"""
+
+
+def _config(tmp_path, privacy="target_epsilon = 2.0", lr="1.0", name="c.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(TOML.format(privacy=privacy, lr=lr))
+    return path
+
+
+def _cli(capsys, *args):
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _stopped(tmp_path, capsys, privacy="target_epsilon = 2.0") -> Path:
+    out = tmp_path / "run"
+    code, _, _ = _cli(capsys, "train", "--config", str(_config(tmp_path, privacy)), "--out", str(out), "--no-progress",
+                      "--stop-after", "3")
+    assert code == 0
+    return out
+
+
+def _edit(out: Path, old: str, new: str) -> None:
+    text = (out / CONFIG).read_text()
+    assert old in text, text
+    (out / CONFIG).write_text(text.replace(old, new))
+
+
+@pytest.mark.parametrize(
+    "old,new,key",
+    [
+        ("delta = 1e-05", "delta = 0.001", "privacy.delta"),
+        ("target_epsilon = 2.0", "target_epsilon = 20.0", "privacy.target_epsilon"),
+        ("n = 600", "n = 900", "data.options.n"),
+        ("batch_size = 100", "batch_size = 50", "training.batch_size"),
+        ('name = "logistic"', 'name = "mlp"', "model.name"),
+        ("learning_rate = 1.0", "learning_rate = 0.5", "training.learning_rate"),
+    ],
+)
+def test_a_resume_refuses_a_changed_config_listing_the_keys(tmp_path, capsys, old, new, key):
+    out = _stopped(tmp_path, capsys)
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file() and p.name != CONFIG}
+    _edit(out, old, new)
+    code, _, err = _cli(capsys, "train", "--resume", str(out), "--no-progress")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert f"changed since the run started ({key})" in err
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file() and p.name != CONFIG} == before
+
+
+def test_a_changed_noise_multiplier_is_refused_too(tmp_path, capsys):
+    out = _stopped(tmp_path, capsys, privacy="noise_multiplier = 1.0")
+    _edit(out, "noise_multiplier = 1.0", "noise_multiplier = 3.0")
+    code, _, err = _cli(capsys, "train", "--resume", str(out), "--no-progress")
+    assert code == 2 and "(privacy.noise_multiplier)" in err
+
+
+def test_keys_that_change_nothing_released_may_change(tmp_path, capsys):
+    out = _stopped(tmp_path, capsys)
+    _edit(out, "learning_rate = 1.0", "learning_rate = 1.0\neval_every = 2\nmax_physical_batch_size = 7")
+    code, _, err = _cli(capsys, "train", "--resume", str(out), "--no-progress", "--json")
+    assert code == 0, err
+
+
+def test_more_epochs_stay_within_the_budget_the_run_started_with(tmp_path, capsys):
+    import json
+
+    out = _stopped(tmp_path, capsys)
+    _edit(out, "epochs = 2.0", "epochs = 20.0")
+    code, stdout, err = _cli(capsys, "train", "--resume", str(out), "--no-progress", "--json")
+    summary = json.loads(stdout)
+    assert code == 0 and summary["epsilon"] <= 2.0 and summary["steps"] < 20 * 6  # the budget stopped it
+
+
+def test_more_epochs_at_a_fixed_noise_multiplier_are_refused(tmp_path, capsys):
+    out = _stopped(tmp_path, capsys, privacy="noise_multiplier = 1.0")
+    _edit(out, "epochs = 2.0", "epochs = 20.0")
+    code, _, err = _cli(capsys, "train", "--resume", str(out), "--no-progress")
+    assert code == 2 and "may change on resume only for a run with a privacy budget" in err
+
+
+def test_a_deleted_config_is_written_back_and_a_damaged_copy_refused(tmp_path, capsys):
+    out = _stopped(tmp_path, capsys)
+    original = (out / CONFIG).read_text()
+    (out / CONFIG).unlink()
+    code, _, err = _cli(capsys, "train", "--resume", str(out), "--no-progress", "--stop-after", "1")
+    assert code == 0 and (out / CONFIG).read_text() == original
+    state = torch.load(out / "private" / "checkpoint.pt", weights_only=True)
+    state["config"] = state["config"].replace("delta = 1e-05", "delta = 0.001")
+    torch.save(state, out / "private" / "checkpoint.pt")
+    code, _, err = _cli(capsys, "train", "--resume", str(out), "--no-progress")
+    assert code == 2 and "does not match its hash" in err
+
+
+def test_delta_of_one_over_n_or_more_is_refused_by_the_cli(tmp_path, capsys):
+    config = _config(tmp_path)
+    config.write_text(config.read_text().replace("delta = 1e-05", "delta = 0.5"))
+    code, _, err = _cli(capsys, "train", "--config", str(config), "--out", str(tmp_path / "r"), "--no-progress")
+    assert code == 2 and "delta must be below 1/n" in err and not (tmp_path / "r" / "summary.json").exists()
+
+
+# --- a directory with no released step is resumable and restartable --------------------------------------------
+
+
+@pytest.mark.parametrize("lr", ["1e39"])
+def test_a_run_that_fails_at_step_one_can_be_resumed_or_restarted(tmp_path, capsys, lr):
+    out = tmp_path / "run"
+    code, _, err = _cli(capsys, "train", "--config", str(_config(tmp_path, lr=lr)), "--out", str(out), "--no-progress")
+    assert code == 2 and "diverged" in err or "not finite" in err
+    code, _, err = _cli(capsys, "train", "--resume", str(out), "--no-progress")  # resumable: the same error again
+    assert code == 2 and "does not exist" not in err and ("diverged" in err or "not finite" in err)
+    code, _, err = _cli(capsys, "train", "--config", str(_config(tmp_path)), "--out", str(out), "--no-progress")
+    assert code == 0, err  # and restartable, with the config fixed
+
+
+def test_data_that_overflows_at_step_one_leaves_a_restartable_directory(tmp_path, capsys):
+    import numpy as np
+
+    x = np.full((300, 4), 1e30, dtype="float32")
+    np.savez(tmp_path / "big.npz", x=x, y=np.zeros(300, dtype="int64"))
+    config = tmp_path / "big.toml"
+    config.write_text(
+        f'[data]\nname = "npz"\npath = "{tmp_path / "big.npz"}"\noptions = {{ num_classes = 2 }}\n'
+        '[model]\nname = "logistic"\n[privacy]\nnoise_multiplier = 1.0\n[training]\nsteps = 3\nbatch_size = 30\n'
+    )
+    out = tmp_path / "run"
+    code, _, err = _cli(capsys, "train", "--config", str(config), "--out", str(out), "--no-progress")
+    assert code == 2, err
+    code, _, err = _cli(capsys, "train", "--config", str(_config(tmp_path)), "--out", str(out), "--no-progress")
+    assert code == 0, err
+
+
+def test_a_directory_stopped_before_its_first_checkpoint_is_resumable_and_restartable(tmp_path, capsys):
+    # what a run killed between writing its config and its first checkpoint left (or an older dptrain's directory)
+    for mode in ("resume", "restart"):
+        out = tmp_path / mode
+        out.mkdir()
+        (out / ".lock").touch()
+        (out / CONFIG).write_text(_config(tmp_path).read_text())
+        args = ["--resume", str(out)] if mode == "resume" else ["--config", str(_config(tmp_path)), "--out", str(out)]
+        code, _, err = _cli(capsys, "train", *args, "--no-progress")
+        assert code == 0, (mode, err)
+
+
+def test_released_files_lost_before_they_were_written_come_back_from_the_checkpoint(tmp_path, capsys):
+    out = tmp_path / "run"
+    config = _config(tmp_path)
+    config.write_text(
+        config.read_text() + '[preprocessing]\nkind = "private_mean"\nfeature_norm = 1.0\neps_f = 0.1\n'
+    )
+    code, _, err = _cli(capsys, "train", "--config", str(config), "--out", str(out), "--no-progress", "--stop-after", "1")
+    assert code == 0, err
+    released = (out / PREPROCESSING).read_text()
+    (out / PREPROCESSING).unlink()  # a crash between the checkpoint and this file
+    code, _, err = _cli(capsys, "train", "--config", str(config), "--out", str(out), "--no-progress")
+    assert code == 2 and "already holds a run" in err  # the private mean was released: no fresh start
+    code, _, err = _cli(capsys, "train", "--resume", str(out), "--no-progress")
+    assert code == 0 and (out / PREPROCESSING).read_text() == released
+
+
+def _spawn(config: Path, out: Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": ""}
+    return subprocess.Popen(
+        [sys.executable, "-m", "dptrain.cli", "train", "--config", str(config), "--out", str(out), "--no-progress"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, text=True,
+    )
+
+
+@pytest.mark.slow
+def test_kill_9_and_a_signal_in_the_first_moments_leave_a_resumable_or_restartable_directory(tmp_path, capsys):
+    config = _config(tmp_path)
+    config.write_text(config.read_text().replace("epochs = 2.0", "epochs = 400.0"))
+    for i, (sig, when) in enumerate([(signal.SIGKILL, "lock"), (signal.SIGKILL, "checkpoint"), (signal.SIGTERM, "lock")]):
+        out = tmp_path / f"run{i}"
+        proc = _spawn(config, out)
+        target = out / ".lock" if when == "lock" else out / "private" / "checkpoint.pt"
+        deadline = time.monotonic() + 60
+        while not target.exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.001)
+        proc.send_signal(sig)
+        proc.wait(timeout=60)
+        resumed, _, resume_err = _cli(capsys, "train", "--resume", str(out), "--no-progress", "--stop-after", "1")
+        restarted, _, restart_err = _cli(
+            capsys, "train", "--config", str(config), "--out", str(out), "--no-progress", "--stop-after", "1"
+        )
+        # Either the directory held nothing (resume says so, a fresh run starts), or a run of 0 or more steps (resume
+        # continues it; a fresh run is then refused only because a step was released).
+        assert resumed == 0 or "holds no run to resume" in resume_err, (sig, when, resume_err)
+        assert restarted == 0 or "already holds a run" in restart_err, (sig, when, restart_err)
+        assert resumed == 0 or restarted == 0, (sig, when)
