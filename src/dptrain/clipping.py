@@ -8,6 +8,7 @@ refined clipping) are classes with the same two members.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Protocol
@@ -162,6 +163,31 @@ class L2LinfClipping:
             clipped = g * factors.reshape(-1, *([1] * (g.dim() - 1))).to(g.dtype)
             summed[n] = clipped.clamp(-bound, bound).sum(0)
         return summed, ClipStats(len(norms), int(n_clipped), norm_sum, int(dropped))
+
+
+def clipped_sum(chunks, clipping: Clipping, params: dict[str, torch.Tensor], with_loss: bool = False):
+    """The clipping stage over a logical batch: (sum of clipped per-example gradients by parameter name, clip
+    statistics, sum of the losses if ``with_loss`` else 0). ``chunks`` yields (PerExampleGrads, losses) per
+    physical chunk."""
+    summed: dict[str, torch.Tensor] | None = None
+    stats, loss_sum = ClipStats(0, 0, 0.0), 0.0
+    for grads, losses in chunks:
+        clipped, chunk_stats = clipping.clip_and_sum(grads)
+        if losses is not None:
+            # one read of the float64 sum: NaN or inf if any loss is (finite float32 losses cannot overflow it)
+            chunk_loss = float(losses.sum(dtype=torch.float64))
+            if not math.isfinite(chunk_loss):
+                chunk_stats = dataclasses.replace(chunk_stats, non_finite=max(chunk_stats.non_finite, 1))
+            elif with_loss:
+                loss_sum += chunk_loss
+        if summed is None:  # the first chunk's sums as they are: no zeros to add them to
+            summed = {n: clipped[n].reshape(p.shape).to(p.dtype).contiguous() for n, p in params.items()}
+        else:  # out of place: never writes into a tensor a clipping rule returned
+            summed = {n: t + clipped[n].reshape(t.shape) for n, t in summed.items()}
+        stats = stats.merge(chunk_stats)
+    if summed is None:  # an empty batch: the sum is zero (and is noised like any other)
+        summed = {n: torch.zeros_like(p, memory_format=torch.contiguous_format) for n, p in params.items()}
+    return summed, stats, loss_sum
 
 
 def make_clipping(name: str, max_grad_norm: float, linf_p: int | None = None) -> Clipping:

@@ -38,16 +38,17 @@ from dptrain.accounting import (
     steps_for_epochs,
 )
 from dptrain.accounting.checks import check_delta, check_delta_for_size
-from dptrain.accounting.ledger import TRAINING_MECHANISMS, step_facts, training_steps
+from dptrain.accounting.ledger import NOISE_SCALE_FACT, step_facts, training_steps
 from dptrain.batch_selection import REPLACE_ONE_SCHEMES, BatchSampler, make_sampler
 from dptrain.batches import as_source
 from dptrain.buffers import check_buffer_updates
-from dptrain.clipping import Clipping, ClipStats, make_clipping
+from dptrain.checkpoint import Checkpointing
+from dptrain.clipping import Clipping, ClipStats, clipped_sum, make_clipping
 from dptrain.devices import resolve_device, to_device
-from dptrain.errors import AccountingError, BudgetExhausted, ConfigError, DataError, NonFiniteError
+from dptrain.errors import AccountingError, BudgetExhausted, ConfigError, NonFiniteError
 from dptrain.interrupts import deferred_signals
 from dptrain.models import check_private_compatible
-from dptrain.noise import add_gaussian_noise
+from dptrain.noise import add_gaussian_noise, check_noise_schedule
 from dptrain.per_example import (
     LossFn,
     PerExampleGrads,
@@ -78,47 +79,6 @@ class Budget:
 RELEASES = ("every_iterate", "last_iterate")
 
 
-#: The fact a run with a noise schedule records beside every step: the scale c of sigma_t = c s_t (the event holds
-#: sigma_t itself). A resumed run reads c from it exactly (sigma_t / s_t need not round-trip to c).
-NOISE_SCALE_FACT = "noise_scale"
-
-
-def _event_noise_multiplier(entry, neighboring: str) -> float:
-    """The noise multiplier of one ledger entry's release as the trainer counts it (std over the per-example bound):
-    the event's multiplier, times 2 under replace-one adjacency."""
-    event = entry.event
-    while not hasattr(event, "noise_multiplier"):
-        event = event.event
-    return event.noise_multiplier * (2.0 if neighboring == "replace_one" else 1.0)
-
-
-def ledger_noise_multiplier(ledger: Ledger) -> float:
-    """The run's noise multiplier from its ledger (the ledger is where a run's sigma lives; a resumed run reads it
-    from there): the last training step's, or with a noise schedule the scale c recorded beside its steps."""
-    entry = next(e for e in reversed(ledger.entries) if e.facts.get("mechanism") in TRAINING_MECHANISMS)
-    if NOISE_SCALE_FACT in entry.facts:
-        return float(entry.facts[NOISE_SCALE_FACT])
-    return _event_noise_multiplier(entry, ledger.neighboring)
-
-
-def check_noise_schedule(schedule) -> tuple[float, ...] | None:
-    """A noise schedule's shape s_1..s_T as a tuple of floats (sigma_t = noise_multiplier x s_t), or None. Accepts
-    any sequence of finite numbers > 0, or a calibrated :class:`dptrain.schedules.kinds.Schedule` (its shape)."""
-    if schedule is None:
-        return None
-    shape = schedule.shape if hasattr(schedule, "sigmas") else schedule  # a calibrated Schedule: its shape
-    try:
-        values = tuple(float(v) for v in (shape.tolist() if hasattr(shape, "tolist") else shape))
-    except (TypeError, ValueError):
-        raise ConfigError(f"noise_schedule must be a sequence of numbers > 0, got {type(schedule).__name__}") from None
-    if not values:
-        raise ConfigError("noise_schedule must hold T >= 1 numbers > 0, got none")
-    bad = next((i for i, v in enumerate(values) if not (math.isfinite(v) and v > 0)), None)
-    if bad is not None:
-        raise ConfigError(f"noise_schedule must hold finite numbers > 0, got noise_schedule[{bad}]={values[bad]!r}")
-    return values
-
-
 def _all_finite(tensors) -> bool:
     """Whether every element of every tensor is finite, read back in one synchronization: a float64 sum per tensor is
     NaN or inf exactly when an element is (float32 or narrower values cannot overflow it); a float64 tensor is summed
@@ -128,32 +88,7 @@ def _all_finite(tensors) -> bool:
     return not sums or math.isfinite(torch.stack(sums).sum().item())
 
 
-def clipped_sum(chunks, clipping: Clipping, params: dict[str, torch.Tensor], with_loss: bool = False):
-    """The clipping stage over a logical batch: (sum of clipped per-example gradients by parameter name, clip
-    statistics, sum of the losses if ``with_loss`` else 0). ``chunks`` yields (PerExampleGrads, losses) per
-    physical chunk."""
-    summed: dict[str, torch.Tensor] | None = None
-    stats, loss_sum = ClipStats(0, 0, 0.0), 0.0
-    for grads, losses in chunks:
-        clipped, chunk_stats = clipping.clip_and_sum(grads)
-        if losses is not None:
-            # one read of the float64 sum: NaN or inf if any loss is (finite float32 losses cannot overflow it)
-            chunk_loss = float(losses.sum(dtype=torch.float64))
-            if not math.isfinite(chunk_loss):
-                chunk_stats = dataclasses.replace(chunk_stats, non_finite=max(chunk_stats.non_finite, 1))
-            elif with_loss:
-                loss_sum += chunk_loss
-        if summed is None:  # the first chunk's sums as they are: no zeros to add them to
-            summed = {n: clipped[n].reshape(p.shape).to(p.dtype).contiguous() for n, p in params.items()}
-        else:  # out of place: never writes into a tensor a clipping rule returned
-            summed = {n: t + clipped[n].reshape(t.shape) for n, t in summed.items()}
-        stats = stats.merge(chunk_stats)
-    if summed is None:  # an empty batch: the sum is zero (and is noised like any other)
-        summed = {n: torch.zeros_like(p, memory_format=torch.contiguous_format) for n, p in params.items()}
-    return summed, stats, loss_sum
-
-
-class PrivateTrainer:
+class PrivateTrainer(Checkpointing):
     """A private training run: model, optimizer and data wrapped with DP-SGD and a privacy ledger.
 
     Create one with :func:`make_private` or :func:`make_private_with_epsilon`.
@@ -279,26 +214,9 @@ class PrivateTrainer:
         #: before the budget would be passed; its ``facts`` are recorded beside every step.
         self.noise_controller = noise_controller
         if noise_controller is not None:
-            if self.noise_schedule is not None or self.non_private or release_facts is not None or budget is not None:
-                raise ConfigError(
-                    "adaptive noise (noise_controller) runs under its own privacy filter: it takes no noise_schedule, "
-                    "no budget, no custom release facts, and a private run"
-                )
-            if self.sampler.scheme not in ("poisson", "full") or self.ledger.neighboring != "add_or_remove_one":
-                raise ConfigError(
-                    "adaptive noise needs Poisson or full-batch sampling (add/remove-one adjacency): its privacy "
-                    f"filter prices those steps only, got sampling {self.sampler.scheme!r}"
-                )
-            planned, rate = noise_controller.filter.sampling_rate, self.sampling_rate
-            if not math.isclose(planned, rate, rel_tol=1e-9):
-                raise ConfigError(
-                    f"the noise controller's filter was planned for sampling rate {planned:g}, this run samples at "
-                    f"{rate:g}: make it with sampling_rate={rate:g}"
-                )
-            from dptrain.accounting.filters import ledger_filter
+            from dptrain.schedules.validation import check_controller
 
-            if self.ledger.releases and ledger_filter(self.ledger) != noise_controller.filter:
-                raise ConfigError("adaptive noise continues only a ledger recorded under its own privacy filter")
+            check_controller(noise_controller, self, budget=budget, release_facts=release_facts)
             self.accountant = "filter"
 
     def _check_optimizer(self) -> None:
@@ -642,75 +560,6 @@ class PrivateTrainer:
             for xb, yb in zip(x.split(batch_size), y.split(batch_size), strict=True)
         )
         return correct / max(1, len(y))
-
-    # -- checkpoints --------------------------------------------------------------------------------------
-    def state_dict(self) -> dict:
-        """Everything needed to continue exactly: model, optimizer, random streams and the ledger. SECRET: it
-        holds the generators' states (whoever has them can recompute the noise); keep it out of shared outputs."""
-        return {
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "randomness": self.randomness.state_dict(),
-            "sampler": self.sampler.get_state(),
-            "torch_rng": torch.get_rng_state(),
-            **({"cuda_rng": torch.cuda.get_rng_state(self.device)} if self.device.type == "cuda" else {}),
-            "steps": self.steps,
-            "accountant": self.accountant,
-            "ledger": self.ledger.to_dict(),
-            **({"noise_controller": self.noise_controller.state_dict()} if self.noise_controller is not None else {}),
-        }
-
-    def load_state_dict(self, state: dict) -> None:
-        ledger = Ledger.from_dict(state["ledger"])
-        steps = int(state["steps"])
-        if not self.non_private and steps != training_steps(ledger):
-            raise DataError(
-                f"checkpoint is inconsistent: {steps} steps but its ledger records {training_steps(ledger)}"
-            )
-        if not self.non_private:
-            self._check_ledger_noise(ledger)
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.randomness.load_state_dict(state["randomness"])
-        self.sampler.set_state(state.get("sampler", {}))
-        if self.noise_controller is not None:
-            self.noise_controller.load_state_dict(state["noise_controller"])
-        torch.set_rng_state(state["torch_rng"])
-        if self.device.type == "cuda" and "cuda_rng" in state:
-            torch.cuda.set_rng_state(state["cuda_rng"], self.device)
-        ledger.private = self.private
-        self.ledger, self.steps = ledger, steps
-        self._allowed_steps = None
-
-    def _check_ledger_noise(self, ledger: Ledger) -> None:
-        """Every training step of a checkpoint's ledger used the noise multiplier this run would use at that step (with
-        adaptive noise: was made under this run's privacy filter, within its budget)."""
-        controller = self.noise_controller
-        if controller is not None:
-            from dptrain.accounting.filters import ledger_filter
-
-            if ledger.releases and ledger_filter(ledger) != controller.filter:
-                raise DataError("checkpoint's ledger was recorded under another privacy filter than this run's")
-            if controller.filter.spent(ledger) > controller.filter.budget:
-                raise DataError("checkpoint's ledger spends more than its privacy filter allows")
-            return
-        step = 0
-        for entry in ledger.entries:
-            if entry.facts.get("mechanism") not in TRAINING_MECHANISMS:
-                continue
-            recorded = _event_noise_multiplier(entry, ledger.neighboring)
-            scale = entry.facts.get(NOISE_SCALE_FACT)
-            if scale is not None and scale != self._noise_multiplier:
-                raise DataError(
-                    f"checkpoint's ledger records a noise schedule of scale {scale}, this run has {self._noise_multiplier}"
-                )
-            for t in (range(step, step + entry.count) if self.noise_schedule is not None else (step,)):
-                beyond = self.noise_schedule is not None and t >= len(self.noise_schedule)
-                expected = math.nan if beyond else self.noise_multiplier_at(t)
-                if recorded != expected:
-                    what = "noise multiplier" if self.noise_schedule is None else f"noise multiplier at step {t + 1}"
-                    raise DataError(f"checkpoint's ledger records {what} {recorded}, this run has {expected}")
-            step += entry.count
 
     def close(self) -> None:
         self.grad_sampler.close()

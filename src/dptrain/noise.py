@@ -7,8 +7,11 @@ operating-system entropy by default, or AES-256-CTR with a hardened sampler (``p
 
 from __future__ import annotations
 
+import math
+
 import torch
 
+from dptrain.errors import ConfigError
 from dptrain.randomness import Stream
 
 
@@ -30,3 +33,21 @@ def add_gaussian_noise(summed: dict[str, torch.Tensor], std: float, stream: Stre
         for n, part in zip(names, flat.split([summed[n].numel() for n in names]), strict=True):
             noisy[n] = part.view(summed[n].shape)
     return noisy
+
+
+def check_noise_schedule(schedule) -> tuple[float, ...] | None:
+    """A noise schedule's shape s_1..s_T as a tuple of floats (sigma_t = noise_multiplier x s_t), or None. Accepts
+    any sequence of finite numbers > 0, or a calibrated :class:`dptrain.schedules.kinds.Schedule` (its shape)."""
+    if schedule is None:
+        return None
+    shape = schedule.shape if hasattr(schedule, "sigmas") else schedule  # a calibrated Schedule: its shape
+    try:
+        values = tuple(float(v) for v in (shape.tolist() if hasattr(shape, "tolist") else shape))
+    except (TypeError, ValueError):
+        raise ConfigError(f"noise_schedule must be a sequence of numbers > 0, got {type(schedule).__name__}") from None
+    if not values:
+        raise ConfigError("noise_schedule must hold T >= 1 numbers > 0, got none")
+    bad = next((i for i, v in enumerate(values) if not (math.isfinite(v) and v > 0)), None)
+    if bad is not None:
+        raise ConfigError(f"noise_schedule must hold finite numbers > 0, got noise_schedule[{bad}]={values[bad]!r}")
+    return values

@@ -30,7 +30,7 @@ from torch import nn
 
 from dptrain import distributed
 from dptrain.accounting import AUTO, Ledger, RunNumbers, all_reports, tightest
-from dptrain.accounting.ledger import training_steps
+from dptrain.accounting.ledger import ledger_noise_multiplier, training_steps
 from dptrain.config import (
     ALGORITHMS,
     SECTIONS,
@@ -45,7 +45,6 @@ from dptrain.engine import (
     Budget,
     PrivateTrainer,
     StepResult,
-    ledger_noise_multiplier,
     make_private,
     make_private_with_epsilon,
 )

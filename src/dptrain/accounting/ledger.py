@@ -309,3 +309,26 @@ def step_facts(sampling: str, sampling_rate: float | None = None, **extra: Any) 
         facts["sampling_rate"] = float(sampling_rate)
     facts.update({k: v for k, v in extra.items() if v is not None})
     return facts
+
+
+#: The fact a run with a noise schedule records beside every step: the scale c of sigma_t = c s_t (the event holds
+#: sigma_t itself). A resumed run reads c from it exactly (sigma_t / s_t need not round-trip to c).
+NOISE_SCALE_FACT = "noise_scale"
+
+
+def event_noise_multiplier(entry, neighboring: str) -> float:
+    """The noise multiplier of one ledger entry's release as the trainer counts it (std over the per-example bound):
+    the event's multiplier, times 2 under replace-one adjacency."""
+    event = entry.event
+    while not hasattr(event, "noise_multiplier"):
+        event = event.event
+    return event.noise_multiplier * (2.0 if neighboring == "replace_one" else 1.0)
+
+
+def ledger_noise_multiplier(ledger: Ledger) -> float:
+    """The run's noise multiplier from its ledger (the ledger is where a run's sigma lives; a resumed run reads it
+    from there): the last training step's, or with a noise schedule the scale c recorded beside its steps."""
+    entry = next(e for e in reversed(ledger.entries) if e.facts.get("mechanism") in TRAINING_MECHANISMS)
+    if NOISE_SCALE_FACT in entry.facts:
+        return float(entry.facts[NOISE_SCALE_FACT])
+    return event_noise_multiplier(entry, ledger.neighboring)

@@ -90,9 +90,9 @@ def summary(trainer, cfg) -> dict:
 
 def _adaptive_summary(trainer, cfg) -> dict:
     """The realized noise of an adaptive (validation) run, from its ledger."""
-    from dptrain.engine import _event_noise_multiplier
+    from dptrain.accounting.ledger import event_noise_multiplier
 
-    sigmas = [_event_noise_multiplier(e, trainer.ledger.neighboring) for e in trainer.ledger.entries] or [
+    sigmas = [event_noise_multiplier(e, trainer.ledger.neighboring) for e in trainer.ledger.entries] or [
         trainer.noise_multiplier
     ]
     c, f = trainer.noise_controller, trainer.noise_controller.filter

@@ -27,7 +27,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from dptrain.accounting.filters import PrivacyFilter, make_filter
+from dptrain.accounting.filters import PrivacyFilter, ledger_filter, make_filter
 from dptrain.accounting.ledger import FILTER_FACT, Ledger, gaussian_step_event
 from dptrain.errors import ConfigError
 from dptrain.schedules.bounds import R_from_eps_delta, rho_from_R
@@ -186,4 +186,28 @@ def _uniform_sigma(filt: PrivacyFilter, steps: int) -> float:
     return hi
 
 
-__all__ = ["DEFAULTS", "ValidationNoise", "validation_noise"]
+def check_controller(controller, trainer, *, budget=None, release_facts=None) -> None:
+    """Refuse (one-line ConfigError) adaptive noise on a run it cannot price: its privacy filter is the whole budget
+    (no noise schedule, budget or custom release facts, a private run), prices Poisson or full-batch steps under
+    add/remove-one adjacency at the sampling rate it was planned for, and continues only a ledger recorded under it."""
+    if trainer.noise_schedule is not None or trainer.non_private or release_facts is not None or budget is not None:
+        raise ConfigError(
+            "adaptive noise (noise_controller) runs under its own privacy filter: it takes no noise_schedule, "
+            "no budget, no custom release facts, and a private run"
+        )
+    if trainer.sampler.scheme not in ("poisson", "full") or trainer.ledger.neighboring != "add_or_remove_one":
+        raise ConfigError(
+            "adaptive noise needs Poisson or full-batch sampling (add/remove-one adjacency): its privacy "
+            f"filter prices those steps only, got sampling {trainer.sampler.scheme!r}"
+        )
+    planned, rate = controller.filter.sampling_rate, trainer.sampling_rate
+    if not math.isclose(planned, rate, rel_tol=1e-9):
+        raise ConfigError(
+            f"the noise controller's filter was planned for sampling rate {planned:g}, this run samples at "
+            f"{rate:g}: make it with sampling_rate={rate:g}"
+        )
+    if trainer.ledger.releases and ledger_filter(trainer.ledger) != controller.filter:
+        raise ConfigError("adaptive noise continues only a ledger recorded under its own privacy filter")
+
+
+__all__ = ["DEFAULTS", "ValidationNoise", "check_controller", "validation_noise"]
