@@ -15,7 +15,6 @@ boundary and stop, and ``resume=True`` continues into the same run an uninterrup
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import importlib
 import math
 import sys
@@ -35,8 +34,6 @@ from dptrain.config import (
     ALGORITHMS,
     SECTIONS,
     RunConfig,
-    changed_keys,
-    config_from_toml,
     config_to_toml,
     load_config,
 )
@@ -48,10 +45,11 @@ from dptrain.engine import (
     make_private,
     make_private_with_epsilon,
 )
-from dptrain.errors import AccountingError, ConfigError, DataError, RunDirectoryError
+from dptrain.errors import AccountingError, ConfigError, RunDirectoryError
 from dptrain.interrupts import Terminated, deferred_signals, terminate_as_exception
 from dptrain.models import build_model
 from dptrain.randomness import SEEDED_WARNING, Randomness
+from dptrain.resume import check_step_change, config_hash, released_files, resumed_config
 from dptrain.rundir import CONFIG, PLAN, SUMMARY, RunDirectory
 
 #: Wall-clock seconds between checkpoints when evaluations are further apart (bounds what kill -9 can lose).
@@ -427,7 +425,7 @@ def _resume(rd: RunDirectory, progress: bool, stop_after: int | None, main: bool
         cfg, changed = resumed_config(rd, state)
         ledger = Ledger.from_dict(state["ledger"])
         rd.check_ledger_copy(ledger)
-        resumed = _released_files(rd, state)
+        resumed = released_files(rd, state)
         job = build_job(
             cfg,
             run_randomness(cfg),
@@ -435,91 +433,12 @@ def _resume(rd: RunDirectory, progress: bool, stop_after: int | None, main: bool
             accountant=state["accountant"],
             resumed=resumed,
         )
-        _check_step_change(job, changed)
+        check_step_change(job.trainer, changed)
         if "config" in state:
             job.frozen_config = state["config"]  # (the config the run started with stays the reference)
         job.trainer.load_state_dict(state)
         rd.truncate_metrics(job.trainer.steps)
         return _train(job, rd, progress, stop_after, elapsed=float(state.get("elapsed_s", 0.0)), start=start)
-
-
-#: Config keys a resume may change: they cannot change what the run releases or certifies (how often the public test
-#: set is evaluated, how a logical batch is cut into physical chunks) or, for the step count, only within the budget
-#: the run started with (:func:`_check_step_change`).
-RESUME_MAY_CHANGE = ("training.eval_every", "training.max_physical_batch_size", "training.epochs", "training.steps")
-STEP_KEYS = ("training.epochs", "training.steps")
-
-
-def frozen_config(state: dict) -> RunConfig | None:
-    """The config a checkpoint's run started with (None for a checkpoint written before dptrain kept it); its hash is
-    checked, so a damaged copy is refused rather than trusted."""
-    text = state.get("config")
-    if text is None:
-        return None
-    if not isinstance(text, str) or hashlib.sha256(text.encode()).hexdigest() != state.get("config_sha256"):
-        raise DataError("the checkpoint's copy of the run's config does not match its hash: the checkpoint is damaged")
-    return config_from_toml(text)
-
-
-def resumed_config(rd: RunDirectory, state: dict) -> tuple[RunConfig, list[str]]:
-    """The config a resume runs with, and the keys it changed: ``config.toml`` as it is now, which may differ from the
-    config the run started with (kept in the checkpoint) only in :data:`RESUME_MAY_CHANGE`; any other change is
-    refused with one line listing the changed keys. A deleted ``config.toml`` is written back from the checkpoint."""
-    path = rd / CONFIG
-    frozen = frozen_config(state)
-    if frozen is None:  # a checkpoint from before configs were frozen: config.toml is all there is
-        return load_config(path), []
-    if not path.exists():
-        rd.write_text(CONFIG, state["config"])
-        return frozen, []
-    try:
-        now = load_config(path)
-    except ConfigError as e:
-        raise ConfigError(
-            f"{path} was edited since the run started and is no longer valid ({e}); restore it (the run's config is "
-            "kept in its checkpoint) to resume"
-        ) from None
-    changed = changed_keys(frozen, now)
-    refused = [k for k in changed if k not in RESUME_MAY_CHANGE]
-    if refused:
-        raise ConfigError(
-            f"{path} changed since the run started ({', '.join(refused)}): a resume may not change what the run "
-            f"releases or certifies; restore {'that key' if len(refused) == 1 else 'those keys'} or start a new run "
-            f"(a resume may change only {', '.join(RESUME_MAY_CHANGE)})"
-        )
-    return now, changed
-
-
-def _check_step_change(job: Job, changed: list[str]) -> None:
-    """More (or fewer) steps on resume only within the budget the run started with: a target epsilon the trainer
-    enforces, with a constant noise multiplier (a noise schedule or a batch-size schedule is planned for its length)."""
-    if not any(k in STEP_KEYS for k in changed):
-        return
-    t = job.trainer
-    if t.budget is None or t.noise_schedule is not None or t.noise_controller is not None or t.sampler.max_steps:
-        raise ConfigError(
-            "training.epochs/training.steps may change on resume only for a run with a privacy budget "
-            "(privacy.target_epsilon) and a constant noise multiplier: here it would change what the run certifies; "
-            "restore them or start a new run"
-        )
-
-
-def _released_files(rd: RunDirectory, state: dict) -> dict[str, Any]:
-    """What the run's stages released before training (a private mean, ...), as the checkpoint keeps it: a file lost
-    in a crash before it was written is written back; a file that differs from the checkpoint's copy was edited."""
-    kept = state.get("released_content")
-    if kept is None:  # an older checkpoint: the files are the only copy
-        return {name: rd.read_json(name) for name in state.get("released", [])}
-    for name, content in kept.items():
-        on_disk = rd.read_json(name)
-        if on_disk is None and not (rd / name).exists():
-            rd.write_json(name, content)
-        elif on_disk != content:
-            raise DataError(
-                f"{rd / name} does not match the run's checkpoint (edited, or from another run): restore or delete it "
-                "to resume"
-            )
-    return dict(kept)
 
 
 def _train(job: Job, rd: RunDirectory, progress: bool, stop_after: int | None, elapsed: float, start: float):
@@ -604,7 +523,7 @@ def _checkpoint(rd: RunDirectory, job: Job, wall: float) -> None:
         "released": sorted(job.released),
         "released_content": job.released,
         "config": job.frozen_config,
-        "config_sha256": hashlib.sha256(job.frozen_config.encode()).hexdigest(),
+        "config_sha256": config_hash(job.frozen_config),
     }
     rd.save_checkpoint(state, job.trainer.ledger)
 
@@ -682,102 +601,3 @@ def _summary(job: Job, rd: RunDirectory, final: dict | None, wall: float, finish
     if "optimal_order" in report.details:
         summary["rdp_order"] = report.details["optimal_order"]
     return summary
-
-
-def format_report(summary: dict) -> str:
-    """The privacy/utility report printed at the end of ``dptrain train``."""
-    private = summary.get("private", True)
-    cert = "" if summary["certified"] else "  (approximation, not certified)" if private else "  (NOT private)"
-    target = "" if summary["target_epsilon"] is None else f" (target {summary['target_epsilon']:g})"
-    others = ", ".join(
-        f"{k} {v['epsilon']:.4f}" + ("" if v["certified"] else " (approx.)")
-        for k, v in summary.get("accountants", {}).items()
-        if "epsilon" in v and k != summary["accountant"]
-    )
-    rows = [
-        ("privacy", f"epsilon = {summary['epsilon']:.4f}{target} at delta = {summary['delta']:g}{cert}"),
-        ("accountant", summary["accountant"] + (f" (others: {others})" if others else "")),
-        *([_last_iterate_row(summary)] if "epsilon_last_iterate" in summary else []),
-        *([("NOT private", "; ".join(summary["not_private_because"]))] if not private else []),
-        ("test accuracy", _accuracy_text(summary)),
-        *([_preprocessing_row(summary)] if "preprocessing" in summary else []),
-        ("steps", f"{summary['steps']} of {summary['planned_steps']} ({summary['epochs']:.2f} epochs)"),
-        (
-            "noise multiplier" if "noise_std" not in summary else "noise std (on averaged gradient)",
-            f"{summary.get('noise_std', summary['noise_multiplier']):.4f}",
-        )
-        if "noise_schedule" not in summary
-        else _schedule_row(summary["noise_schedule"]),
-        (
-            "sampling rate",
-            f"{summary['sampling_rate']:.6g} ({summary['sampling']}, expected batch {summary['batch_size']})",
-        ),
-        ("clip norm", f"{summary['max_grad_norm']:g}")
-        if "lipschitz" not in summary
-        else (
-            "Lipschitz / diameter",
-            f"L = {summary['lipschitz']:.4g}, D = {summary['diameter']:g}",
-        ),
-        ("randomness", summary["randomness"]),
-        ("data", summary["dataset"]),
-        ("model", summary["model"]),
-        ("wall time", f"{summary['wall_time_s']:.1f} s"),
-        ("outputs", summary["out"]),
-    ]
-    width = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
-
-
-def _accuracy_text(summary: dict) -> str:
-    accuracy = summary["test_accuracy"]
-    if accuracy is not None:
-        return f"{accuracy:.4f}"
-    if not summary.get("test_is_public", True):
-        logged = summary.get("not_private", {}).get("test_accuracy")
-        if logged is not None:
-            return f"{logged:.4f} (NOT private: the test split is cut from the private training data)"
-        return (
-            "not written: the test split is cut from the private training data (data.test_is_public = true declares "
-            "it public; training.log_not_private = true writes it labelled not private)"
-        )
-    return "not released yet (last iterate only)"
-
-
-def _last_iterate_row(summary: dict) -> tuple[str, str]:
-    if summary["accountant"] == "last_iterate":
-        return (
-            "composition",
-            f"epsilon = {summary['epsilon_composition']:.4f} if every step were charged (rdp)",
-        )
-    why = "certified (deterministic batches)" if summary["last_iterate_certified"] else "NOT certified"
-    return (
-        "last iterate",
-        f"epsilon = {summary['epsilon_last_iterate']:.4f} by the paper's bound (burn-in {summary['burn_in_steps']} "
-        f"steps): {why}, see docs/last_iterate.md",
-    )
-
-
-def _schedule_row(schedule: dict) -> tuple[str, str]:
-    s = schedule
-    return (
-        "noise schedule",
-        f"{s['kind']}: sigma {s['first']:.4g} at the first step, {s['last']:.4g} at the last (range {s['min']:.4g} to "
-        f"{s['max']:.4g}, {s['levels']} levels; "
-        + (s["calibration"] if s["kind"] == "validation" else f"scale: {s['calibration']}")
-        + ")",
-    )
-
-
-def _preprocessing_row(summary: dict) -> tuple[str, str]:
-    pre = summary["preprocessing"]
-    text = f"{pre['kind']}, features normalized to C_F = {pre['feature_norm']:g}"
-    if pre.get("noise_multiplier") is not None:
-        text += f", private mean sigma_F = {pre['noise_multiplier']:.4g}"
-    if pre.get("eps_f") is not None:
-        text += f" (eps_F = {pre['eps_f']:g})"
-    if pre.get("tau") is not None:
-        text += f", tau = {pre['tau']:.4g}"
-    raw = summary.get("test_accuracy_raw_model")
-    if raw is not None:
-        text += f"; model.pt on raw examples: test accuracy {raw:.4f}"
-    return "preprocessing", text

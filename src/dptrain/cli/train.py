@@ -44,7 +44,8 @@ def run(args: argparse.Namespace) -> int:
 
     from dptrain.config import load_config
     from dptrain.cpu_memory import keep_freed_memory
-    from dptrain.run import format_report, run_training
+    from dptrain.run import run_training
+    from dptrain.run_report import format_report
     from dptrain.rundir import fresh_directory
 
     keep_freed_memory()  # this process is ours: keep freed memory for the next step (dptrain.cpu_memory)
