@@ -37,12 +37,13 @@ def stage(draft) -> None:
     if cfg.schedule.kind == "validation":
         from dptrain.schedules.validation import validation_noise
 
-        if not draft.data.separate_test:
+        public = cfg.data.test_is_public
+        if not (draft.data.separate_test if public is None else public):
             raise ConfigError(
                 'schedule.kind = "validation" reads the evaluation on the test split as public data, but '
                 f"{cfg.data.name!r} splits its test set off the training examples (adding or removing one example moves "
                 "others between the splits): give data with its own test set (fashion-mnist, or an .npz with x_test "
-                "and y_test)"
+                "and y_test), or declare it public with data.test_is_public = true"
             )
 
         def controller(steps: int, sampling_rate: float):
