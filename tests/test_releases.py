@@ -237,3 +237,11 @@ def test_delta_of_one_over_n_or_more_is_refused():
     with pytest.raises(AccountingError, match="delta must be below 1/n"):
         make_private_with_epsilon(model, torch.optim.SGD(model.parameters(), lr=0.1), (X, Y), target_epsilon=1.0,
                                   target_delta=0.5, epochs=1, batch_size=64)
+
+
+def test_last_iterate_label_errors_name_the_rule_not_the_labels():
+    from dptrain.last_iterate import ConvexGLM
+
+    with pytest.raises(ConfigError) as e:
+        ConvexGLM("logistic", 1.0).prepare_labels(torch.tensor([0, 1, 7, 1]))
+    assert str(e.value) == "labels must be 0 or 1 for loss 'logistic'"
