@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_map, tree_structure
 
+from dptrain.datasets import ArrayDataset
 from dptrain.errors import DataError
 
 Inputs = Any  # a tensor, or a tuple/list/dict of tensors
@@ -191,8 +192,6 @@ def as_source(data, label_key: str = "labels"):
     map-style Dataset -> :class:`DatasetSource`."""
     if isinstance(data, TensorSource | DatasetSource):
         return data
-    from dptrain.data import ArrayDataset
-
     if isinstance(data, ArrayDataset):  # (a user's Dataset with x and y attributes is read through __getitem__)
         return TensorSource(_tensor(data.x), _tensor(data.y))
     if isinstance(data, torch.utils.data.TensorDataset):

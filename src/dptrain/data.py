@@ -28,14 +28,16 @@ import struct
 import zipfile
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from dptrain.datasets import ArrayDataset, DataSplit
+from dptrain.datasets import as_tensors as as_tensors  # (re-exported: it lived here)
 from dptrain.errors import DataError
+from dptrain.memmap import load_npz_mapped
 
 DATASET_NAMES = ("fashion-mnist", "mnist", "cifar10", "digits", "synthetic", "text", "npz")
 
@@ -71,53 +73,6 @@ _IDX_DTYPES = {
     0x0D: np.dtype(">f4"),
     0x0E: np.dtype(">f8"),
 }
-
-
-@dataclass
-class ArrayDataset:
-    """Examples held in memory: ``x`` float32 (N x C x H x W or N x D), ``y`` int64 labels."""
-
-    x: torch.Tensor
-    y: torch.Tensor
-    num_classes: int
-    name: str
-
-    def __len__(self) -> int:
-        return int(self.x.shape[0])
-
-    @property
-    def input_shape(self) -> tuple[int, ...]:
-        return tuple(self.x.shape[1:])
-
-
-def as_tensors(data) -> tuple[torch.Tensor, torch.Tensor]:
-    """(x, y) of training data given as an :class:`ArrayDataset`, a ``TensorDataset`` or an (x, y) pair, with one
-    label per example (a one-line DataError otherwise)."""
-    if hasattr(data, "x") and hasattr(data, "y"):
-        x, y = data.x, data.y
-    elif isinstance(data, torch.utils.data.TensorDataset):
-        x, y = data.tensors[:2]
-    elif isinstance(data, tuple | list) and len(data) == 2:
-        x, y = data
-    else:
-        raise DataError("training data must be an ArrayDataset, a TensorDataset or an (x, y) pair of tensors")
-    x, y = torch.as_tensor(x), torch.as_tensor(y)
-    if x.dim() == 0 or y.dim() == 0 or x.shape[0] != y.shape[0]:
-        raise DataError(
-            f"training data must hold one label per example: x has shape {list(x.shape)}, y has shape "
-            f"{list(y.shape)}"
-        )
-    return x, y
-
-
-@dataclass
-class DataSplit:
-    train: ArrayDataset
-    test: ArrayDataset
-    description: str
-    #: False when the test set was split off the same examples as the training set (by a seed): adding or removing
-    #: one example then moves others between the splits, so the test set cannot stand as public data
-    separate_test: bool = True
 
 
 # ----------------------------------------------------------------------------------------------
@@ -666,8 +621,6 @@ def load_dataset(name: str, path: str | None = None, *, seed: int = 0, **options
     if not isinstance(mmap, bool):
         raise DataError(f"data.options.mmap must be true or false, got {mmap!r}")
     if mmap:
-        from dptrain.memmap import load_npz_mapped
-
         if options.get("num_classes") is None:
             raise DataError("npz data needs data.options.num_classes (public metadata, not read from the labels)")
         if "test_fraction" in options:

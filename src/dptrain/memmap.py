@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from dptrain.datasets import ArrayDataset, DataSplit
 from dptrain.errors import DataError
 
 # IDX dtype code -> big-endian numpy dtype (the format's byte order)
@@ -82,8 +83,6 @@ def load_npz_mapped(path: str | os.PathLike, num_classes: int):
     batch by batch), the test arrays ``x_test``, ``y_test`` (required: a test set split off a mapped training set is
     not supported) read into memory. The labels are checked against ``num_classes`` (they are read; the inputs are
     not)."""
-    from dptrain.data import ArrayDataset, DataSplit
-
     path = Path(path)
     x, y = memmap_npz_member(path, "x"), memmap_npz_member(path, "y")
     try:

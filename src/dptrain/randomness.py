@@ -12,7 +12,7 @@ records and prints :data:`SEEDED_WARNING` (anyone who knows N can recompute the 
 A stream's state is secret too: it lives in the run's checkpoint (see :mod:`dptrain.rundir`), never beside
 the shareable outputs.
 
-Two kinds of stream implement one small interface (:class:`Stream`):
+Two kinds of stream implement one small interface (:class:`dptrain.streams.Stream`, also importable from here):
 
 - :class:`TorchStream` (default): torch's Mersenne Twister, seeded with 64 secret bits. Fast; its outputs are
   never released directly (only after adding them to gradients), but it is not a cryptographic generator.
@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import secrets
 import warnings
-from typing import Protocol
 
 import numpy as np
 import torch
 
 from dptrain.errors import ConfigError
+from dptrain.streams import Stream, check_state_kind
 
 #: Purposes in a fixed order: the index is the stream's spawn key, so it must never be reordered.
 PURPOSES = ("sampling", "noise", "mixing", "preprocessing", "canaries", "init")
@@ -45,40 +45,6 @@ SECRET_DESCRIPTION = "secret (operating-system entropy; generator states only in
 
 class NotPrivateWarning(UserWarning):
     """A run was asked to do something that voids its privacy guarantee (e.g. an explicit seed)."""
-
-
-class Stream(Protocol):
-    """What the stages draw from. Every method advances the stream."""
-
-    kind: str
-
-    def uniform(self, shape: tuple[int, ...], dtype: torch.dtype = torch.float64) -> torch.Tensor:
-        """Independent U[0, 1) values."""
-        ...
-
-    def normal(self, shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """Independent N(0, 1) values."""
-        ...
-
-    def add_gaussian(self, x: torch.Tensor, std: float) -> torch.Tensor:
-        """``x`` plus independent N(0, std^2) noise in every coordinate (same dtype as ``x``)."""
-        ...
-
-    def integers(self, low: int, high: int) -> int:
-        """One integer uniform on [low, high), exactly (no modulo bias)."""
-        ...
-
-    def words(self, count: int) -> np.ndarray:
-        """``count`` independent uniform 64-bit words (uint64): raw bits for exact discrete draws."""
-        ...
-
-    def permutation(self, n: int) -> torch.Tensor:
-        """A uniformly random permutation of 0..n-1 (int64)."""
-        ...
-
-    def get_state(self) -> dict: ...
-
-    def set_state(self, state: dict) -> None: ...
 
 
 class TorchStream:
@@ -133,18 +99,10 @@ class TorchStream:
         return state
 
     def set_state(self, state):
-        _check_kind(self, state)
+        check_state_kind(self, state)
         self.generator.set_state(state["generator"])
         for device, device_state in state.get("devices", {}).items():
             self._generator_for(torch.device(device)).set_state(device_state)
-
-
-def _check_kind(stream, state: dict) -> None:
-    if not isinstance(state, dict) or state.get("kind") != stream.kind:
-        raise ConfigError(
-            f"the saved random state is of kind {state.get('kind') if isinstance(state, dict) else state!r}, "
-            f"this run's stream is {stream.kind!r} (was privacy.secure_noise changed?)"
-        )
 
 
 def _purpose_index(purpose: str) -> int:

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
-from dptrain.randomness import _check_kind
+from dptrain.streams import check_state_kind
 
 _TWO_PI = 2.0 * math.pi
 _2_POW_M53 = 2.0**-53
@@ -41,7 +41,7 @@ SUMMED_DRAWS = 4
 
 
 class SecureStream:
-    """AES-256-CTR stream with the :class:`dptrain.randomness.Stream` interface."""
+    """AES-256-CTR stream with the :class:`dptrain.streams.Stream` interface."""
 
     kind = "secure"
 
@@ -115,6 +115,6 @@ class SecureStream:
         }
 
     def set_state(self, state):
-        _check_kind(self, state)
+        check_state_kind(self, state)
         self._key = bytes(state["key"].tolist())
         self._blocks = int(state["blocks"])

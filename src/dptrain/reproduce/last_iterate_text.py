@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from dptrain.reproduce import md_table
-from dptrain.reproduce.last_iterate import (
+from dptrain.reproduce.last_iterate_setup import (
     ALPHA,
     CERTIFICATIONS,
     CLASS_NAMES,
