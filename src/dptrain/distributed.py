@@ -17,8 +17,12 @@ How a step is shared (and why the privacy argument is the one-process argument):
   (the trust boundary of one process's memory; with several machines, the network between them must be as trusted
   as that memory) and are never written.
 - Rank 0 alone writes the run directory (ledger, metrics, checkpoints, summary); the other ranks read the
-  checkpoint to resume. A rank that dies stops the job (torchrun stops the others); ``--resume`` continues from
-  the last checkpoint, and with ``seed`` set the run ends with the ledger and weights of the one-process run.
+  checkpoint to resume. A rank that dies stops the job; ``--resume`` continues from the last checkpoint, and with
+  ``seed`` set the run ends with the ledger and weights of the one-process run. A surviving rank stops in one of two
+  ways, whichever comes first: its all-gather fails on the closed connection (:class:`dptrain.errors.RankLost`, exit
+  2), or torchrun's agent, which polls its workers every 0.1 s, sends it SIGTERM (the run checkpoints its last
+  complete step and says "interrupted", exit 143; a step that SIGTERM reached midway is rolled back first). Either
+  leaves the same checkpoint; tests/test_distributed.py forces each order.
 
 gloo on CPU, nccl on GPU (``training.device``).
 """
