@@ -131,21 +131,21 @@ class DatasetSource:
     def __len__(self) -> int:
         return self.n
 
-    def _split(self, item, index: int):
-        """(inputs, label) of one Dataset item, by the conventions of the module doc."""
+    def _split(self, item):
+        """(inputs, label) of one Dataset item, by the conventions of the module doc. Its errors name the rule, not the
+        item: which example breaks it (its index, its keys or structure) is a fact about the private data."""
         if isinstance(item, dict):
             if self.label_key not in item:
                 raise DataError(
-                    f"Dataset item {index} is a dict without the label key {self.label_key!r} (its keys: "
-                    f"{', '.join(map(str, item))}); set label_key"
+                    f"a Dataset item is a dict without the label key {self.label_key!r}: dict items must hold their "
+                    "label under label_key (set label_key to the key of the label)"
                 )
             return {k: v for k, v in item.items() if k != self.label_key}, item[self.label_key]
         if isinstance(item, tuple | list) and len(item) >= 2:
             inputs = tuple(item[:-1])
             return (inputs[0] if len(inputs) == 1 else inputs), item[-1]
         raise DataError(
-            f"Dataset item {index} is a {type(item).__name__}; items must be (inputs..., label) tuples or dicts "
-            f"with a {self.label_key!r} entry"
+            f"Dataset items must be (inputs..., label) tuples or lists, or dicts with a {self.label_key!r} entry"
         )
 
     def batch(self, idx: torch.Tensor) -> tuple[Inputs, torch.Tensor]:
@@ -153,23 +153,27 @@ class DatasetSource:
         indices = idx.tolist()
         getitems = getattr(self.dataset, "__getitems__", None)  # torch's batched fetching, where a Dataset has it
         items = getitems(indices) if getitems is not None and indices else [self.dataset[i] for i in indices]
-        for i, item in zip(indices, items, strict=True):
-            inputs, label = self._split(item, i)
+        for _, item in zip(indices, items, strict=True):
+            inputs, label = self._split(item)
             structure = tree_structure((inputs, label))
             if self._structure is None:
                 self._structure = structure
             elif structure != self._structure:
                 raise DataError(
-                    f"Dataset item {i} has another structure than the items before it ({structure} vs "
-                    f"{self._structure}): every item must have the same inputs and label"
+                    "every Dataset item must have the same structure (the same inputs and label): an item has another "
+                    "structure than the items before it"
                 )
             pairs.append((inputs, label))
         if not pairs:
             return self.empty()
         try:
             inputs, labels = self.collate(pairs)
-        except (RuntimeError, TypeError) as e:
-            raise DataError(f"the Dataset's items cannot be collated into a batch: {' '.join(str(e).split())}") from None
+        except (RuntimeError, TypeError):  # (torch's message quotes the shapes of the examples and their positions)
+            raise DataError(
+                "the Dataset's items must collate into a batch: each input and the label a tensor (or number) of the "
+                "same shape and dtype in every item (pad variable-length inputs, or train on "
+                "dptrain.batches.DatasetSource(dataset, collate=...))"
+            ) from None
         return inputs, _tensor(labels)
 
     def empty(self) -> tuple[Inputs, torch.Tensor]:

@@ -94,9 +94,11 @@ def load_npz_mapped(path: str | os.PathLike, num_classes: int):
         ) from None
     for name, labels in (("y", y), ("y_test", yt)):
         if labels.ndim != 1 or labels.dtype.kind not in "iu":
-            raise DataError(f"{path}: '{name}' must be integer labels of shape (N,), found {labels.dtype} {labels.shape}")
-        if len(labels) and (int(labels.min()) < 0 or int(labels.max()) >= num_classes):
-            raise DataError(f"{path}: '{name}' holds labels outside [0, num_classes = {num_classes})")
+            raise DataError(
+                f"{path}: '{name}' must be integer labels of shape (N,), found {labels.dtype.type.__name__} {labels.shape}"
+            )
+        if len(labels) and (int(labels.min()) < 0 or int(labels.max()) >= num_classes):  # (the rule, not the labels)
+            raise DataError(f"{path}: '{name}' must hold integer class labels in [0, num_classes = {num_classes})")
     if x.ndim < 2 or x.shape[1:] != xt.shape[1:] or x.dtype.kind not in "fiu":
         raise DataError(f"{path}: 'x' and 'x_test' must be numeric arrays (N, ...) of the same example shape")
     train = MappedArrays(x, y, num_classes, "npz")
