@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -41,6 +40,12 @@ from torch.func import functional_call, grad, vmap
 
 from dptrain.batches import batch_len, call_model, unsqueezed
 from dptrain.errors import ConfigError, ModelError
+from dptrain.gradient_factors import (
+    PerExampleGrads,
+    _EmbeddingFactors,
+    _LinearFactors,
+    shared,
+)
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 GRAD_SAMPLERS = ("auto", "func", "layerwise")
@@ -52,122 +57,6 @@ def cross_entropy_per_example(outputs: torch.Tensor, targets: torch.Tensor) -> t
 
 def trainable_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
     return {name: p for name, p in model.named_parameters() if p.requires_grad}
-
-
-class PerExampleGrads:
-    """Per-example gradients of one (physical) batch, by parameter name."""
-
-    def __init__(self, parts: dict[str, torch.Tensor | _LinearFactors]):
-        self._parts = parts
-
-    def names(self) -> list[str]:
-        return list(self._parts)
-
-    def sq_norms(self) -> dict[str, torch.Tensor]:
-        """name -> [B]: each example's squared L2 norm of its gradient for that parameter."""
-        return {n: _sq_norms(part) for n, part in self._parts.items()}
-
-    def weighted_sum(self, factors: torch.Tensor | dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """name -> sum_i f_i g_i (one factor per example, or one [B] vector per parameter)."""
-        return {
-            n: _weighted_sum(part, factors[n] if isinstance(factors, dict) else factors)
-            for n, part in self._parts.items()
-        }
-
-    def zero_examples(self, mask: torch.Tensor) -> PerExampleGrads:
-        """The same gradients with those of the examples in boolean ``mask`` [B] set to exactly zero."""
-        keep = ~mask
-
-        def zeroed(part):
-            return part.zeroed(keep) if isinstance(part, _FACTORS) else _zero_rows(part, keep)
-
-        return PerExampleGrads({n: zeroed(part) for n, part in self._parts.items()})
-
-    def materialize(self) -> dict[str, torch.Tensor]:
-        """name -> [B, *parameter shape]."""
-        return {n: part.materialize() if isinstance(part, _FACTORS) else part for n, part in self._parts.items()}
-
-
-@dataclass(frozen=True)
-class _LinearFactors:
-    """Per-example gradients delta_i a_i^T of a Linear weight, kept as their two factors. On sequences ([B, T, out]
-    and [B, T, in]) the gradient is sum_t delta_it a_it^T and its squared norm the Gram form
-    sum_{t,t'} (delta_t . delta_t')(a_t . a_t') (Li et al. 2022, "ghost clipping"): no [B, out, in] tensor."""
-
-    delta: torch.Tensor  # [B, out] or [B, T, out]
-    a: torch.Tensor  # [B, in] or [B, T, in]
-
-    def materialize(self) -> torch.Tensor:
-        if self.delta.dim() == 2:
-            return torch.einsum("bo,bi->boi", self.delta, self.a)
-        return torch.einsum("bto,bti->boi", self.delta, self.a)
-
-    def sq_norms(self) -> torch.Tensor:
-        if self.delta.dim() == 2:
-            return _row_sq_norms(self.delta) * _row_sq_norms(self.a)
-        return (self.delta @ self.delta.transpose(1, 2) * (self.a @ self.a.transpose(1, 2))).sum((1, 2))
-
-    def weighted_sum(self, f: torch.Tensor) -> torch.Tensor:
-        if self.delta.dim() == 2:
-            return (self.delta * f[:, None]).T @ self.a
-        return torch.einsum("bto,bti->oi", self.delta * f[:, None, None], self.a)
-
-    def zeroed(self, keep: torch.Tensor) -> _LinearFactors:
-        return _LinearFactors(_zero_rows(self.delta, keep), _zero_rows(self.a, keep))
-
-
-@dataclass(frozen=True)
-class _EmbeddingFactors:
-    """Per-example gradients of an Embedding weight from the looked-up ids [B, T] and the output gradients
-    [B, T, dim]: row v of example i's gradient is the sum of delta_it over the positions t with id v. The squared
-    norm is sum over pairs of positions with equal ids of delta_t . delta_t' (no [B, vocabulary, dim] tensor)."""
-
-    ids: torch.Tensor  # [B, T] (int)
-    delta: torch.Tensor  # [B, T, dim]
-    num_embeddings: int
-
-    def materialize(self) -> torch.Tensor:
-        b, t, d = self.delta.shape
-        out = self.delta.new_zeros(b, self.num_embeddings, d)
-        return out.scatter_add_(1, self.ids[..., None].expand(b, t, d), self.delta)
-
-    def sq_norms(self) -> torch.Tensor:
-        same = (self.ids[:, :, None] == self.ids[:, None, :]).to(self.delta.dtype)
-        return (self.delta @ self.delta.transpose(1, 2) * same).sum((1, 2))
-
-    def weighted_sum(self, f: torch.Tensor) -> torch.Tensor:
-        d = self.delta.shape[-1]
-        out = self.delta.new_zeros(self.num_embeddings, d)
-        return out.index_add_(0, self.ids.reshape(-1), (self.delta * f[:, None, None]).reshape(-1, d))
-
-    def zeroed(self, keep: torch.Tensor) -> _EmbeddingFactors:
-        return _EmbeddingFactors(self.ids, _zero_rows(self.delta, keep), self.num_embeddings)
-
-
-_FACTORS = (_LinearFactors, _EmbeddingFactors)
-
-
-def _zero_rows(t: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-    """``t`` with the rows where ``keep`` is False replaced by zeros (where(), so NaN and inf do not survive)."""
-    return torch.where(keep.reshape(-1, *([1] * (t.dim() - 1))), t, t.new_zeros(()))
-
-
-def _row_sq_norms(t: torch.Tensor) -> torch.Tensor:
-    """[B, ...] -> [B]: each row's squared L2 norm. vector_norm makes no [B, ...] temporary (vecdot and pow do: on
-    the CPU a step's large temporaries cost page faults) and is the fastest of the three here."""
-    return torch.linalg.vector_norm(t.flatten(1), dim=1).square()
-
-
-def _sq_norms(part) -> torch.Tensor:
-    if isinstance(part, _FACTORS):
-        return part.sq_norms()
-    return _row_sq_norms(part)
-
-
-def _weighted_sum(part, f: torch.Tensor) -> torch.Tensor:
-    if isinstance(part, _FACTORS):
-        return part.weighted_sum(f)
-    return torch.tensordot(f, part, dims=1)
 
 
 class FuncGradSampler:
@@ -484,14 +373,28 @@ class LayerwiseGradSampler:
         # a module with a rule inside a fallback subtree is covered by the fallback
         self._layers = {m: v for m, v in self._layers.items() if not any(m in f.modules() for f in self._fallback)}
         self._records: dict[nn.Module, list] | None = None
+        self._batch = 0
         #: the trainable parameters when the hooks were placed (the engine's, too: it fixes them when it is made)
         self._params = trainable_parameters(model)
+        #: a parameter's name in the model by identity: a tied parameter (GPT-2's token embedding, also its output
+        #: layer's weight) is reached from several modules under several names, and every use adds to its gradient
+        self._names = {id(p): n for n, p in self._params.items()}
         self._handles = [m.register_forward_hook(self._record) for m in self._layers]
         self._handles += [m.register_forward_hook(self._record_call, with_kwargs=True) for m in self._fallback]
 
-    def _record(self, module, inputs, output) -> None:
-        if self._records is not None:
-            self._records.setdefault(module, []).append((inputs[0].detach(), output, output._version))
+    def _record(self, module, inputs, output):
+        if self._records is None:
+            return None
+        a, b = inputs[0].detach(), self._batch
+        if b > 1 and a.dim() and a.shape[0] == 1 and torch.is_tensor(output) and output.dim() and output.shape[0] == 1:
+            # A layer applied to an input shared by the whole batch (Hugging Face's position_ids of shape [1, T]): its
+            # output is broadcast against the batch later, where autograd would sum the examples' output gradients.
+            # The layer's output expanded to the batch (a view of the same values) gives each example its own.
+            output, a = output.expand(b, *output.shape[1:]), a.expand(b, *a.shape[1:])
+            self._records.setdefault(module, []).append((a, output, output._version))
+            return output
+        self._records.setdefault(module, []).append((a, output, output._version))
+        return None
 
     def _record_call(self, module, args, kwargs, output) -> None:
         if self._records is not None:
@@ -499,7 +402,7 @@ class LayerwiseGradSampler:
             self._records.setdefault(module, []).append((args, dict(kwargs), _tensors(output)))
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> tuple[PerExampleGrads, torch.Tensor]:
-        self._records = {}
+        self._records, self._batch = {}, batch_len(y)
         try:
             with torch.enable_grad():
                 losses = self.loss_fn(call_model(self.model, x), y)
@@ -522,26 +425,25 @@ class LayerwiseGradSampler:
         everything = outs + fb_outs
         grads_all = torch.autograd.grad(losses.sum(), everything, allow_unused=True) if everything else []
         grads_out, fb_grads = list(grads_all[: len(outs)]), dict(zip(map(id, fb_outs), grads_all[len(outs) :], strict=True))
-        per_example: dict[str, torch.Tensor | _LinearFactors] = {}
+        per_example: dict = {}
+
+        def add(m: nn.Module, pname: str, g) -> None:
+            """Every use of a parameter adds to its gradient: a layer called twice, a weight tied to another layer's."""
+            key = self._names.get(id(m.get_parameter(pname)))
+            if key is not None:  # (a frozen parameter has no gradient to report)
+                per_example[key] = shared(per_example[key], g) if key in per_example else g
+
         for m, args, kwargs, fouts in fallbacks:
             gos = [fb_grads.get(id(o)) for o in fouts]
             gos = [torch.zeros_like(o) if g is None else g.detach() for o, g in zip(fouts, gos, strict=True)]
-            prefix = self._fallback[m]
             for pname, g in _per_module(m, args, kwargs, gos, fouts).items():
-                key = f"{prefix}.{pname}" if prefix else pname
-                per_example[key] = per_example[key] + g if key in per_example else g
+                add(m, pname, g)
         for (m, a, out), go in zip(calls, grads_out, strict=True):
             if go is None:
                 go = torch.zeros_like(out)
-            prefix, rule = self._layers[m]
+            _, rule = self._layers[m]
             for pname, g in rule(m, a, go.detach()).items():
-                key = f"{prefix}.{pname}" if prefix else pname
-                if key in per_example:  # a layer called more than once (shared weights): gradients add up
-                    prev = per_example[key]
-                    g = (prev.materialize() if isinstance(prev, _LinearFactors) else prev) + (
-                        g.materialize() if isinstance(g, _LinearFactors) else g
-                    )
-                per_example[key] = g
+                add(m, pname, g)
         result = {}
         for name, p in self._params.items():  # parameters the forward pass did not use: zero
             result[name] = (

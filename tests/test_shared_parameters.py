@@ -1,0 +1,74 @@
+"""Parameters used in several places (tied weights) get the sum of every use, and a layer applied to an input shared by
+the whole batch (position ids of shape [1, T]) gets each example's own gradient: both against a loop of
+single-example backward passes. A stock GPT-2 has both; dptrain used to drop the output layer's share of the tied
+embedding (its update 80% off) and fail on the broadcast position ids."""
+
+import pytest
+import torch
+from torch import nn
+
+from dptrain.gradient_factors import _EmbeddingFactors, _inner, _LinearFactors, shared
+from dptrain.per_example import make_grad_sampler, trainable_parameters
+
+
+class TiedLM(nn.Module):
+    """GPT-2's shape in miniature: token + position embeddings (positions [1, T], broadcast against the batch), a
+    block, and an output layer whose weight IS the token embedding."""
+
+    def __init__(self, vocab=23, dim=8, positions=12):
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(vocab, dim), nn.Embedding(positions, dim)
+        self.block = nn.Sequential(nn.LayerNorm(dim), nn.Linear(dim, dim), nn.Tanh())
+        self.head = nn.Linear(dim, vocab, bias=False)
+        self.head.weight = self.wte.weight
+
+    def forward(self, ids):
+        positions = torch.arange(ids.shape[1], device=ids.device)[None]  # [1, T]
+        h = self.wte(ids) + self.wpe(positions)
+        return self.head(self.block(h))
+
+
+def lm_loss(logits, ids):
+    return nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2), ids[:, 1:], reduction="none").mean(1)
+
+
+def _loop(model, x, y, loss_fn):
+    params = trainable_parameters(model)
+    rows = []
+    for i in range(len(y)):
+        grads = torch.autograd.grad(loss_fn(model(x[i : i + 1]), y[i : i + 1]).sum(), list(params.values()))
+        rows.append(dict(zip(params, grads, strict=True)))
+    return rows
+
+
+@pytest.mark.parametrize("backend", ["auto", "layerwise", "func"])
+def test_tied_embedding_gets_every_use_in_norm_and_sum(backend):
+    torch.manual_seed(0)
+    model, ids = TiedLM(), torch.randint(0, 23, (5, 10))
+    assert len(trainable_parameters(model)) == 6  # the tied weight counted once
+    grads, _ = make_grad_sampler(model, lm_loss, backend)(ids, ids)
+    loop = _loop(model, ids, ids, lm_loss)
+    norms = torch.sqrt(sum(grads.sq_norms().values()))
+    expected = torch.stack([torch.sqrt(sum((g**2).sum() for g in row.values())) for row in loop])
+    torch.testing.assert_close(norms, expected, rtol=1e-5, atol=1e-6)
+    f = torch.randn(5)
+    summed = grads.weighted_sum(f)
+    for name in loop[0]:
+        torch.testing.assert_close(summed[name], sum(f[i] * loop[i][name] for i in range(5)), rtol=1e-4, atol=1e-6)
+
+
+def test_cross_terms_of_every_pair_of_forms_match_the_materialized_gradients():
+    g = torch.Generator().manual_seed(1)
+    b, t, vocab, dim = 3, 5, 7, 4
+    emb = _EmbeddingFactors(torch.randint(0, vocab, (b, t), generator=g), torch.randn(b, t, dim, generator=g), vocab)
+    lin_seq = _LinearFactors(torch.randn(b, t, vocab, generator=g), torch.randn(b, t, dim, generator=g))
+    lin_flat = _LinearFactors(torch.randn(b, vocab, generator=g), torch.randn(b, dim, generator=g))
+    dense = torch.randn(b, vocab, dim, generator=g)
+    forms = [emb, lin_seq, lin_flat, dense]
+    for p in forms:
+        for q in forms:
+            mp = p if torch.is_tensor(p) else p.materialize()
+            mq = q if torch.is_tensor(q) else q.materialize()
+            torch.testing.assert_close(_inner(p, q), (mp * mq).sum((1, 2)), rtol=1e-5, atol=1e-5)
+    total = shared(shared(emb, lin_seq), dense)
+    torch.testing.assert_close(total.sq_norms(), (total.materialize() ** 2).sum((1, 2)), rtol=1e-5, atol=1e-5)
