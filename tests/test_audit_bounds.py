@@ -12,7 +12,7 @@ import pytest
 from scipy.optimize import brentq
 from scipy.stats import binom, norm
 
-from dptrain.auditing.bounds import audit, epsilon_lower_bound, guesses, p_value
+from dptrain.auditing.bounds import audit, ceiling, epsilon_lower_bound, guesses, p_value
 from dptrain.errors import ConfigError
 
 
@@ -161,6 +161,34 @@ def test_audit_stays_below_the_gaussian_mechanism_epsilon():
         bounds.append(audit(scores, included, delta=delta)["epsilon_lower_bound"])
     assert max(bounds) < eps
     assert np.mean(bounds) > 0.5  # the audit sees the leak (it is far from tight for Gaussian noise)
+
+
+# --- the ceiling ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("m", [20, 200, 1000])
+def test_ceiling_at_delta_0_is_the_closed_form_of_all_correct_guesses(m):
+    """With v = r, Theorem 3.1 gives p = q^r: the bound is the logit of (beta / K)^(1 / r), K candidates."""
+    ks = sorted({min(max(1, round(f * m)), m // 2) for f in (0.01, 0.02, 0.05, 0.1, 0.25, 0.5)})
+    level = 0.05 / len(ks)
+    expected = max(logit(level ** (1 / (2 * k))) for k in ks)
+    assert ceiling(m, 0.0, 0.95) == pytest.approx(expected, abs=1e-6)
+
+
+def test_ceiling_bounds_every_audit_and_is_reached_by_perfect_guesses():
+    rng = np.random.default_rng(3)
+    for m, delta in ((50, 1e-5), (1000, 1e-5), (300, 0.0)):
+        top = ceiling(m, delta)
+        included = rng.permutation(np.arange(m) % 2 == 0)  # half included: every candidate can be all correct
+        perfect = audit(np.where(included, 1.0, -1.0) + rng.uniform(-0.1, 0.1, m), included, delta)
+        assert perfect["epsilon_lower_bound"] == pytest.approx(top, abs=1e-6)
+        for eps in (0.5, 2.0, 6.0):
+            scores, secrets = randomized_response(eps, m, rng)
+            assert audit(scores, secrets, delta)["epsilon_lower_bound"] <= top + 1e-9
+    assert ceiling(1000, 1e-5) < ceiling(1000, 0.0)  # delta costs power
+    assert ceiling(20, 1e-5) < ceiling(200, 1e-5) < ceiling(1000, 1e-5)  # so do few canaries
+    with pytest.raises(ConfigError, match="at least 2 canaries"):
+        ceiling(1)
 
 
 # --- refusals ----------------------------------------------------------------------------------------------------

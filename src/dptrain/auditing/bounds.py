@@ -175,6 +175,27 @@ def _guess_counts(guess_counts, m: int) -> list[tuple[int, int]]:
     return pairs
 
 
+def _candidates(guess_counts, m: int) -> list[tuple[int, int]]:
+    candidates = _default_guess_counts(m) if guess_counts is None else _guess_counts(guess_counts, m)
+    if not candidates:
+        raise ConfigError(f"scores must hold at least 2 canaries for the default guess counts, got {m}")
+    return candidates
+
+
+def ceiling(
+    m: int, delta: float = 0.0, confidence: float = 0.95, guess_counts: Sequence[tuple[int, int]] | None = None
+) -> float:
+    """The largest lower bound :func:`audit` can report with m canaries: every guess correct (v = r) for each
+    candidate guess count, at the same Bonferroni-corrected level (Steinke, Nasr & Jagielski, "Privacy Auditing
+    with One (1) Training Run", Theorems 3.1 and 5.2 at v = r). It measures the audit's power, not the run: a
+    certificate at or above it cannot be refuted by this audit whatever the engine does."""
+    m = _count("m", m)
+    delta, confidence = _delta(delta), _confidence(confidence)
+    candidates = _candidates(guess_counts, m)
+    level = 1.0 - (1.0 - confidence) / len(candidates)
+    return max(epsilon_lower_bound(m, kp + kn, kp + kn, delta, level) for kp, kn in candidates)
+
+
 def audit(
     scores,
     included,
@@ -205,9 +226,7 @@ def audit(
         )
     m = values.size
     delta, confidence = _delta(delta), _confidence(confidence)
-    candidates = _default_guess_counts(m) if guess_counts is None else _guess_counts(guess_counts, m)
-    if not candidates:
-        raise ConfigError(f"scores must hold at least 2 canaries for the default guess counts, got {m}")
+    candidates = _candidates(guess_counts, m)
     per_candidate_confidence = 1.0 - (1.0 - confidence) / len(candidates)
     best: dict | None = None
     for k_positive, k_negative in candidates:

@@ -8,9 +8,11 @@ fixed public generator, so the auditor can recompute it without ever looking at 
 
 Two kinds:
 
-- ``gradient`` (white box, "Dirac" canaries): canary i has the per-example gradient C e_{j_i}, C the clip norm
-  and j_i a coordinate of the flattened trainable parameters, m distinct coordinates. Scored on the released
-  iterates (:class:`ReleasedCoordinates`).
+- ``gradient`` (white box, "Dirac" canaries): canary i has a per-example gradient on a coordinate of its own.
+  Where every iterate is released (DP-SGD), the coordinates are auxiliary ones appended for the audit
+  (:mod:`dptrain.auditing.auxiliary`), scored on every released update. Where only the last iterate is
+  (projected noisy SGD), canary i is L e_{j_i}, L the per-example bound and j_i one of m distinct coordinates of
+  the flattened trainable parameters (:func:`dirac_gradients`), scored on the final iterate.
 - ``input`` (black box): canary i is an example with a random input and a random label; scored by minus the
   final model's loss on it.
 
@@ -42,9 +44,10 @@ Stage = Callable[[torch.Tensor], Iterator[tuple[PerExampleGrads, torch.Tensor]]]
 # --- options ----------------------------------------------------------------------------------------------
 
 
-def check_options(canaries, confidence, kind) -> tuple[int, float, str]:
-    """(m, confidence, kind) validated: m an integer >= 2, confidence in (0, 1), kind one of :data:`KINDS`."""
-    if isinstance(canaries, bool) or not isinstance(canaries, int) or canaries < 2:
+def check_options(canaries, confidence, kind) -> tuple[int | None, float, str]:
+    """(m, confidence, kind) validated: m an integer >= 2 (or None: the default for the model, chosen by the
+    runner), confidence in (0, 1), kind one of :data:`KINDS`."""
+    if canaries is not None and (isinstance(canaries, bool) or not isinstance(canaries, int) or canaries < 2):
         raise ConfigError(f"canaries must be an integer >= 2, got {canaries!r}")
     try:
         level = float(confidence)
@@ -76,7 +79,7 @@ def dirac_coordinates(m: int, num_params: int) -> torch.Tensor:
     if m > num_params:
         raise ConfigError(
             f"canaries must be at most the number of trainable parameters ({num_params}) for gradient canaries "
-            f"(one distinct coordinate each), got {m}"
+            f"scored on the last iterate (one distinct coordinate each), got {m}"
         )
     return torch.randperm(num_params, generator=public_generator())[:m]
 
@@ -154,30 +157,3 @@ def with_canaries(
             yield dirac(part), torch.zeros(len(part))
 
     return per_example
-
-
-class ReleasedCoordinates:
-    """Sums, over the optimizer steps, the privatized gradient's entries at some coordinates of the flattened
-    trainable parameters.
-
-    The engine sets ``p.grad`` to the released gradient (noisy sum of clipped gradients / expected batch size)
-    and then calls ``optimizer.step()``; a step pre-hook reads ``p.grad`` at that moment, before the optimizer
-    (momentum, weight decay: post-processing) touches anything. Under DP-SGD's threat model every one of these
-    is released, so a score may use all of them."""
-
-    def __init__(self, optimizer: torch.optim.Optimizer, params: dict[str, torch.Tensor], coordinates):
-        self.params, self.coordinates = params, torch.as_tensor(coordinates)
-        self.total = torch.zeros(len(self.coordinates), dtype=torch.float64)
-        self.steps = 0
-        self._handle = optimizer.register_step_pre_hook(self._capture)
-
-    def released(self) -> torch.Tensor:
-        """The current privatized gradient, flattened in the order of ``params``."""
-        return torch.cat([p.grad.reshape(-1) for p in self.params.values()])
-
-    def _capture(self, optimizer, args, kwargs) -> None:
-        self.total += self.released()[self.coordinates].to(torch.float64)
-        self.steps += 1
-
-    def remove(self) -> None:
-        self._handle.remove()

@@ -19,6 +19,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--seeds", type=int, default=None, metavar="N", help="training reproductions: seeds 0..N-1 (modelmix: 3)"
     )
     parser.add_argument(
+        "--power",
+        action="store_true",
+        help="audit: measure the audit's power instead (how often dptrain audit flags an injected bug, audit_power.md)",
+    )
+    parser.add_argument(
         "--epsilons",
         default=None,
         metavar="E1,E2,...",
@@ -36,6 +41,8 @@ def run(args: argparse.Namespace) -> int:
         options["seeds"] = args.seeds
     if args.epsilons is not None:
         options["epsilons"] = args.epsilons
+    if args.power:
+        options["power"] = True
     report = run_reproduction(args.name, out, quick=args.quick, **options)
     print(f"wrote {report} (tables, JSON and plots in {out})")
     return 0

@@ -14,31 +14,35 @@ included with probability 1/2, one training run, canary scores turned into an ep
     (Altschuler & Talwar, "Privacy of Noisy Stochastic Gradient Descent: More Iterations without More Privacy
     Loss", Thm 3.1 and App. B), on the real engine and with the noise divided by 10 and by 100.
 
-The bugs are injected here by monkeypatching the engine's stages for the duration of one audit; the library has no
-such option.
+The bugs are those of ``dptrain audit --inject-bug`` (:mod:`dptrain.auditing.bugs`): the ledger records the
+correct run. ``run(out_dir, power=True)`` measures the audit's power instead (:func:`run_power`): how often
+``dptrain audit --config configs/audit.toml [--inject-bug BUG]`` flags each engine.
 """
 
 from __future__ import annotations
 
-import contextlib
 import time
 import warnings
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
-import numpy as np
-import torch
-
-from dptrain import engine
-from dptrain.auditing.bounds import audit
+from dptrain.auditing.bounds import ceiling
 from dptrain.auditing.runner import audit_run
-from dptrain.clipping import FlatClipping
 from dptrain.config import config_from_dict
 from dptrain.reproduce import md_table, single_thread
 from dptrain.reproduce.report import Report, Section, figure
 
-__all__ = ["BUGS", "dpsgd_config", "experiment", "projected_config", "render", "run", "summarize"]
+__all__ = [
+    "BUGS",
+    "dpsgd_config",
+    "experiment",
+    "projected_config",
+    "render",
+    "render_power",
+    "run",
+    "run_power",
+    "summarize",
+]
 
 REPORT, DATA_JSON, PLOT = "audit.md", "audit.json", "audit_lower_bounds.png"
 CANARIES = 1000
@@ -46,10 +50,10 @@ DELTA = 1e-5
 CONFIDENCE = 0.95
 EPSILONS = (1.0, 2.0, 4.0, 8.0)
 
-#: engine name -> (setting, how it is broken); "real" is the engine as shipped.
+#: setting -> the engines audited: "real" (as shipped) or a bug of ``dptrain audit --inject-bug``.
 BUGS = {
-    "dpsgd": ("real", "noise / 10", "clipping off"),
-    "projected": ("real", "noise / 10", "noise / 100"),
+    "dpsgd": ("real", "noise/10", "clipping-off"),
+    "projected": ("real", "noise/10", "noise/100"),
 }
 
 
@@ -85,59 +89,25 @@ def projected_config(epsilon: float, seed: int) -> dict:
     }
 
 
-# --- the injected bugs --------------------------------------------------------------------------------------------
-
-
-def _noise_divided(factor: float):
-    """The engine's noise stage (shared by DP-SGD and projected noisy SGD) adds 1/factor of the noise its ledger
-    records."""
-    original = engine.add_gaussian_noise
-    return mock.patch.object(
-        engine, "add_gaussian_noise", lambda s, std, stream: original(s, std / factor, stream)
-    )
-
-
-def _clipping_off():
-    original = FlatClipping.clip_and_sum
-
-    def unclipped(self, grads):
-        _, stats = original(self, grads)
-        return grads.weighted_sum(torch.ones(stats.examples)), stats
-
-    return mock.patch.object(FlatClipping, "clip_and_sum", unclipped)
-
-
-def broken(setting: str, bug: str):
-    """A context manager under which the engine of ``setting`` has ``bug`` (one of :data:`BUGS`)."""
-    if bug == "real":
-        return contextlib.nullcontext()
-    if bug == "clipping off":
-        return _clipping_off()
-    return _noise_divided(float(bug.split("/")[1]))
-
-
 # --- the experiment ---------------------------------------------------------------------------------------------
-
-
-def ceiling(m: int, delta: float = DELTA, confidence: float = CONFIDENCE) -> float:
-    """The largest lower bound a one-run audit with m canaries can report: every guess correct."""
-    included = np.arange(m) % 2 == 0
-    return audit(included.astype(float), included, delta, confidence)["epsilon_lower_bound"]
 
 
 def one_audit(setting: str, kind: str, bug: str, epsilon: float, seed: int, m: int) -> dict[str, Any]:
     make = dpsgd_config if setting == "dpsgd" else projected_config
     start = time.perf_counter()
-    with broken(setting, bug):
-        result = audit_run(
-            config_from_dict(make(epsilon, seed)), canaries=m, confidence=CONFIDENCE, kind=kind
-        )
+    result = audit_run(
+        config_from_dict(make(epsilon, seed)),
+        canaries=m,
+        confidence=CONFIDENCE,
+        kind=kind,
+        inject_bug=None if bug == "real" else bug,
+    )
     return {
         **result,
         "engine": bug,
         "target_epsilon": epsilon,
         "seed": seed,
-        "exceeds": result["epsilon_lower_bound"] > result["epsilon_certified"],
+        "exceeds": result["verdict"] == "violation",
         "seconds": time.perf_counter() - start,
     }
 
@@ -159,7 +129,8 @@ def experiment(quick: bool) -> dict[str, Any]:
         for setting, kind, bug, eps in plan(quick)
         for seed in seeds
     ]
-    return {"canaries": CANARIES, "seeds": list(seeds), "ceiling": ceiling(CANARIES), "audits": audits}
+    top = ceiling(CANARIES, DELTA, CONFIDENCE)
+    return {"canaries": CANARIES, "seeds": list(seeds), "ceiling": top, "audits": audits}
 
 
 def summarize(audits: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -181,6 +152,7 @@ def summarize(audits: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "lower_bounds": lows,
                 "guesses": [f"{r['correct']}/{r['guesses']}" for r in runs],
                 "exceeding": sum(r["exceeds"] for r in runs),
+                "inconclusive": sum(r["verdict"] == "inconclusive" for r in runs),
                 "runs": len(runs),
             }
         )
@@ -191,7 +163,7 @@ def summarize(audits: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _table(rows: list[dict[str, Any]], setting: str) -> str:
-    head = ["canaries", "engine", "certified eps", "lower bound (each seed)", "correct/guesses", "exceeds"]
+    head = ["canaries", "engine", "certified eps", "lower bound (each seed)", "correct/guesses", "violation"]
     body = [
         [
             r["kind"],
@@ -200,7 +172,8 @@ def _table(rows: list[dict[str, Any]], setting: str) -> str:
             ", ".join(f"{v:.3f}" for v in r["lower_bounds"]),
             ", ".join(r["guesses"]),
             f"{r['exceeding']}/{r['runs']}"
-            + (" **caught**" if r["exceeding"] and r["engine"] != "real" else ""),
+            + (" **caught**" if r["exceeding"] and r["engine"] != "real" else "")
+            + (f" ({r['inconclusive']} inconclusive)" if r["inconclusive"] else ""),
         ]
         for r in rows
         if r["setting"] == setting
@@ -226,7 +199,8 @@ def _verdict(rows: list[dict[str, Any]], ceiling_value: float, canaries: int) ->
         + ".",
         f"- A one-run audit with m = {canaries} canaries at delta = {DELTA:g} cannot report more than "
         f"{ceiling_value:.2f} even if every guess is right, so a broken engine is only caught where its certificate "
-        "is below that ceiling, and only if the bug makes the canaries distinguishable enough.",
+        "is below that ceiling, and only if the bug makes the canaries distinguishable enough; where the "
+        "certificate is at or above it the verdict is inconclusive.",
     ]
     return "\n".join(lines)
 
@@ -243,10 +217,11 @@ EXPLANATION = "\n".join(
         "independent guesses, so even perfect guesses only reach the ceiling above, and DP-SGD's accounting "
         "covers an adversary who chooses worst-case neighbours and sees every iterate, which the canaries only "
         "approximate. Lower bounds far below the certificate on the real engine are expected.",
-        "- What matters: the real engine never exceeds its certificate, and a broken one does. Gradient "
-        "(Dirac) canaries already have norm C, so clipping off does not change them: they test the noise. "
-        "Input canaries (random examples, random labels) test clipping: without it their gradients are "
-        "unbounded and the model memorizes them.",
+        "- What matters: the real engine never exceeds its certificate, and a broken one does. DP-SGD's gradient "
+        "canaries sit on auxiliary coordinates of their own (no real example moves them), are scored on every "
+        "released update, and have norm 4C before clipping: they test the noise and the clipping. Input canaries "
+        "(random examples, random labels) are scored on the final model's loss: without clipping their gradients "
+        "are unbounded and the model memorizes them.",
         "- Projected noisy SGD releases only the last iterate; its certificate (Altschuler & Talwar's "
         "last-iterate bound) is for the worst-case neighbour (replace adjacency, sensitivity 2L) and a "
         "contraction argument, while the canary (norm L) is observed through one Gaussian coordinate of w_T. "
@@ -348,9 +323,12 @@ def render(data: dict[str, Any]) -> Report:
     )
 
 
-def run(out_dir: str | Path, quick: bool = False) -> Path:
+def run(out_dir: str | Path, quick: bool = False, power: bool = False) -> Path:
     """Run the audits into ``out_dir`` (created if needed); returns the path of ``audit.md``. ``quick``: one seed,
-    DP-SGD at certified epsilon 1 and 8 only, the projected setting at 2 with gradient canaries only."""
+    DP-SGD at certified epsilon 1 and 8 only, the projected setting at 2 with gradient canaries only. ``power``:
+    the power measurement instead (:func:`run_power`, ``audit_power.md``)."""
+    if power:
+        return run_power(out_dir, quick)
     command = f"dptrain reproduce audit --out {Path(out_dir)}" + (" --quick" if quick else "")
     start = time.perf_counter()
     with single_thread(), warnings.catch_warnings():
@@ -361,3 +339,192 @@ def run(out_dir: str | Path, quick: bool = False) -> Path:
     wall = time.perf_counter() - start
     data = {"command": command, "quick": quick, "wall_time_s": wall, **exp, "summary": rows}
     return render(data).write(out_dir)
+
+
+# --- the audit's power: dptrain reproduce audit --power -------------------------------------------------------------
+
+POWER_REPORT, POWER_JSON = "audit_power.md", "audit_power.json"
+#: configs/audit.toml (tests/test_audit.py checks that they are the same configuration).
+POWER_CONFIG: dict[str, Any] = {
+    "data": {"name": "synthetic", "options": {"n": 2000, "dim": 1000, "num_classes": 2, "separation": 3.0}},
+    "model": {"name": "logistic"},
+    "privacy": {"target_epsilon": 1.0, "delta": DELTA, "max_grad_norm": 1.0},
+    "training": {"epochs": 5, "batch_size": 100, "learning_rate": 0.5},
+}
+#: The engines audited: None is the correct one, the others ``--inject-bug`` values.
+POWER_ENGINES: tuple[str | None, ...] = (None, "noise/10", "noise/2", "clipping-off")
+POWER_SEEDS = 10
+#: What the acceptance asks of the audit of configs/audit.toml: noise/10 flagged in at least 9 of 10 audits, the
+#: correct engine in none, each audit under 60 s.
+POWER_TARGETS = {"noise/10": 9, "real": 0, "seconds": 60.0}
+
+
+def power_audit(engine: str | None, seed: int) -> dict[str, Any]:
+    """One audit of :data:`POWER_CONFIG` with ``seed`` exactly as ``dptrain audit --config configs/audit.toml --set
+    seed=SEED [--inject-bug ENGINE]`` runs it, judged with every statistic of the same run (the command reports
+    the runner's default one)."""
+    from dptrain.auditing.runner import judge, observe
+
+    start = time.perf_counter()
+    seen = observe(config_from_dict({**POWER_CONFIG, "seed": seed}), None, "gradient", engine)
+    judged = {s: judge(seen, s, CONFIDENCE) for s in seen.scores}
+    seconds = time.perf_counter() - start
+    first = next(iter(judged.values()))
+    return {
+        "engine": engine or "real",
+        "seed": seed,
+        "seconds": seconds,
+        "epsilon_certified": first["epsilon_certified"],
+        "ceiling": first["ceiling"],
+        "canaries": first["canaries"],
+        "scores": {
+            s: {k: r[k] for k in ("epsilon_lower_bound", "verdict", "correct", "guesses")} for s, r in judged.items()
+        },
+    }
+
+
+def cli_seconds(engine: str | None) -> dict[str, Any]:
+    """The end-to-end time of the command itself in a fresh process (imports, calibration, training, bound), with
+    secret randomness as a user runs it: ``dptrain audit --config configs/audit.toml [--inject-bug ENGINE]``."""
+    import json
+    import subprocess
+    import sys
+    import tempfile
+
+    from dptrain.config import config_to_toml
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "audit.toml"
+        path.write_text(config_to_toml(config_from_dict(POWER_CONFIG)))
+        argv = [sys.executable, "-m", "dptrain", "audit", "--config", str(path), "--json"]
+        argv += [] if engine is None else ["--inject-bug", engine]
+        start = time.perf_counter()
+        done = subprocess.run(argv, capture_output=True, text=True, check=False)
+        seconds = time.perf_counter() - start
+    if done.returncode not in (0, 1):
+        raise RuntimeError(f"dptrain audit failed (exit {done.returncode}): {done.stderr.strip()[-500:]}")
+    result = json.loads(done.stdout)
+    return {"engine": engine or "real", "seconds": seconds, "exit_code": done.returncode, "verdict": result["verdict"]}
+
+
+def summarize_power(audits: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (engine, statistic): how many audits flagged a violation, over the seeds."""
+    rows = []
+    engines = list(dict.fromkeys(a["engine"] for a in audits))
+    statistics = list(dict.fromkeys(s for a in audits for s in a["scores"]))
+    for engine in engines:
+        runs = [a for a in audits if a["engine"] == engine]
+        for statistic in statistics:
+            judged = [a["scores"][statistic] for a in runs]
+            rows.append(
+                {
+                    "engine": engine,
+                    "score": statistic,
+                    "flagged": sum(j["verdict"] == "violation" for j in judged),
+                    "audits": len(runs),
+                    "lower_bounds": [j["epsilon_lower_bound"] for j in judged],
+                    "max_seconds": max(a["seconds"] for a in runs),
+                    "mean_seconds": sum(a["seconds"] for a in runs) / len(runs),
+                }
+            )
+    return rows
+
+
+def _power_table(rows: list[dict[str, Any]], default: str) -> str:
+    head = ["engine", "score", "flagged (violation)", "lower bounds: min / median / max", "seconds: mean / max"]
+    body = []
+    for r in rows:
+        lows = sorted(r["lower_bounds"])
+        body.append(
+            [
+                r["engine"],
+                r["score"] + (" (the command's)" if r["score"] == default else ""),
+                f"{r['flagged']}/{r['audits']}",
+                f"{lows[0]:.3f} / {lows[len(lows) // 2]:.3f} / {lows[-1]:.3f}",
+                f"{r['mean_seconds']:.1f} / {r['max_seconds']:.1f}",
+            ]
+        )
+    return md_table(head, body)
+
+
+def _power_verdict(data: dict[str, Any]) -> str:
+    rows = {(r["engine"], r["score"]): r for r in data["summary"]}
+    default = data["default_score"]
+    lines = []
+    for engine, need in (("noise/10", f">= {POWER_TARGETS['noise/10']}"), ("real", "0")):
+        r = rows.get((engine, default))
+        if r is not None:
+            lines.append(f"- {engine}: flagged in {r['flagged']} of {r['audits']} audits (acceptance: {need}).")
+    slowest = max(a["seconds"] for a in data["audits"])
+    lines.append(
+        f"- Slowest audit: {slowest:.1f} s in this process (acceptance: under {POWER_TARGETS['seconds']:g} s)."
+    )
+    for c in data["cli"]:
+        lines.append(
+            f"- The command end to end in a fresh process, {c['engine']} engine, secret randomness: "
+            f"{c['seconds']:.1f} s, verdict {c['verdict']} (exit code {c['exit_code']})."
+        )
+    return "\n".join(lines)
+
+
+def _compact(config: dict[str, Any]) -> str:
+    import json
+
+    return json.dumps(config, separators=(", ", ": "))
+
+
+def render_power(data: dict[str, Any]) -> Report:
+    """The report of ``data`` (what :func:`run_power` writes to ``audit_power.json``)."""
+    mode = "QUICK mode (2 seeds; not the reported experiment)" if data["quick"] else "full run"
+    cert, top, m = data["epsilon_certified"], data["ceiling"], data["canaries"]
+    return Report(
+        POWER_REPORT,
+        "The audit's power: how often `dptrain audit` flags a broken engine",
+        intro=[
+            f"Produced by `{data['command']}` ({mode}). Wall time {data['wall_time_s']:.0f} s. All numbers are in "
+            f"`{POWER_JSON}`.",
+            "Each audit is `dptrain audit --config configs/audit.toml --set seed=SEED [--inject-bug ENGINE]` "
+            f"(seeds {data['seeds']}), the configuration `{_compact(data['config'])}`: a noise multiplier "
+            f"certified at epsilon {cert:.4f} (delta = {DELTA:g}), m = {m} "
+            f"gradient canaries on auxiliary coordinates scored on every released update, {CONFIDENCE:.0%} "
+            f"confidence; the audit could report at most {top:.3f} (its ceiling). A bug changes what the engine "
+            "does, never what its ledger records. Each run is judged by both statistics (the log-likelihood ratio "
+            "`llr` and the plain `sum`); the command reports "
+            f"`{data['default_score']}`. Timings on one thread (`single_thread`), the machine shared.",
+        ],
+        sections=[
+            Section("Summary", [_power_verdict(data)]),
+            Section("Flag rates", [_power_table(data["summary"], data["default_score"])]),
+        ],
+        data={POWER_JSON: data},
+    )
+
+
+def run_power(out_dir: str | Path, quick: bool = False) -> Path:
+    """Audit :data:`POWER_CONFIG` (configs/audit.toml) with each of :data:`POWER_ENGINES` over :data:`POWER_SEEDS`
+    seeds (2 with ``quick``) and time the command in a fresh process once per engine (not with ``quick``); writes
+    ``audit_power.md`` and ``audit_power.json`` into ``out_dir`` and returns the report's path."""
+    from dptrain.auditing.runner import DEFAULT_STATISTIC
+
+    command = f"dptrain reproduce audit --power --out {Path(out_dir)}" + (" --quick" if quick else "")
+    seeds = range(2 if quick else POWER_SEEDS)
+    start = time.perf_counter()
+    with single_thread(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # seeded audits (reproducible experiments): silence the seed warnings
+        audits = [power_audit(engine, seed) for seed in seeds for engine in POWER_ENGINES]
+    cli = [] if quick else [cli_seconds(engine) for engine in POWER_ENGINES]
+    data = {
+        "command": command,
+        "quick": quick,
+        "wall_time_s": time.perf_counter() - start,
+        "seeds": list(seeds),
+        "config": POWER_CONFIG,
+        "default_score": DEFAULT_STATISTIC,
+        "epsilon_certified": audits[0]["epsilon_certified"],
+        "ceiling": audits[0]["ceiling"],
+        "canaries": audits[0]["canaries"],
+        "audits": audits,
+        "cli": cli,
+        "summary": summarize_power(audits),
+    }
+    return render_power(data).write(out_dir)
