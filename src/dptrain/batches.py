@@ -191,7 +191,7 @@ def _tensor(v) -> torch.Tensor:
 
 
 def as_source(data, label_key: str = "labels"):
-    """The engine's view of training data: an :class:`~dptrain.data.ArrayDataset`, a ``TensorDataset``, an
+    """The engine's view of training data: an :class:`~dptrain.datasets.ArrayDataset`, a ``TensorDataset``, an
     ``(inputs, labels)`` pair (inputs a tensor or a tuple/dict of tensors) -> :class:`TensorSource`; any other
     map-style Dataset -> :class:`DatasetSource`."""
     if isinstance(data, TensorSource | DatasetSource):
