@@ -477,7 +477,8 @@ def _train(job: Job, rd: RunDirectory, progress: bool, stop_after: int | None, e
         with deferred_signals():
             _checkpoint(rd, job, wall())
         print(
-            f"\ninterrupted at step {trainer.steps}; continue with: dptrain train --resume {rd.path}",
+            f"\ninterrupted at step {trainer.steps}; continue with: "
+            f"{'torchrun ... ' if trainer.group is not None else ''}dptrain train --resume {rd.path}",
             file=sys.stderr,
         )
         raise
