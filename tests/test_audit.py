@@ -367,6 +367,33 @@ def test_projected_canaries_enter_the_full_batch_gradient_through_the_engine():
     assert stats.examples == 6
 
 
+def test_gradient_canaries_are_compared_with_an_accountant_that_covers_the_gradients():
+    """ModelMix's accountant credits the secret mixing of the iterates: the privatized gradients, which gradient
+    canaries observe in the dpsgd setting, are not released in its analysis. Such an audit is compared with the
+    tightest accountant that covers them (input canaries, scored on the final model, keep the run's own)."""
+    import dataclasses
+
+    from dptrain.accounting import dpsgd_ledger, epsilon
+    from dptrain.auditing.runner import _certificate
+
+    ledger = dpsgd_ledger(1.0, 0.05, 100)
+
+    class Run:  # what _certificate reads of a trainer
+        delta = 1e-5
+
+        def __init__(self):
+            self.ledger = ledger
+
+        def epsilon(self):
+            return dataclasses.replace(epsilon(ledger, 1e-5, "pld"), accountant="modelmix", epsilon=0.1)
+
+    eps, accountant = _certificate(Run(), "dpsgd", "gradient")
+    assert accountant != "modelmix" and eps == epsilon(ledger, 1e-5, accountant).epsilon
+    assert eps <= min(epsilon(ledger, 1e-5, a).epsilon for a in ("rdp", "pld"))
+    assert _certificate(Run(), "dpsgd", "input") == (0.1, "modelmix")
+    assert _certificate(Run(), "projected", "gradient") == (0.1, "modelmix")
+
+
 # --- bad input ------------------------------------------------------------------------------------------------
 
 

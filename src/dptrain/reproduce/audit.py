@@ -353,26 +353,29 @@ POWER_CONFIG: dict[str, Any] = {
 }
 #: The engines audited: None is the correct one, the others ``--inject-bug`` values.
 POWER_ENGINES: tuple[str | None, ...] = (None, "noise/10", "noise/2", "clipping-off")
+#: Further (engine, --canaries) pairs: what more canaries than the default buy (and cost: one row per canary).
+POWER_MORE_CANARIES: tuple[tuple[str | None, int], ...] = ((None, 3000), ("noise/2", 3000))
 POWER_SEEDS = 10
 #: What the acceptance asks of the audit of configs/audit.toml: noise/10 flagged in at least 9 of 10 audits, the
 #: correct engine in none, each audit under 60 s.
 POWER_TARGETS = {"noise/10": 9, "real": 0, "seconds": 60.0}
 
 
-def power_audit(engine: str | None, seed: int) -> dict[str, Any]:
+def power_audit(engine: str | None, seed: int, canaries: int | None = None) -> dict[str, Any]:
     """One audit of :data:`POWER_CONFIG` with ``seed`` exactly as ``dptrain audit --config configs/audit.toml --set
-    seed=SEED [--inject-bug ENGINE]`` runs it, judged with every statistic of the same run (the command reports
-    the runner's default one)."""
+    seed=SEED [--inject-bug ENGINE] [--canaries M]`` runs it, judged with every statistic of the same run (the
+    command reports the runner's default one)."""
     from dptrain.auditing.runner import judge, observe
 
     start = time.perf_counter()
-    seen = observe(config_from_dict({**POWER_CONFIG, "seed": seed}), None, "gradient", engine)
+    seen = observe(config_from_dict({**POWER_CONFIG, "seed": seed}), canaries, "gradient", engine)
     judged = {s: judge(seen, s, CONFIDENCE) for s in seen.scores}
     seconds = time.perf_counter() - start
     first = next(iter(judged.values()))
     return {
         "engine": engine or "real",
         "seed": seed,
+        "default_canaries": canaries is None,
         "seconds": seconds,
         "epsilon_certified": first["epsilon_certified"],
         "ceiling": first["ceiling"],
@@ -408,17 +411,20 @@ def cli_seconds(engine: str | None) -> dict[str, Any]:
 
 
 def summarize_power(audits: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per (engine, statistic): how many audits flagged a violation, over the seeds."""
+    """One row per (engine, canaries, statistic): how many audits flagged a violation, over the seeds."""
     rows = []
-    engines = list(dict.fromkeys(a["engine"] for a in audits))
+    groups = list(dict.fromkeys((a["engine"], a["canaries"]) for a in audits))
     statistics = list(dict.fromkeys(s for a in audits for s in a["scores"]))
-    for engine in engines:
-        runs = [a for a in audits if a["engine"] == engine]
+    for engine, m in groups:
+        runs = [a for a in audits if (a["engine"], a["canaries"]) == (engine, m)]
         for statistic in statistics:
             judged = [a["scores"][statistic] for a in runs]
             rows.append(
                 {
                     "engine": engine,
+                    "canaries": m,
+                    "default_canaries": runs[0]["default_canaries"],
+                    "ceiling": runs[0]["ceiling"],
                     "score": statistic,
                     "flagged": sum(j["verdict"] == "violation" for j in judged),
                     "audits": len(runs),
@@ -431,13 +437,21 @@ def summarize_power(audits: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _power_table(rows: list[dict[str, Any]], default: str) -> str:
-    head = ["engine", "score", "flagged (violation)", "lower bounds: min / median / max", "seconds: mean / max"]
+    head = [
+        "engine",
+        "canaries (ceiling)",
+        "score",
+        "flagged (violation)",
+        "lower bounds: min / median / max",
+        "seconds: mean / max",
+    ]
     body = []
     for r in rows:
         lows = sorted(r["lower_bounds"])
         body.append(
             [
                 r["engine"],
+                f"{r['canaries']}{'' if r['default_canaries'] else ' (--canaries)'} ({r['ceiling']:.2f})",
                 r["score"] + (" (the command's)" if r["score"] == default else ""),
                 f"{r['flagged']}/{r['audits']}",
                 f"{lows[0]:.3f} / {lows[len(lows) // 2]:.3f} / {lows[-1]:.3f}",
@@ -448,14 +462,14 @@ def _power_table(rows: list[dict[str, Any]], default: str) -> str:
 
 
 def _power_verdict(data: dict[str, Any]) -> str:
-    rows = {(r["engine"], r["score"]): r for r in data["summary"]}
+    rows = {(r["engine"], r["score"]): r for r in data["summary"] if r["default_canaries"]}
     default = data["default_score"]
     lines = []
     for engine, need in (("noise/10", f">= {POWER_TARGETS['noise/10']}"), ("real", "0")):
         r = rows.get((engine, default))
         if r is not None:
             lines.append(f"- {engine}: flagged in {r['flagged']} of {r['audits']} audits (acceptance: {need}).")
-    slowest = max(a["seconds"] for a in data["audits"])
+    slowest = max(a["seconds"] for a in data["audits"] if a["default_canaries"])
     lines.append(
         f"- Slowest audit: {slowest:.1f} s in this process (acceptance: under {POWER_TARGETS['seconds']:g} s)."
     )
@@ -502,7 +516,8 @@ def render_power(data: dict[str, Any]) -> Report:
 
 def run_power(out_dir: str | Path, quick: bool = False) -> Path:
     """Audit :data:`POWER_CONFIG` (configs/audit.toml) with each of :data:`POWER_ENGINES` over :data:`POWER_SEEDS`
-    seeds (2 with ``quick``) and time the command in a fresh process once per engine (not with ``quick``); writes
+    seeds (2 with ``quick``), and :data:`POWER_MORE_CANARIES`, and time the command in a fresh process once per
+    engine (neither with ``quick``); writes
     ``audit_power.md`` and ``audit_power.json`` into ``out_dir`` and returns the report's path."""
     from dptrain.auditing.runner import DEFAULT_STATISTIC
 
@@ -512,6 +527,8 @@ def run_power(out_dir: str | Path, quick: bool = False) -> Path:
     with single_thread(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # seeded audits (reproducible experiments): silence the seed warnings
         audits = [power_audit(engine, seed) for seed in seeds for engine in POWER_ENGINES]
+        if not quick:
+            audits += [power_audit(engine, seed, m) for seed in seeds for engine, m in POWER_MORE_CANARIES]
     cli = [] if quick else [cli_seconds(engine) for engine in POWER_ENGINES]
     data = {
         "command": command,
@@ -520,7 +537,7 @@ def run_power(out_dir: str | Path, quick: bool = False) -> Path:
         "seeds": list(seeds),
         "config": POWER_CONFIG,
         "default_score": DEFAULT_STATISTIC,
-        "epsilon_certified": audits[0]["epsilon_certified"],
+        "epsilon_certified": audits[0]["epsilon_certified"],  # (with more canaries, calibrated to the same target)
         "ceiling": audits[0]["ceiling"],
         "canaries": audits[0]["canaries"],
         "audits": audits,
