@@ -72,3 +72,49 @@ def test_cross_terms_of_every_pair_of_forms_match_the_materialized_gradients():
             torch.testing.assert_close(_inner(p, q), (mp * mq).sum((1, 2)), rtol=1e-5, atol=1e-5)
     total = shared(shared(emb, lin_seq), dense)
     torch.testing.assert_close(total.sq_norms(), (total.materialize() ** 2).sum((1, 2)), rtol=1e-5, atol=1e-5)
+
+
+class FunctionalReuse(nn.Module):
+    """A weight used by its layer and, functionally, once more: hooks on the layer see only the first use."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin, self.head = nn.Linear(6, 6), nn.Linear(6, 2)
+
+    def forward(self, x):
+        return self.head(torch.tanh(self.lin(x)) + nn.functional.linear(x, self.lin.weight))
+
+
+def _data():
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(200, 6, generator=g)
+    return x, (x[:, 0] > 0).long()
+
+
+def test_the_gradient_check_moves_a_wrong_layer_to_torch_func_and_training_is_exact():
+    from dptrain.engine import make_private
+
+    torch.manual_seed(0)
+    model = FunctionalReuse()
+    trainer = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), _data(), noise_multiplier=1.0,
+                           batch_size=50, seed=0)
+    check = trainer.gradient_check
+    assert "lin.weight" in check.moved_to_func and check.backend == "func" and check.seconds < 5
+    x, y = _data()
+    grads, _ = trainer.grad_sampler(x[:7], y[:7])
+    loop = _loop(model, x[:7], y[:7], lambda out, t: nn.functional.cross_entropy(out, t, reduction="none"))
+    norms = torch.sqrt(sum(grads.sq_norms().values()))
+    torch.testing.assert_close(norms, torch.stack([torch.sqrt(sum((g**2).sum() for g in r.values())) for r in loop]))
+
+
+def test_a_chosen_backend_that_disagrees_is_refused_naming_the_parameter():
+    from dptrain.engine import make_private
+    from dptrain.errors import ModelError
+
+    model = FunctionalReuse()
+    with pytest.raises(ModelError, match="per-example gradient of parameter 'lin.weight' from the layerwise backend"):
+        make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), _data(), noise_multiplier=1.0, batch_size=50,
+                     grad_sampler="layerwise")
+    trainer = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), _data(), noise_multiplier=1.0,
+                           batch_size=50, grad_sampler="layerwise", check_gradients=False)
+    assert trainer.gradient_check is None  # skipped on request, and recorded as skipped

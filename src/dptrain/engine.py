@@ -118,6 +118,7 @@ class PrivateTrainer(Checkpointing):
         ledger: Ledger | None = None,
         sample_sizes=None,
         check_independence: bool = True,
+        check_gradients: bool = True,
         report_not_private: bool = False,
         non_private: bool = False,
         release_facts: dict | None = None,
@@ -170,8 +171,16 @@ class PrivateTrainer(Checkpointing):
         #: Buffers a training-mode forward writes from the batch, kept only with buffer_updates="not_private" (the run
         #: is then labelled not private: they are released unnoised with the model).
         self.not_private_buffers: list[str] = []
-        self.max_physical_batch_size, self.not_private_buffers = preflight.probe_model(
-            self, max_physical_batch_size, self.independence_checked, check_buffer_updates(buffer_updates)
+        #: the check of the backend's per-example gradients on real examples (:mod:`dptrain.gradient_check`): the
+        #: backend it settled on and its cost; None when skipped (check_gradients=False)
+        self.gradient_check = None
+        self.max_physical_batch_size, self.not_private_buffers, self.gradient_check = preflight.probe_model(
+            self,
+            max_physical_batch_size,
+            self.independence_checked,
+            check_buffer_updates(buffer_updates),
+            # (a backend object of the caller's, e.g. a GLM's closed form, need not use loss_fn: nothing to compare)
+            check_gradients=bool(check_gradients) and isinstance(grad_sampler, str),
         )
         self.randomness = randomness if randomness is not None else Randomness(seed, secure=secure_noise)
         bind = getattr(optimizer, "bind_randomness", None)

@@ -350,7 +350,9 @@ class LayerwiseGradSampler:
 
     name = "layerwise"
 
-    def __init__(self, model: nn.Module, loss_fn: LossFn, fallback: bool = True):
+    def __init__(self, model: nn.Module, loss_fn: LossFn, fallback: bool = True, to_func: frozenset = frozenset()):
+        """``to_func``: modules differentiated by torch.func (per module) even where a rule exists (the gradient
+        check found their rule's gradients wrong on this model)."""
         if not fallback and not layerwise_supported(model):
             raise ModelError(
                 "the layerwise backend has rules for Linear, Conv1d, Conv2d, Embedding, GroupNorm, LayerNorm and "
@@ -358,13 +360,14 @@ class LayerwiseGradSampler:
             )
         self.model, self.loss_fn = model, loss_fn
         self._layers: dict[nn.Module, tuple[str, Callable]] = {}
+        self._to_func = to_func
         #: modules without a rule: differentiated per example by torch.func, each on its own (their whole subtree)
         self._fallback: dict[nn.Module, str] = {}
         covered: set[int] = set()
         for prefix, m in model.named_modules():
             if id(m) in covered or not any(p.requires_grad for p in m.parameters(recurse=False)):
                 continue
-            rule = _layerwise_rule(m)
+            rule = None if m in to_func else _layerwise_rule(m)
             if rule is not None:
                 self._layers[m] = (prefix, rule)
             else:
@@ -479,6 +482,22 @@ class AutoGradSampler:
             self.backend.close()
             self.backend = FuncGradSampler(self.model, self.loss_fn)
             return self.backend(x, y)
+
+    def move_to_func(self, names: list[str]) -> bool:
+        """Differentiate the parameters ``names`` another way (their gradients were found wrong): the modules owning
+        them by torch.func, per module; if they were so already, the whole model by torch.func. False when the whole
+        model already is (nothing left to try)."""
+        backend = self.backend
+        if not isinstance(backend, LayerwiseGradSampler):
+            return False
+        wanted = {id(p) for n, p in backend._params.items() if n in names}
+        owners = {m for m in backend._layers if any(id(p) in wanted for p in m.parameters(recurse=False))}
+        backend.close()
+        if owners:
+            self.backend = LayerwiseGradSampler(self.model, self.loss_fn, to_func=frozenset(owners | backend._to_func))
+        else:
+            self.backend = FuncGradSampler(self.model, self.loss_fn)
+        return True
 
     def close(self) -> None:
         self.backend.close()

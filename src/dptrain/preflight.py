@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_map
 
-from dptrain import buffers, independence
+from dptrain import buffers, gradient_check, independence
 from dptrain.batches import TensorSource, call_model, probe_like, take, with_first_replaced
 from dptrain.devices import to_device
 from dptrain.errors import DataError, ModelError
@@ -144,10 +144,14 @@ def chunk_size(trainer, requested: int | None, settled: bool) -> int:
     return auto_physical_batch_size(trainer.params, factored)
 
 
-def probe_model(trainer, requested_chunk: int | None, check_independence: bool, buffer_updates: str):
-    """Settle the backend and the chunk size, then probe the model on real training examples at that chunk size
-    (buffers, then independence). Returns (physical chunk size, names of the buffers written from the batch: empty
-    unless ``buffer_updates == "not_private"``). The model's buffers and torch's generator are left as they were."""
+def probe_model(
+    trainer, requested_chunk: int | None, check_independence: bool, buffer_updates: str, check_gradients: bool = True
+):
+    """Settle the backend and the chunk size, then probe the model on real training examples at that chunk size:
+    buffers, the backend's per-example gradients against single-example backward passes (:mod:`dptrain.gradient_check`,
+    which may settle on another backend), independence. Returns (physical chunk size, names of the buffers written
+    from the batch: empty unless ``buffer_updates == "not_private"``, the gradient check or None). The model's buffers
+    and torch's generator are left as they were."""
     model, source, device = trainer.model, trainer.data, trainer.device
     with buffers.restored(model):
         if check_independence:
@@ -175,10 +179,23 @@ def probe_model(trainer, requested_chunk: int | None, check_independence: bool, 
 
     forwards = [forward(x), forward(changed)] + ([forward(take(x, torch.arange(k - 1, device=y.device)))] if k > 1 else [])
     written = buffers.check_buffers(buffers.batch_dependent_buffers(model, forwards), buffer_updates)
-    if check_independence:
-        with loss_errors_named():
-            independence.check_independence(model, trainer.grad_sampler, x, y, other_x, other_y)
-    return chunk, written
+
+    def independent() -> None:
+        if check_independence:
+            with loss_errors_named():
+                independence.check_independence(model, trainer.grad_sampler, x, y, other_x, other_y)
+
+    independent()  # first: a model that mixes examples gets that diagnosis, not a gradient mismatch
+    checked = None
+    if check_gradients:
+        backend = getattr(trainer.grad_sampler, "name", None)
+        with buffers.restored(model), loss_errors_named():
+            checked = gradient_check.verified_backend(trainer, x, y)
+        if checked.backend != backend:  # the backend that trains changed: probe it too
+            independent()
+            if not requested_chunk:  # (torch.func materializes what layerwise kept factored)
+                chunk = min(chunk, chunk_size(trainer, None, checked.backend.startswith("layerwise")))
+    return chunk, written, checked
 
 
 __all__ = [
