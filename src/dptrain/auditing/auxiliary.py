@@ -8,7 +8,7 @@ score each canary from all of them.
 Where the canaries live. A canary placed on a coordinate of the model's own parameters shares it with the real
 data's gradients, which move it every step: the canary's signal is then drowned in the data's drift (a 5-epoch
 logistic run certified at epsilon 1 with 10x too little noise, true epsilon about 190, gave lower bounds of
-0.45-0.78). Here the canaries get coordinates of their own: an auxiliary tensor of m b entries appended to the
+0.45-0.97 over seeds 0-3, configs/audit.toml). Here the canaries get coordinates of their own: an auxiliary tensor of m b entries appended to the
 trainer's parameter dict for the audit only (:data:`AUX`). The model never reads it and the optimizer does not
 hold it, so every real example's per-example gradient there is exactly 0, and what the run releases there is
 exactly the canaries' clipped sum plus the engine's noise. Canary r's gradient is GAIN C / sqrt(b) on its block of
