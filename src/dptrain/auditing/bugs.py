@@ -16,12 +16,10 @@ from __future__ import annotations
 
 import torch
 
+from dptrain.auditing import BUGS
 from dptrain.clipping import ClipStats, read_counts, screen_non_finite
 from dptrain.errors import ConfigError
 from dptrain.noise import add_gaussian_noise
-
-#: The bugs ``--inject-bug`` accepts: the noise divided by 2, 10 or 100, or clipping switched off.
-BUGS = ("noise/2", "noise/10", "noise/100", "clipping-off")
 
 
 def check_bug(bug) -> str | None:

@@ -13,8 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from dptrain.auditing import KINDS
-from dptrain.auditing.bugs import BUGS
+from dptrain.auditing import BUGS, KINDS
 from dptrain.cli import common
 
 NAME = "audit"
