@@ -48,7 +48,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--kind",
         default="gradient",
         metavar="|".join(KINDS),
-        help="gradient: white-box Dirac gradient canaries (default); input: random examples with random labels",
+        help="gradient: white-box gradient canaries (default; on auxiliary coordinates, scored on every released "
+        "update, where every iterate is released); input: random examples with random labels",
     )
     parser.add_argument(
         "--inject-bug",
