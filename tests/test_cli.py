@@ -510,6 +510,10 @@ def test_main_exit_codes(monkeypatch, capsys):
         "accountant": "pld",
         "delta": 1e-5,
         "setting": "dpsgd",
+        "ceiling": 5.0,
+        "verdict": "violation",
+        "score": "loss",
+        "injected_bug": None,
     }
     monkeypatch.setattr(dptrain.config, "load_config", lambda path, overrides: None)
     monkeypatch.setattr(dptrain.auditing.runner, "audit_run", lambda cfg, **kw: result)
