@@ -46,13 +46,14 @@ from dptrain.checkpoint import Checkpointing
 from dptrain.clipping import Clipping, ClipStats, clipped_sum, make_clipping
 from dptrain.devices import resolve_device, to_device
 from dptrain.errors import AccountingError, BudgetExhausted, ConfigError, NonFiniteError
+from dptrain.evaluation import accuracy, evaluation_source
 from dptrain.interrupts import deferred_signals
+from dptrain.losses import default_loss
 from dptrain.models import check_private_compatible
 from dptrain.noise import add_gaussian_noise, check_noise_schedule
 from dptrain.per_example import (
     LossFn,
     PerExampleGrads,
-    cross_entropy_per_example,
     make_grad_sampler,
     trainable_parameters,
 )
@@ -108,7 +109,7 @@ class PrivateTrainer(Checkpointing):
         accountant: str = AUTO,
         clipping: str | Clipping = "flat",
         linf_p: int | None = None,
-        loss_fn: LossFn = cross_entropy_per_example,
+        loss_fn: LossFn | None = None,
         max_physical_batch_size: int | None = None,
         grad_sampler="auto",
         seed: int | None = None,
@@ -156,7 +157,9 @@ class PrivateTrainer(Checkpointing):
         self.clipping: Clipping = (
             make_clipping(clipping, max_grad_norm, linf_p) if isinstance(clipping, str) else clipping
         )
-        self.loss_fn = loss_fn
+        #: one loss per example; default: cross-entropy on the model's logits (causal-LM shifted for a causal language
+        #: model: :func:`dptrain.losses.default_loss`)
+        self.loss_fn = loss_fn = loss_fn if loss_fn is not None else default_loss(model)
         self.grad_sampler = (
             make_grad_sampler(model, loss_fn, grad_sampler) if isinstance(grad_sampler, str) else grad_sampler
         )
@@ -561,14 +564,12 @@ class PrivateTrainer(Checkpointing):
             self.noise_controller.observe(value)
 
     @torch.no_grad()
-    def evaluate(self, x: torch.Tensor, y: torch.Tensor, batch_size: int = 1024) -> float:
-        """Accuracy on held-out data (not private data: evaluation on the training set would leak)."""
-        self.model.eval()
-        correct = sum(
-            int((self.model(xb.to(self.device)).argmax(1) == yb.to(self.device)).sum())
-            for xb, yb in zip(x.split(batch_size), y.split(batch_size), strict=True)
-        )
-        return correct / max(1, len(y))
+    def evaluate(self, x, y=None, batch_size: int = 1024) -> float:
+        """Accuracy on held-out data (not private data: evaluation on the training set would leak). ``x``, ``y``: the
+        structures training takes (a tensor, a tuple or dict of tensors, with labels ``y``; or a Dataset or
+        DataLoader with ``y`` None). Classification accuracy, or token accuracy over labelled tokens for [B, T, K]
+        scores (shifted for a causal language model)."""
+        return accuracy(self.model, evaluation_source(x, y), self.device, batch_size, self.loss_fn)
 
     def close(self) -> None:
         self.grad_sampler.close()

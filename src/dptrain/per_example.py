@@ -46,13 +46,10 @@ from dptrain.gradient_factors import (
     _LinearFactors,
     shared,
 )
+from dptrain.losses import cross_entropy_per_example  # noqa: F401  (the default classification loss, re-exported)
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 GRAD_SAMPLERS = ("auto", "func", "layerwise")
-
-
-def cross_entropy_per_example(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(outputs, targets, reduction="none")
 
 
 def trainable_parameters(model: nn.Module) -> dict[str, nn.Parameter]:

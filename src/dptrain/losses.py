@@ -1,0 +1,96 @@
+"""Per-example losses: one loss per example, what per-example clipping needs (a batch-mean loss would mix examples).
+
+The default loss (:func:`default_loss`) reads what a model returns as transformers builds it: a tensor, or a
+``ModelOutput`` / dict / tuple whose ``logits`` (or first element) are the scores.
+
+- logits [B, K] and labels [B]: cross-entropy (classification);
+- logits [B, T, K] and labels [B, T]: token-level cross-entropy, tokens labelled ``-100`` ignored (Hugging Face's
+  convention: padding), averaged over each example's own tokens; for a causal language model (Hugging Face's
+  ``*ForCausalLM`` / ``*LMHeadModel``, also behind a peft wrapper) position t predicts label t + 1 (the shift
+  transformers applies when it is given ``labels``).
+
+An example whose tokens are all ignored has loss 0 (and gradient 0), never NaN.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+IGNORE_INDEX = -100
+
+
+def logits_of(outputs) -> torch.Tensor:
+    """The scores a model returned: the tensor itself, or the ``logits`` of a ModelOutput or dict, or the first
+    element of a tuple."""
+    if torch.is_tensor(outputs):
+        return outputs
+    logits = getattr(outputs, "logits", None)
+    if logits is None and isinstance(outputs, dict):
+        logits = outputs.get("logits")
+    if logits is None and isinstance(outputs, tuple | list) and outputs and torch.is_tensor(outputs[0]):
+        logits = outputs[0]
+    if logits is None:
+        raise TypeError(
+            f"the model returned a {type(outputs).__name__} without logits; pass loss_fn(outputs, labels) returning one "
+            "loss per example"
+        )
+    return logits
+
+
+def _token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """[B, T, K] scores and [B, T] labels -> [B]: the mean cross-entropy of each example's labelled tokens."""
+    per_token = F.cross_entropy(
+        logits.transpose(1, 2).float(), labels, ignore_index=IGNORE_INDEX, reduction="none"
+    )  # [B, T], 0 where ignored
+    counted = (labels != IGNORE_INDEX).sum(1)
+    return per_token.sum(1) / counted.clamp_min(1)
+
+
+def cross_entropy_per_example(outputs, targets: torch.Tensor) -> torch.Tensor:
+    """Classification (logits [B, K], labels [B]) or token classification (logits [B, T, K], labels [B, T], ``-100``
+    ignored, mean over each example's tokens). Computed in float32 at least (mixed precision keeps its loss exact)."""
+    logits = logits_of(outputs)
+    if logits.dim() == 3 and targets.dim() == 2:
+        return _token_loss(logits, targets)
+    return F.cross_entropy(logits if logits.dtype == torch.float64 else logits.float(), targets, reduction="none")
+
+
+def causal_lm_per_example(outputs, labels: torch.Tensor) -> torch.Tensor:
+    """Causal language modelling: position t's scores predict label t + 1 (``-100`` ignored), mean over each example's
+    predicted tokens."""
+    logits = logits_of(outputs)
+    return _token_loss(logits[:, :-1], labels[:, 1:])
+
+
+def is_causal_lm(model: nn.Module) -> bool:
+    """A Hugging Face causal language model (behind a peft wrapper too), by its class name."""
+    base = model
+    for _ in range(4):  # peft: PeftModel -> LoraModel -> the transformers model
+        name = type(base).__name__
+        if name.endswith(("ForCausalLM", "LMHeadModel")):
+            return True
+        inner = getattr(base, "base_model", None) or getattr(base, "model", None)
+        if not isinstance(inner, nn.Module) or inner is base:
+            break
+        base = inner
+    return False
+
+
+def default_loss(model: nn.Module) -> Callable:
+    """The per-example loss a model gets when none is given: causal-LM cross-entropy for a causal language model,
+    else :func:`cross_entropy_per_example`."""
+    return causal_lm_per_example if is_causal_lm(model) else cross_entropy_per_example
+
+
+__all__ = [
+    "IGNORE_INDEX",
+    "causal_lm_per_example",
+    "cross_entropy_per_example",
+    "default_loss",
+    "is_causal_lm",
+    "logits_of",
+]
