@@ -16,7 +16,6 @@ run would have taken. Sampling and noise come from the run's secret streams (:mo
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import inspect
 import math
 from collections.abc import Callable, Iterator
@@ -29,16 +28,13 @@ from dptrain import distributed, preflight
 from dptrain.accounting import (
     AUTO,
     Ledger,
-    PrivacyReport,
     calibrate,
     check_accountant,
     check_noise_multiplier,
-    epsilon,
-    max_releases,
     steps_for_epochs,
 )
 from dptrain.accounting.checks import check_delta, check_delta_for_size
-from dptrain.accounting.ledger import NOISE_SCALE_FACT, step_facts, training_steps
+from dptrain.accounting.ledger import training_steps
 from dptrain.batch_selection import REPLACE_ONE_SCHEMES, BatchSampler, make_sampler
 from dptrain.batches import as_source
 from dptrain.buffers import check_buffer_updates
@@ -57,6 +53,7 @@ from dptrain.per_example import (
     make_grad_sampler,
     trainable_parameters,
 )
+from dptrain.privacy_side import PrivacySide
 from dptrain.randomness import Randomness
 
 
@@ -89,7 +86,7 @@ def _all_finite(tensors) -> bool:
     return not sums or math.isfinite(torch.stack(sums).sum().item())
 
 
-class PrivateTrainer(Checkpointing):
+class PrivateTrainer(Checkpointing, PrivacySide):
     """A private training run: model, optimizer and data wrapped with DP-SGD and a privacy ledger.
 
     Create one with :func:`make_private` or :func:`make_private_with_epsilon`.
@@ -306,109 +303,9 @@ class PrivateTrainer(Checkpointing):
             )
         return c * self.noise_schedule[step]
 
-    # -- the privacy side ---------------------------------------------------------------------------------
-    def release_event(self, step: int | None = None, noise_multiplier: float | None = None):
-        """(DpEvent, facts) of step number ``step`` (default: the next one), as recorded in the ledger.
-
-        The noise's std is noise_multiplier x C (C: the per-example bound, ``clipping.sensitivity``); the event
-        records std over the sensitivity of the released sum under the ledger's adjacency: C for add/remove, 2C
-        for replace-one (replacing an example moves the sum by up to 2C)."""
-        step = self.steps if step is None else step
-        sigma = self.noise_multiplier_at(step, noise_multiplier)
-        factor = 2.0 if self.ledger.neighboring == "replace_one" else 1.0
-        event = self.sampler.event(sigma / factor, step)
-        if self.release_facts is not None:
-            return event, dict(self.release_facts)
-        rate = self.sampler.expected_batch_size_at(step) / self.sampler.dataset_size
-        facts = step_facts(
-            self.sampler.scheme, rate, dataset_size=self.sampler.dataset_size, clip_norm=self.clipping.sensitivity
-        )
-        facts.update(getattr(self.clipping, "facts", {}))  # e.g. the l-infinity bound of l2_linf clipping
-        update_facts = getattr(self.optimizer, "release_facts", None)
-        if update_facts is not None:  # an update stage (ModelMix): its facts and the divisor B it scales by
-            facts.update(update_facts(step), batch_size=float(self.sampler.expected_batch_size_at(step)))
-        if self.noise_schedule is not None:
-            facts[NOISE_SCALE_FACT] = float(self._noise_multiplier if noise_multiplier is None else noise_multiplier)
-        if self.noise_controller is not None:
-            facts.update(self.noise_controller.facts)
-        return event, facts
-
-    def _runs(self, start: int, stop: int) -> list[tuple[int, int]]:
-        """[start, stop) cut where the recorded facts may change: every step with a batch-size schedule, the
-        update stage's boundaries (ModelMix's tau phases) otherwise."""
-        if self.sampler.max_steps is not None:
-            cuts = list(range(start + 1, stop))
-        else:
-            boundaries = getattr(self.optimizer, "fact_boundaries", None)
-            cuts = [] if boundaries is None else boundaries(start, stop)
-            shape = self.noise_schedule
-            if shape is not None:  # where the noise schedule changes level
-                cuts = sorted({*cuts, *(t for t in range(start + 1, min(stop, len(shape))) if shape[t] != shape[t - 1])})
-        edges = [start, *cuts, stop]
-        return [(a, b) for a, b in zip(edges[:-1], edges[1:], strict=True) if b > a]
-
-    def ledger_after(self, more: int, noise_multiplier: float | None = None) -> Ledger:
-        """The ledger as it will be after ``more`` further steps (at ``noise_multiplier``, default the run's)."""
-        ledger = self.ledger.copy()
-        for start, stop in self._runs(self.steps, self.steps + more):  # identical steps recorded at once
-            ledger.record(*self.release_event(start, noise_multiplier), count=stop - start)
-        return ledger
-
-    def allowed_steps(self) -> int | None:
-        """Total steps the budget allows (None without a budget). Computed once, by the run's accountant."""
-        if self.budget is None:
-            return None
-        if self._allowed_steps is None:
-            limit = 10**9 if self.max_steps is None else self.max_steps - self.steps
-            # A calibrated noise schedule fits its budget over its whole length: try that first (one accountant
-            # call instead of a search over ledgers of many distinct steps).
-            more = max_releases(
-                self.ledger_after,
-                self.budget.epsilon,
-                self.budget.delta,
-                self.accountant,
-                limit,
-                limit_first=self.noise_schedule is not None,
-            )
-            self._allowed_steps = self.steps + more
-        return self._allowed_steps
-
-    @property
-    def not_private_reasons(self) -> list[str]:
-        """Why this run is not private whatever its epsilon (empty for a private run): seeded randomness (the noise can
-        be recomputed), buffers written from private batches (released unnoised)."""
-        reasons = []
-        if self.randomness.seeded:
-            reasons.append("seeded randomness: the noise and the batches can be recomputed from the seed")
-        if self.not_private_buffers:
-            reasons.append(
-                f"buffers written from private batches are released unnoised ({', '.join(self.not_private_buffers)})"
-            )
-        return reasons
-
-    @property
-    def private(self) -> bool:
-        return not self.not_private_reasons
-
-    def epsilon(self, delta: float | None = None, accountant: str | None = None) -> PrivacyReport:
-        """Privacy spent so far (epsilon at ``delta``), from the ledger. For a run that is not private (seeded, or with
-        buffers written from private batches) the report is marked not certified: its epsilon is what the run would
-        certify with secret randomness and nothing released outside the ledger."""
-        if self.non_private:
-            raise AccountingError("a non_private baseline released its gradients without noise: it has no epsilon")
-        delta = self.delta if delta is None else check_delta_for_size(delta, len(self.data), "delta")
-        report = epsilon(self.ledger, delta, accountant or self.accountant)
-        reasons = self.not_private_reasons
-        if not reasons:
-            return report
-        note = "NOT private: " + "; ".join(reasons)
-        return dataclasses.replace(report, certified=False, details={**report.details, "private": False, "note": note})
-
     # -- training -----------------------------------------------------------------------------------------
-    def step(self) -> StepResult:
-        """Draw a batch, privatize its gradient, record the release and update the model (atomically). A model in eval
-        mode (after :meth:`evaluate`) is put back in training mode; a submodule set to eval inside a training model is
-        left as it is."""
+    def check_allowed(self) -> None:
+        """BudgetExhausted unless the run may take one more step (its budget, its privacy filter)."""
         allowed = self.allowed_steps()
         if allowed is not None and self.steps >= allowed:
             raise BudgetExhausted(
@@ -421,38 +318,18 @@ class PrivateTrainer(Checkpointing):
                 f"the privacy filter stops the run: one more step at noise multiplier {controller.sigma:.6g} would "
                 f"pass its budget (epsilon={controller.filter.epsilon:g} at delta={controller.filter.delta:g})"
             )
+
+    def step(self) -> StepResult:
+        """Draw a batch, privatize its gradient, record the release and update the model (atomically). A model in eval
+        mode (after :meth:`evaluate`) is put back in training mode; a submodule set to eval inside a training model is
+        left as it is."""
+        self.check_allowed()
         with deferred_signals(), self._rolled_back_on_error():
             if not self.model.training:  # (evaluate() left it in eval mode)
                 self.model.train()
             idx = self.sampler.sample(self.randomness.stream("sampling"), self.steps)
             summed, stats, loss_sum = self._clipped_sum(idx)
-            if stats.non_finite:
-                raise NonFiniteError(
-                    f"the loss or the per-example gradients of step {self.steps + 1} are not finite (NaN or inf): "
-                    "check the data and the loss function; nothing of this step was released (the moment a run "
-                    "stops depends on the data: start a fresh run once fixed)"
-                )
-            std = self.noise_multiplier_at(self.steps) * self.clipping.sensitivity
-            dtype_max = min(torch.finfo(p.dtype).max for p in self.params.values())
-            if not std < dtype_max / 64:
-                raise NonFiniteError(
-                    f"the noisy gradient of step {self.steps + 1} is not finite: noise std sigma x C = {std:.4g} "
-                    "overflows the model's dtype; lower privacy.max_grad_norm"
-                )
-            # (a sum that overflows despite the clip bound leaves non-finite weights: caught after the update)
-            scale = 1.0 / self.sampler.expected_batch_size_at(self.steps)
-            if self.non_private:
-                grads = {n: s * scale for n, s in summed.items()}
-            else:  # the noisy sums are fresh tensors: scaled in place, in one call
-                grads = (self.noise_stage or add_gaussian_noise)(summed, std, self.randomness.stream("noise"))
-                torch._foreach_mul_(list(grads.values()), scale)
-            for n, p in self.params.items():
-                p.grad = grads[n].to(p.dtype)
-            # The release happens here: record it, count it and apply it together.
-            self._committed = True
-            if not self.non_private:
-                self.ledger.record(*self.release_event())
-            self.steps += 1
+            self.privatize(summed, stats)
             try:
                 self.optimizer.step()
             except RuntimeError as e:  # e.g. a learning rate that does not fit in the parameters' dtype
@@ -464,11 +341,7 @@ class PrivateTrainer(Checkpointing):
                 ) from None
             for p in self.params.values():  # (the gradients this step set: the optimizer's zero_grad, less its overhead)
                 p.grad = None
-        if not _all_finite(self.params.values()):
-            raise NonFiniteError(
-                f"training diverged at step {self.steps}: the model's weights are no longer finite (NaN or inf) "
-                "after the optimizer step; lower the learning rate"
-            )
+        self.check_weights()
         result = StepResult(self.steps)
         if self.report_not_private:
             n = len(idx)
@@ -480,6 +353,48 @@ class PrivateTrainer(Checkpointing):
                 "non_finite_gradients": stats.non_finite,
             }
         return result
+
+    def privatize(self, summed: dict[str, torch.Tensor], stats) -> None:
+        """The release of step ``self.steps + 1``: the sum of the logical batch's clipped per-example gradients
+        ``summed`` (by parameter name) noised once, divided by the expected batch size and set as every parameter's
+        ``.grad``, the event recorded in the ledger and the step counted, together. Refuses (NonFiniteError) a batch
+        with a non-finite loss or gradient (``stats.non_finite``) or a noise that overflows the dtype, before anything
+        is released. Call it inside :meth:`_rolled_back_on_error` (the step's streams roll back on an error before)."""
+        if stats.non_finite:
+            raise NonFiniteError(
+                f"the loss or the per-example gradients of step {self.steps + 1} are not finite (NaN or inf): "
+                "check the data and the loss function; nothing of this step was released (the moment a run "
+                "stops depends on the data: start a fresh run once fixed)"
+            )
+        std = self.noise_multiplier_at(self.steps) * self.clipping.sensitivity
+        dtype_max = min(torch.finfo(p.dtype).max for p in self.params.values())
+        if not std < dtype_max / 64:
+            raise NonFiniteError(
+                f"the noisy gradient of step {self.steps + 1} is not finite: noise std sigma x C = {std:.4g} "
+                "overflows the model's dtype; lower privacy.max_grad_norm"
+            )
+        # (a sum that overflows despite the clip bound leaves non-finite weights: caught after the update)
+        scale = 1.0 / self.sampler.expected_batch_size_at(self.steps)
+        if self.non_private:
+            grads = {n: s * scale for n, s in summed.items()}
+        else:  # the noisy sums are fresh tensors: scaled in place, in one call
+            grads = (self.noise_stage or add_gaussian_noise)(summed, std, self.randomness.stream("noise"))
+            torch._foreach_mul_(list(grads.values()), scale)
+        for n, p in self.params.items():
+            p.grad = grads[n].to(p.dtype)
+        # The release happens here: record it, count it and apply it together.
+        self._committed = True
+        if not self.non_private:
+            self.ledger.record(*self.release_event())
+        self.steps += 1
+
+    def check_weights(self) -> None:
+        """NonFiniteError if an update left a weight NaN or infinite (never a silent NaN model)."""
+        if not _all_finite(self.params.values()):
+            raise NonFiniteError(
+                f"training diverged at step {self.steps}: the model's weights are no longer finite (NaN or inf) "
+                "after the optimizer step; lower the learning rate"
+            )
 
     @contextlib.contextmanager
     def _rolled_back_on_error(self):
