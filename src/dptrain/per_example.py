@@ -30,6 +30,7 @@ where that is cheaper, decided per layer from its shapes (:func:`ghost_pays`), a
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from collections.abc import Callable
 
@@ -373,6 +374,7 @@ class LayerwiseGradSampler:
         # a module with a rule inside a fallback subtree is covered by the fallback
         self._layers = {m: v for m, v in self._layers.items() if not any(m in f.modules() for f in self._fallback)}
         self._records: dict[nn.Module, list] | None = None
+        self._recorded: dict[nn.Module, list] | None = None
         self._batch = 0
         #: the trainable parameters when the hooks were placed (the engine's, too: it fixes them when it is made)
         self._params = trainable_parameters(model)
@@ -402,20 +404,36 @@ class LayerwiseGradSampler:
             self._records.setdefault(module, []).append((args, dict(kwargs), _tensors(output)))
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> tuple[PerExampleGrads, torch.Tensor]:
-        self._records, self._batch = {}, batch_len(y)
-        try:
+        with self.recording(batch_len(y)):
             with torch.enable_grad():
                 losses = self.loss_fn(call_model(self.model, x), y)
-            calls = [(m, a, out) for m, recs in self._records.items() if m in self._layers for a, out, _ in recs]
-            fallbacks = [rec for m, recs in self._records.items() if m in self._fallback for rec in [(m, *r) for r in recs]]
-            if any(out._version != v for m, recs in self._records.items() if m in self._layers for _, out, v in recs):
-                raise InplaceOutputError(
-                    "a layer's output is modified in place (e.g. ReLU(inplace=True)), which the layerwise "
-                    "per-example gradient backend cannot see through; use grad_sampler='func'"
-                )
+        return self.from_losses(losses), losses.detach()
+
+    @contextlib.contextmanager
+    def recording(self, batch: int):
+        """Record the layers' inputs and outputs of the forward pass(es) run inside (``batch`` examples), for
+        :meth:`from_losses`. A caller's own training loop runs its forward pass inside it."""
+        self._records, self._batch = {}, int(batch)
+        try:
+            yield
         finally:
-            self._records = None
-        n = batch_len(y)
+            self._recorded, self._records = self._records, None
+
+    def from_losses(self, losses: torch.Tensor) -> PerExampleGrads:
+        """The per-example gradients of ``losses`` (one per example, computed from the forward pass recorded by the
+        last :meth:`recording`): one backward pass to the recorded layer outputs, then each layer's rule. The records
+        are used once."""
+        records, self._recorded = self._recorded, None
+        if records is None:
+            raise ModelError("per-example gradients need the forward pass recorded first (and use it once)")
+        calls = [(m, a, out) for m, recs in records.items() if m in self._layers for a, out, _ in recs]
+        fallbacks = [rec for m, recs in records.items() if m in self._fallback for rec in [(m, *r) for r in recs]]
+        if any(out._version != v for m, recs in records.items() if m in self._layers for _, out, v in recs):
+            raise InplaceOutputError(
+                "a layer's output is modified in place (e.g. ReLU(inplace=True)), which the layerwise "
+                "per-example gradient backend cannot see through; use grad_sampler='func'"
+            )
+        n = self._batch
         if losses.shape != (n,):
             raise ModelError(
                 f"the loss function must return one loss per example (shape [{n}]), got shape {list(losses.shape)}"
@@ -449,7 +467,7 @@ class LayerwiseGradSampler:
             result[name] = (
                 per_example[name] if name in per_example else p.new_zeros((n, *p.shape))
             )
-        return PerExampleGrads(result), losses.detach()
+        return PerExampleGrads(result)
 
     def close(self) -> None:
         for h in self._handles:
