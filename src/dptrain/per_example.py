@@ -498,6 +498,19 @@ class AutoGradSampler:
             self.backend = FuncGradSampler(self.model, self.loss_fn)
             return self.backend(x, y)
 
+    def recording(self, batch: int):
+        """The layerwise backend's recording of a caller's forward pass (:meth:`LayerwiseGradSampler.recording`);
+        a model that needs torch.func for the whole of it cannot be differentiated from a caller's forward pass."""
+        if not isinstance(self.backend, LayerwiseGradSampler):
+            raise ModelError(
+                "this model's per-example gradients need torch.func for the whole model, which recomputes the forward "
+                "pass itself: train it with the trainer's own step (make_private) instead of your own loop"
+            )
+        return self.backend.recording(batch)
+
+    def from_losses(self, losses: torch.Tensor) -> PerExampleGrads:
+        return self.backend.from_losses(losses)
+
     def move_to_func(self, names: list[str]) -> bool:
         """Differentiate the parameters ``names`` another way (their gradients were found wrong): the modules owning
         them by torch.func, per module; if they were so already, the whole model by torch.func. False when the whole
