@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from dptrain.batches import batch_len, call_model, unsqueezed
+from dptrain.batches import batch_len, call_model, take, unsqueezed
 from dptrain.errors import ConfigError, ModelError
 from dptrain.gradient_factors import (
     PerExampleGrads,
@@ -50,7 +50,7 @@ from dptrain.gradient_factors import (
 from dptrain.losses import cross_entropy_per_example  # noqa: F401  (the default classification loss, re-exported)
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-GRAD_SAMPLERS = ("auto", "func", "layerwise")
+GRAD_SAMPLERS = ("auto", "func", "layerwise", "loop")
 
 
 def trainable_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
@@ -82,8 +82,46 @@ class FuncGradSampler:
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> tuple[PerExampleGrads, torch.Tensor]:
         params = {n: p.detach() for n, p in trainable_parameters(self.model).items()}
         buffers = dict(self.model.named_buffers())
-        grads, losses = self._per_example(params, buffers, x, y)
+        try:
+            grads, losses = self._per_example(params, buffers, x, y)
+        except RuntimeError as e:  # e.g. transformers' masking code branches on a tensor's value, which vmap cannot
+            if "vmap" not in str(e) and "functorch" not in str(e):
+                raise
+            raise FallbackError(
+                "torch.func cannot differentiate this model per example: vmap fails where the model branches on a "
+                "tensor's value (data-dependent control flow, as in transformers' attention-mask code); use "
+                "grad_sampler='auto' or 'loop'"
+            ) from None
         return PerExampleGrads(grads), losses
+
+    def close(self) -> None:
+        pass
+
+
+class LoopGradSampler:
+    """Per-example gradients by a loop of single-example backward passes: exact for any model (data-dependent control
+    flow included), and slow; the last resort of the automatic backend."""
+
+    name = "loop"
+
+    def __init__(self, model: nn.Module, loss_fn: LossFn):
+        self.model, self.loss_fn = model, loss_fn
+
+    def __call__(self, x, y) -> tuple[PerExampleGrads, torch.Tensor]:
+        params = trainable_parameters(self.model)
+        n = batch_len(y)
+        grads = {name: p.new_zeros((n, *p.shape)) for name, p in params.items()}
+        losses = []
+        for i in range(n):
+            idx = torch.tensor([i], device=y.device)
+            with torch.enable_grad():
+                loss = self.loss_fn(call_model(self.model, take(x, idx)), y[i : i + 1]).reshape(())
+                parts = torch.autograd.grad(loss, list(params.values()), allow_unused=True)
+            for (name, _), g in zip(params.items(), parts, strict=True):
+                if g is not None:
+                    grads[name][i] = g
+            losses.append(loss.detach())
+        return PerExampleGrads(grads), torch.stack(losses) if losses else y.new_zeros(0, dtype=torch.float32)
 
     def close(self) -> None:
         pass
@@ -491,12 +529,19 @@ class AutoGradSampler:
         return self.backend.name
 
     def __call__(self, x, y):
-        try:
-            return self.backend(x, y)
-        except (InplaceOutputError, FallbackError):
-            self.backend.close()
-            self.backend = FuncGradSampler(self.model, self.loss_fn)
-            return self.backend(x, y)
+        while True:
+            try:
+                return self.backend(x, y)
+            except (InplaceOutputError, FallbackError):
+                if isinstance(self.backend, LoopGradSampler):
+                    raise
+                self._next()
+
+    def _next(self) -> None:
+        """The next backend of the ladder: layerwise -> torch.func for the whole model -> a loop of single examples."""
+        self.backend.close()
+        nxt = FuncGradSampler if isinstance(self.backend, LayerwiseGradSampler) else LoopGradSampler
+        self.backend = nxt(self.model, self.loss_fn)
 
     def recording(self, batch: int):
         """The layerwise backend's recording of a caller's forward pass (:meth:`LayerwiseGradSampler.recording`);
@@ -516,15 +561,18 @@ class AutoGradSampler:
         them by torch.func, per module; if they were so already, the whole model by torch.func. False when the whole
         model already is (nothing left to try)."""
         backend = self.backend
-        if not isinstance(backend, LayerwiseGradSampler):
+        if isinstance(backend, LoopGradSampler):
             return False
-        wanted = {id(p) for n, p in backend._params.items() if n in names}
-        owners = {m for m in backend._layers if any(id(p) in wanted for p in m.parameters(recurse=False))}
-        backend.close()
-        if owners:
-            self.backend = LayerwiseGradSampler(self.model, self.loss_fn, to_func=frozenset(owners | backend._to_func))
-        else:
-            self.backend = FuncGradSampler(self.model, self.loss_fn)
+        if isinstance(backend, LayerwiseGradSampler):
+            wanted = {id(p) for n, p in backend._params.items() if n in names}
+            owners = {m for m in backend._layers if any(id(p) in wanted for p in m.parameters(recurse=False))}
+            if owners:
+                backend.close()
+                self.backend = LayerwiseGradSampler(
+                    self.model, self.loss_fn, to_func=frozenset(owners | backend._to_func)
+                )
+                return True
+        self._next()
         return True
 
     def close(self) -> None:
@@ -540,4 +588,6 @@ def make_grad_sampler(model: nn.Module, loss_fn: LossFn, backend: str = "auto"):
         return AutoGradSampler(model, loss_fn)
     if backend == "layerwise":
         return LayerwiseGradSampler(model, loss_fn, fallback=False)
+    if backend == "loop":
+        return LoopGradSampler(model, loss_fn)
     return FuncGradSampler(model, loss_fn)
