@@ -80,6 +80,8 @@ class TrainingConfig:
     #: buffers a training-mode forward writes from the batch: refuse the model, or not_private (train; the run is
     #: labelled not private, the buffers being released unnoised)
     buffer_updates: str = "refuse"
+    #: bf16 | fp16: per-example forward/backward under autocast, norms, clipping and noise in float32
+    mixed_precision: str | None = None
     algorithm: str = "dpsgd"  # dpsgd, or an algorithm a package registers (projected_noisy_sgd: [convex])
     update: str = "optimizer"  # optimizer (training.optimizer), or an update rule a package registers (modelmix)
     device: str = "auto"  # cpu | cuda | cuda:N | auto (cuda when this machine has a GPU, else cpu)
@@ -407,6 +409,8 @@ def _validate_dpsgd(cfg: RunConfig) -> None:
     )
     if t.eval_every is not None:
         need(t.eval_every >= 1, "training.eval_every", "an integer >= 1", t.eval_every)
+    need(t.mixed_precision in (None, "bf16", "fp16"), "training.mixed_precision", "bf16 or fp16 (or absent)",
+         t.mixed_precision)
     need(t.buffer_updates in BUFFER_UPDATES, "training.buffer_updates", f"one of {', '.join(BUFFER_UPDATES)}",
          t.buffer_updates)
 

@@ -53,6 +53,7 @@ from dptrain.per_example import (
     make_grad_sampler,
     trainable_parameters,
 )
+from dptrain.precision import PRECISIONS, MixedPrecision, check_precision
 from dptrain.privacy_side import PrivacySide
 from dptrain.randomness import Randomness
 
@@ -123,6 +124,7 @@ class PrivateTrainer(Checkpointing, PrivacySide):
         release: str = "every_iterate",
         label_key: str = "labels",
         buffer_updates: str = "refuse",
+        mixed_precision: str | None = None,
         device="auto",
         group=None,
         noise_schedule=None,
@@ -160,6 +162,10 @@ class PrivateTrainer(Checkpointing, PrivacySide):
         self.grad_sampler = (
             make_grad_sampler(model, loss_fn, grad_sampler) if isinstance(grad_sampler, str) else grad_sampler
         )
+        #: None, "bf16" or "fp16": the per-example passes under autocast, norms/clipping/noise in float32
+        self.mixed_precision = check_precision(mixed_precision)
+        if self.mixed_precision is not None:
+            self.grad_sampler = MixedPrecision(self.grad_sampler, PRECISIONS[self.mixed_precision], self.device)
         self.params = trainable_parameters(model)
         preflight.check_trainable(self.params)
         self._check_optimizer()

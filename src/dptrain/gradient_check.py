@@ -25,6 +25,7 @@ import torch
 from dptrain.batches import call_model, take
 from dptrain.errors import ModelError
 from dptrain.per_example import AutoGradSampler, trainable_parameters
+from dptrain.precision import LOW, MixedPrecision, autocast_of
 
 #: Examples of the probe batch whose gradients are checked (the first, the second and the last of the chunk).
 CHECKED = 3
@@ -32,6 +33,9 @@ CHECKED = 3
 #: rounding of a batched computation against a single one is around 1e-6 of it).
 RTOL = 1e-3
 ATOL = 1e-7
+#: Under bf16/fp16 autocast the batched and the single passes round differently (about 1e-2 of the norm for bf16);
+#: the errors the check exists for (a use of a weight missed: GPT-2's tied embedding was 80% off) are far larger.
+RTOL_LOW = 5e-2
 
 
 @dataclass
@@ -52,9 +56,9 @@ class GradientCheck:
         }
 
 
-def _single(model, loss_fn, x, y, params: dict[str, torch.Tensor], i: int) -> dict[str, torch.Tensor]:
+def _single(model, loss_fn, x, y, params: dict[str, torch.Tensor], i: int, autocast) -> dict[str, torch.Tensor]:
     idx = torch.tensor([i], device=y.device)
-    with torch.enable_grad():
+    with torch.enable_grad(), autocast:
         loss = loss_fn(call_model(model, take(x, idx)), y[i : i + 1]).sum()
         grads = torch.autograd.grad(loss, list(params.values()), allow_unused=True)
     return {n: torch.zeros_like(p) if g is None else g.detach() for (n, p), g in zip(params.items(), grads, strict=True)}
@@ -64,6 +68,7 @@ def mismatched(model, grad_sampler, loss_fn, x, y, rows: list[int]) -> list[str]
     """Names of the parameters whose per-example gradient (from ``grad_sampler`` on the batch ``x``, ``y``) differs
     from a single-example backward pass for any example in ``rows``. The model runs in evaluation mode."""
     params = trainable_parameters(model)
+    rtol = RTOL_LOW if getattr(grad_sampler, "dtype", None) in LOW else RTOL
     was_training = model.training
     model.eval()
     try:
@@ -76,13 +81,13 @@ def mismatched(model, grad_sampler, loss_fn, x, y, rows: list[int]) -> list[str]
                 others[i] = False  # (zeroed, not multiplied by 0: another example's NaN must not leak into this row)
                 batched = grads.zero_examples(others).weighted_sum(torch.ones(len(y), dtype=first.dtype,
                                                                               device=first.device))
-                alone = _single(model, loss_fn, x, y, params, i)
+                alone = _single(model, loss_fn, x, y, params, i, autocast_of(grad_sampler))
                 scale = float(torch.sqrt(sum((g.double() ** 2).sum() for g in alone.values())))
                 if not scale < float("inf"):
                     continue  # a non-finite gradient is the step's to refuse (NonFiniteError), not the backend's
                 for n, g in alone.items():
                     err = float((batched[n].reshape(g.shape).double() - g.double()).norm())
-                    if not err <= RTOL * scale + ATOL and n not in bad:  # (NaN fails too)
+                    if not err <= rtol * scale + ATOL and n not in bad:  # (NaN fails too)
                         bad.append(n)
     finally:
         model.train(was_training)
@@ -106,7 +111,8 @@ def verified_backend(trainer, x, y) -> GradientCheck:
     sampler, model, loss_fn = trainer.grad_sampler, trainer.model, trainer.loss_fn
     moved: list[str] = []
     bad = mismatched(model, sampler, loss_fn, x, y, rows)
-    if bad and isinstance(sampler, AutoGradSampler):
+    if bad and isinstance(getattr(sampler, "backend", None) if isinstance(sampler, MixedPrecision) else sampler,
+                          AutoGradSampler):
         while bad and sampler.move_to_func(bad):  # the owning modules to torch.func, then the whole model
             moved += [n for n in bad if n not in moved]
             bad = mismatched(model, sampler, loss_fn, x, y, rows)

@@ -217,6 +217,7 @@ def build_dpsgd_job(
         randomness=randomness,
         report_not_private=t.log_not_private,
         buffer_updates=t.buffer_updates,
+        mixed_precision=t.mixed_precision,
         device=t.device,
     )
     # The run's numbers, computed once here: steps from epochs, the batch-size schedule (growing batches: Proactive
