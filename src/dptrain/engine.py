@@ -130,6 +130,9 @@ class PrivateTrainer(Checkpointing, PrivacySide):
         noise_schedule=None,
         noise_controller=None,
     ):
+        #: True when the model was torch.compile'd: its per-example passes run the eager modules it wraps
+        self.compiled = preflight.eager(model) is not model
+        model = preflight.eager(model)
         check_private_compatible(model)
         #: where the model, the per-example gradients, clipping, the noise and the update live
         self.device = resolve_device(device)

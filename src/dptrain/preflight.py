@@ -30,6 +30,15 @@ from dptrain.per_example import cross_entropy_per_example
 PER_EXAMPLE_GRADIENT_MEMORY = 256 * 2**20
 
 
+def eager(model: nn.Module) -> nn.Module:
+    """The model a ``torch.compile``d one wraps: per-example gradients need the modules' own forward passes (hooks, and
+    torch.func over the module), which a compiled graph hides. Training on the eager model keeps the fast backend
+    (a compiled model used to send every model silently to torch.func, and transformers models to a failure); the
+    parameters are the same objects, so the optimizer and the compiled wrapper see every update."""
+    inner = getattr(model, "_orig_mod", None)
+    return inner if isinstance(inner, nn.Module) and type(model).__name__ == "OptimizedModule" else model
+
+
 def check_trainable(params: dict[str, torch.Tensor]) -> None:
     if not params:
         raise ModelError(
