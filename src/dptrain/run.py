@@ -595,6 +595,7 @@ def _summary(job: Job, rd: RunDirectory, final: dict | None, wall: float, finish
         "dataset": job.data.description,
         "train_size": len(job.data.train),
         "model": job.description,
+        **({"gradient_check": t.gradient_check.to_dict()} if t.gradient_check is not None else {}),
         "randomness": job.randomness.description,
         "secure_noise": job.randomness.secure,
         "wall_time_s": wall,

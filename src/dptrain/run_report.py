@@ -39,7 +39,7 @@ def format_report(summary: dict) -> str:
         ),
         ("randomness", summary["randomness"]),
         ("data", summary["dataset"]),
-        ("model", summary["model"]),
+        ("model", summary["model"] + _checked(summary.get("gradient_check"))),
         ("wall time", f"{summary['wall_time_s']:.1f} s"),
         ("outputs", summary["out"]),
     ]
@@ -100,3 +100,11 @@ def _preprocessing_row(summary: dict) -> tuple[str, str]:
     if raw is not None:
         text += f"; model.pt on raw examples: test accuracy {raw:.4f}"
     return "preprocessing", text
+
+
+def _checked(check: dict | None) -> str:
+    """How the per-example gradients were verified on the model before training (dptrain.gradient_check)."""
+    if check is None:
+        return ""
+    moved = f"; moved to torch.func: {', '.join(check['moved_to_func'])}" if check["moved_to_func"] else ""
+    return f"; checked against single-example passes on {check['examples']} examples in {check['seconds']:.2f} s{moved}"
