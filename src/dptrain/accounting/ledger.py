@@ -11,6 +11,7 @@ This module imports numpy/dp_accounting only (never torch), like the rest of dpt
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -52,11 +53,21 @@ def event_to_dict(event: dpa.DpEvent) -> dict[str, Any]:
     return out
 
 
+#: How an infinite float of an event is written (JSON has no infinity; ``json.dump(allow_nan=False)`` refuses one): a
+#: Poisson-distributed number of trials is RepeatAndSelectDpEvent(shape=inf). No DpEvent has a string field, so these
+#: strings read back unambiguously.
+_INFINITIES = {math.inf: "inf", -math.inf: "-inf"}
+
+
 def _value_to_json(value: Any) -> Any:
     if isinstance(value, dpa.DpEvent):
         return event_to_dict(value)
     if isinstance(value, list | tuple):
         return [_value_to_json(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        if math.isnan(value):
+            raise ValueError("a DpEvent field is NaN")
+        return _INFINITIES[value]
     return value
 
 
@@ -79,6 +90,8 @@ def _value_from_json(value: Any) -> Any:
         return event_from_dict(value)
     if isinstance(value, list):
         return [_value_from_json(v) for v in value]
+    if isinstance(value, str) and value in _INFINITIES.values():
+        return float(value)
     return value
 
 
