@@ -22,6 +22,7 @@ import math
 from dptrain.accounting.base import PrivacyReport, epsilon, register_accountant
 from dptrain.accounting.calibration import gaussian_mechanism_epsilon
 from dptrain.accounting.ledger import Ledger, LedgerEntry
+from dptrain.accounting.standard import refuse_search
 from dptrain.errors import AccountingError
 
 #: Ledger facts["mechanism"] of the releases a preprocessing stage records (dptrain.dpsgd_f).
@@ -56,6 +57,7 @@ class CompositionAccountant:
     description = "basic composition of a pipeline's phases (Dwork & Roth Thm 3.16; DPSGD-F Algorithm 2)"
 
     def report(self, ledger: Ledger, delta: float) -> PrivacyReport:
+        refuse_search(ledger, self.name)
         pre = [e for e in ledger.entries if e.facts.get("mechanism") in PREPROCESSING_MECHANISMS]
         if not pre:
             raise AccountingError(

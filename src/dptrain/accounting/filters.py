@@ -45,7 +45,7 @@ from dptrain.accounting.base import PrivacyReport, register_accountant
 from dptrain.accounting.checks import check_delta, check_epsilon
 from dptrain.accounting.gdp import gdp_delta, gdp_epsilon
 from dptrain.accounting.ledger import FILTER_FACT, Ledger
-from dptrain.accounting.standard import quiet_absl
+from dptrain.accounting.standard import quiet_absl, refuse_search
 from dptrain.errors import AccountingError
 
 FILTERS = ("gdp", "zcdp", "rdp")
@@ -238,6 +238,7 @@ class FilterAccountant:
     description = "privacy filter of adaptively chosen noise (validation schedules)"
 
     def report(self, ledger: Ledger, delta: float) -> PrivacyReport:
+        refuse_search(ledger, self.name)
         filt = ledger_filter(ledger)
         if filt is None:
             raise AccountingError(

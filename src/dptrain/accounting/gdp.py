@@ -25,7 +25,7 @@ from scipy import optimize, special
 
 from dptrain.accounting.base import PrivacyReport, register_accountant
 from dptrain.accounting.ledger import Ledger
-from dptrain.accounting.standard import EPSILON_MAX, check_noise, finite_epsilon
+from dptrain.accounting.standard import EPSILON_MAX, check_noise, finite_epsilon, refuse_search
 from dptrain.errors import AccountingError
 
 
@@ -99,6 +99,7 @@ class GdpAccountant:
     description = "Gaussian DP (Dong-Roth-Su); CLT approximation for subsampled steps"
 
     def report(self, ledger: Ledger, delta: float) -> PrivacyReport:
+        refuse_search(ledger, self.name)
         check_noise(ledger, self.name)
         mus, exact = [], True
         for entry in ledger.entries:

@@ -26,7 +26,7 @@ from scipy import integrate, optimize
 
 from dptrain.accounting.base import PrivacyReport, check_delta, register_accountant
 from dptrain.accounting.ledger import Ledger
-from dptrain.accounting.standard import quiet_absl
+from dptrain.accounting.standard import quiet_absl, refuse_search
 from dptrain.errors import AccountingError
 
 BATCHINGS = ("random", "cyclic", "full")
@@ -635,6 +635,7 @@ class LastIterateAccountant:
     )
 
     def report(self, ledger: Ledger, delta: float) -> PrivacyReport:
+        refuse_search(ledger, self.name)
         st = setting_from_ledger(ledger)
         r = last_iterate_report(st, delta)
         details = {k: v for k, v in r.items() if k not in ("epsilon", "delta")}

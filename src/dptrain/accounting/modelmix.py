@@ -62,7 +62,7 @@ from dptrain.accounting.ledger import (
     gaussian_step_event,
     step_facts,
 )
-from dptrain.accounting.standard import check_noise, finite_epsilon
+from dptrain.accounting.standard import check_noise, finite_epsilon, refuse_search
 from dptrain.errors import AccountingError, ConfigError
 
 #: Fractional and integer orders for p = 1 (direct quadrature). Any set of orders gives a valid bound; a denser
@@ -509,6 +509,7 @@ class ModelMixAccountant:
         return ModelMixAccountant(with_dpsgd=False)
 
     def report(self, ledger: Ledger, delta: float) -> PrivacyReport:
+        refuse_search(ledger, self.name)
         phases = phases_from_ledger(ledger)
         check_noise(ledger, self.name)
         r = modelmix_epsilon(phases, delta)

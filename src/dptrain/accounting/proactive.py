@@ -34,7 +34,7 @@ import numpy as np
 
 from dptrain.accounting.base import PrivacyReport, check_delta, register_accountant
 from dptrain.accounting.ledger import Ledger
-from dptrain.accounting.standard import no_finite_epsilon
+from dptrain.accounting.standard import no_finite_epsilon, refuse_search
 from dptrain.errors import AccountingError
 
 E = math.e
@@ -594,6 +594,7 @@ class ProactiveAccountant:
     )
 
     def report(self, ledger: Ledger, delta: float) -> PrivacyReport:
+        refuse_search(ledger, self.name)
         sigma, n, runs = _ledger_sizes(ledger)
         steps = sum(c for _, c in runs)
         constant = len({s for s, _ in runs}) == 1

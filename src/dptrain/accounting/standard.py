@@ -1,7 +1,9 @@
 """RDP and PLD accountants, delegated to Google's dp_accounting (we do not re-implement them).
 
 - ``rdp``: Renyi DP of the (sub)sampled Gaussian, Mironov 2017 / Mironov, Talwar, Zhang 2019,
-  converted to (epsilon, delta) with the conversion implemented in dp_accounting's RdpAccountant.
+  converted to (epsilon, delta) with the conversion implemented in dp_accounting's RdpAccountant; it also certifies a
+  hyperparameter search (dp_accounting's RepeatAndSelectDpEvent; Papernot & Steinke 2022, Thm 2 and 6), which every
+  other accountant refuses (:func:`refuse_search`).
 - ``pld``: privacy loss distributions (Koskela et al. 2020; Doroshenko et al. 2022): dp_accounting's PLDs with a
   pessimistic discretization, so the epsilon it returns is an upper bound, composed as its PLDAccountant does, on
   a grid coarse enough to fit in memory (details["discretization"]).
@@ -15,8 +17,10 @@ import logging
 import math
 import numbers
 
+import attr
 import dp_accounting as dpa
 import numpy as np
+from dp_accounting import dp_event
 from dp_accounting.pld import pld_pmf, privacy_loss_distribution, privacy_loss_mechanism
 from dp_accounting.rdp import rdp_privacy_accountant
 from scipy import fft, stats
@@ -56,23 +60,24 @@ def check_noise(ledger: Ledger, accountant: str) -> None:
     """Refuse a ledger with a Gaussian release whose noise multiplier is below SIGMA_FLOOR (:func:`no_finite_epsilon`)
     or above SIGMA_CEILING, before any accountant computes with it."""
     for entry in ledger.entries:
-        event = entry.event
-        while not isinstance(event, dpa.GaussianDpEvent) and hasattr(event, "event"):
-            event = event.event  # the Gaussian inside a sampled release
-        if not isinstance(event, dpa.GaussianDpEvent):
-            continue
-        sigma = event.noise_multiplier
-        if not sigma >= SIGMA_FLOOR:
-            raise no_finite_epsilon(
-                f"the {accountant} accountant",
-                f"noise multiplier {sigma:g} < {SIGMA_FLOOR:.3g}: one release's privacy loss 1/(2 sigma^2) is "
-                f"above {EPSILON_MAX:g}",
-            )
-        if sigma > SIGMA_CEILING:
-            raise AccountingError(
-                f"the {accountant} accountant cannot compute with noise multiplier {sigma:g} (above "
-                f"{SIGMA_CEILING:g}, its arithmetic overflows); any smaller sigma above 1e6 already gives epsilon ~ 0"
-            )
+        # every Gaussian of the release: inside a sampled release, or a search's trial (a composition of releases)
+        for event in walk_events(entry.event):
+            if isinstance(event, dpa.GaussianDpEvent):
+                _check_sigma(event.noise_multiplier, accountant)
+
+
+def _check_sigma(sigma: float, accountant: str) -> None:
+    if not sigma >= SIGMA_FLOOR:
+        raise no_finite_epsilon(
+            f"the {accountant} accountant",
+            f"noise multiplier {sigma:g} < {SIGMA_FLOOR:.3g}: one release's privacy loss 1/(2 sigma^2) is "
+            f"above {EPSILON_MAX:g}",
+        )
+    if sigma > SIGMA_CEILING:
+        raise AccountingError(
+            f"the {accountant} accountant cannot compute with noise multiplier {sigma:g} (above "
+            f"{SIGMA_CEILING:g}, its arithmetic overflows); any smaller sigma above 1e6 already gives epsilon ~ 0"
+        )
 
 
 def _compose(accountant, ledger: Ledger, name: str):
@@ -90,6 +95,73 @@ def _not_covered(ledger: Ledger, name: str) -> AccountingError:
         f"{', '.join(schemes)}, {ledger.neighboring} adjacency); it covers Gaussian releases, Poisson-sampled"
         " ones (add/remove adjacency) and fixed-size samples without replacement (replace-one adjacency)"
     )
+
+
+# --- hyperparameter searches: dp_accounting's RepeatAndSelectDpEvent ----------------------------------------------
+#
+# A search (dptrain.accounting.tuning) releases the best of K trials, K drawn at random: one RepeatAndSelectDpEvent
+# whose RDP dp_accounting's RdpAccountant computes (Papernot & Steinke, "Hyperparameter Tuning with Renyi Differential
+# Privacy", ICLR 2022, Thm 2 and Thm 6). No other accountant here has a bound for it: each refuses it first thing.
+
+
+def walk_events(event: dpa.DpEvent):
+    """``event`` and every DpEvent inside it, depth first (the sampled release, a composition's parts, a search's
+    trial)."""
+    yield event
+    for f in attr.fields(type(event)):
+        value = getattr(event, f.name)
+        for sub in value if isinstance(value, list | tuple) else (value,):
+            if isinstance(sub, dpa.DpEvent):
+                yield from walk_events(sub)
+
+
+def searches(ledger: Ledger) -> list[dp_event.RepeatAndSelectDpEvent]:
+    """The hyperparameter searches (RepeatAndSelectDpEvents) anywhere in ``ledger``."""
+    return [
+        e for entry in ledger.entries for e in walk_events(entry.event) if isinstance(e, dp_event.RepeatAndSelectDpEvent)
+    ]
+
+
+def refuse_search(ledger: Ledger, accountant: str) -> None:
+    """Every accountant but rdp calls this first: a ledger holding a hyperparameter search is refused in one line,
+    before it reads anything else (none of them has a bound for the best of a random number of trials)."""
+    if searches(ledger):
+        raise AccountingError(
+            f"the {accountant} accountant cannot certify a hyperparameter search (RepeatAndSelectDpEvent: the best of a "
+            "random number of trials, Papernot & Steinke 2022); the rdp accountant certifies it"
+        )
+
+
+def search_problem(mean: float, shape: float) -> str | None:
+    """Why a search whose number of trials K has mean ``mean`` and dp_accounting's ``shape`` (inf Poisson, 1
+    geometric, 0 logarithmic, else eta of the truncated negative binomial) cannot be certified, or None.
+
+    - mean: a finite number >= 1. A truncated negative binomial K is >= 1 (Papernot & Steinke, Definition 1), so its
+      mean is too; for Poisson K, Thm 6's bound eps + mu delta_hat + log(mu)/(lambda - 1) turns negative (impossible)
+      as mu -> 0, and dp_accounting computes it for mu >= 1 only.
+    - shape: inf, or eta >= 0. Thm 2 holds for eta in (-1, inf), but dp_accounting's RDP computes eta >= 0 only."""
+    if isinstance(mean, bool) or not isinstance(mean, int | float) or not (math.isfinite(mean) and mean >= 1):
+        return f"the mean number of trials must be a finite number >= 1 (Papernot & Steinke, Thm 2 and 6), got {mean!r}"
+    if isinstance(shape, bool) or not isinstance(shape, int | float) or not (shape == math.inf or 0 <= shape < math.inf):
+        if isinstance(shape, int | float) and -1 < shape < 0:
+            return (
+                f"a truncated negative binomial shape eta in (-1, 0) ({shape:g}) is in Papernot & Steinke's Thm 2, but "
+                "dp_accounting's RDP accountant computes eta >= 0 only: use eta >= 0"
+            )
+        return (
+            "the shape of the number of trials must be inf (Poisson), 1 (geometric), 0 (logarithmic) or a truncated "
+            f"negative binomial eta > 0, got {shape!r}"
+        )
+    return None
+
+
+def check_searches(ledger: Ledger, accountant: str) -> None:
+    """The rdp accountant's check of every search in ``ledger`` (:func:`search_problem`; dp_accounting would raise a
+    bare ValueError on a mean below 1 or a negative shape)."""
+    for search in searches(ledger):
+        problem = search_problem(search.mean, search.shape)
+        if problem:
+            raise AccountingError(f"the {accountant} accountant cannot certify this search: {problem}")
 
 
 @contextlib.contextmanager
@@ -145,6 +217,7 @@ class RdpAccountant:
     description = "Renyi DP of the subsampled Gaussian (dp_accounting RdpAccountant)"
 
     def report(self, ledger: Ledger, delta: float) -> PrivacyReport:
+        check_searches(ledger, self.name)
         check_noise(ledger, self.name)
         for orders in (_SMALL_ORDERS, RDP_ORDERS):
             acc = rdp_privacy_accountant.RdpAccountant(orders, neighboring_relation=ledger.neighboring_relation)
@@ -210,6 +283,7 @@ class PldAccountant:
         return PldAccountant(max(self.value_discretization_interval, PLD_SEARCH_INTERVAL))
 
     def report(self, ledger: Ledger, delta: float) -> PrivacyReport:
+        refuse_search(ledger, self.name)  # dp_accounting's PLDs have no RepeatAndSelectDpEvent
         check_noise(ledger, self.name)
         releases = _pld_releases(ledger)
         interval = self.value_discretization_interval
