@@ -1,7 +1,9 @@
 """Privacy accounting: the ledger, the accountants and their inverses. Imports no torch.
 
 Accountants are looked up by name in a registry; ``rdp`` and ``pld`` delegate to dp_accounting,
-``gdp`` is the Gaussian-DP accountant of Dong, Roth & Su. Later modules register their own.
+``gdp`` is the Gaussian-DP accountant of Dong, Roth & Su. Later modules register their own. A hyperparameter
+search (the best of a random number of trials; Papernot & Steinke) is a ledger entry of its own
+(:mod:`dptrain.accounting.tuning`), which ``rdp`` certifies.
 """
 
 from dptrain.accounting import standard as _standard  # noqa: F401, I001  (registers "rdp", "pld" first)
@@ -36,6 +38,7 @@ from dptrain.accounting.calibration import (
 )
 from dptrain.accounting.ledger import Ledger, LedgerEntry, dpsgd_ledger, gaussian_step_event, step_facts
 from dptrain.accounting.run_numbers import RunNumbers, steps_for_epochs
+from dptrain.accounting.tuning import TrialCount, search_ledger, search_report, trial_noise_for_search
 
 __all__ = [
     "AUTO",
@@ -50,6 +53,7 @@ __all__ = [
     "LedgerEntry",
     "PrivacyReport",
     "RunNumbers",
+    "TrialCount",
     "accountant_names",
     "calibrate_dpsgd_noise",
     "calibrate_noise",
@@ -62,6 +66,9 @@ __all__ = [
     "get_accountant",
     "max_releases",
     "register_accountant",
+    "search_ledger",
+    "search_report",
     "step_facts",
     "steps_for_epochs",
+    "trial_noise_for_search",
 ]
