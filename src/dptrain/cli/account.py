@@ -1,6 +1,7 @@
 """``dptrain account``: epsilon spent by DP-SGD with given parameters (any accountant, or all side by side), or by
 projected noisy SGD with the last-iterate accountant of Altschuler & Talwar, "Privacy of Noisy Stochastic Gradient
-Descent" (its own flags)."""
+Descent" (its own flags), or by a random search releasing the best of a random number of such DP-SGD runs
+(``--tuning-mean``; Papernot & Steinke, "Hyperparameter Tuning with Renyi Differential Privacy")."""
 
 from __future__ import annotations
 
@@ -42,13 +43,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--rdp-order", type=finite_float, metavar="A", help="also print the RDP bound at this order"
     )
     common.add_modelmix(parser)
+    common.add_tuning(parser)
     common.add_json(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     from dptrain.accounting import accountant_names, all_reports, check_noise_multiplier, epsilon, tightest
 
+    trials = common.tuning_trials(args)
     if args.accountant == "last_iterate":
+        if trials is not None:
+            raise ConfigError(
+                "--tuning-mean certifies a search of DP-SGD runs with the rdp accountant (--accountant auto, rdp or "
+                "all), not last_iterate"
+            )
         return _last_iterate(args)
     for flag in ("noise_multiplier", "sampling_rate"):
         if getattr(args, flag) is None:
@@ -58,6 +66,8 @@ def run(args: argparse.Namespace) -> int:
     numbers = common.run_numbers(args)
     modelmix = common.modelmix_ledgers(args, numbers)
     ledger = (numbers.ledger if modelmix is None else modelmix)(args.noise_multiplier)
+    if trials is not None:
+        return _search(args, common.trial_ledgers(args, lambda _: ledger)(args.noise_multiplier), trials)
     if args.accountant == "all":
         found, refusals = all_reports(ledger, args.delta)
         names, reports = list(accountant_names()), list(found.values())
@@ -96,6 +106,45 @@ def run(args: argparse.Namespace) -> int:
             )
     for name, why in refusals.items():
         print(f"{name:>4}: refused: {why}")
+    return 0
+
+
+def _search(args: argparse.Namespace, trial, trials) -> int:
+    """A search of ``trials`` trials, each releasing ``trial`` (a ledger): the search's epsilon (rdp; with ``all``
+    every accountant's answer or refusal) beside one trial's alone (the tightest certified with auto or all)."""
+    from dptrain.accounting import AUTO, all_reports, epsilon, search_ledger, tightest
+    from dptrain.errors import AccountingError
+
+    search = search_ledger(trial, trials)
+    refusals = {}
+    if args.accountant == "all":
+        found, refusals = all_reports(search, args.delta)
+        best = tightest(found)
+        if best is None:
+            why = "; ".join(f"{k}: {v}" for k, v in refusals.items())
+            raise AccountingError(f"no accountant certifies this search ({why})")
+    else:
+        best = epsilon(search, args.delta, args.accountant)
+    single = epsilon(trial, args.delta, AUTO if args.accountant == "all" else args.accountant)
+    out = {
+        **best.to_dict(),
+        "epsilon_single_run": single.epsilon,
+        "single_run_accountant": single.accountant,
+        **trials.to_dict(),
+        "trial_releases": trial.releases,
+    }
+    if args.accountant == "all":
+        out["refused"] = refusals
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    print(
+        f"{'search':>12}: epsilon = {best.epsilon:.6g} at delta = {args.delta:g}  ({best.accountant}; the best of a "
+        f"{trials.name} number of trials, mean {trials.mean:g}; Papernot & Steinke)"
+    )
+    print(f"{'single run':>12}: epsilon = {single.epsilon:.6g}  ({single.accountant}; one trial alone)")
+    for name, why in refusals.items():
+        print(f"{name:>12}: refused: {why}")
     return 0
 
 

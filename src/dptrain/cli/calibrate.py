@@ -1,6 +1,7 @@
 """``dptrain calibrate``: the smallest noise multiplier meeting an (epsilon, delta) budget, for T (sub)sampled
-DP-SGD steps (Brent's method on an accountant) or for ONE Gaussian release (the analytic Gaussian mechanism of
-Balle & Wang 2018)."""
+DP-SGD steps (Brent's method on an accountant), for each trial of a random search releasing the best of a random
+number of such runs (``--tuning-mean``; Papernot & Steinke, "Hyperparameter Tuning with Renyi Differential
+Privacy"), or for ONE Gaussian release (the analytic Gaussian mechanism of Balle & Wang 2018)."""
 
 from __future__ import annotations
 
@@ -34,13 +35,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     common.add_accountant(parser, allow_all=False)
     parser.add_argument("--batch-size", type=positive_int, metavar="B", help="expected batch size (ModelMix)")
     common.add_modelmix(parser)
+    common.add_tuning(parser)
     common.add_json(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     from dptrain.accounting import calibrate, epsilon
 
+    trials = common.tuning_trials(args)
     if args.mechanism == "gaussian":
+        if trials is not None:
+            raise ConfigError("--tuning-mean calibrates the trials of a search of DP-SGD runs: use --mechanism dpsgd")
         return _gaussian(args)
     if args.sampling_rate is None or (args.steps is None and args.epochs is None):
         raise ConfigError("calibrate --mechanism dpsgd needs --sampling-rate and one of --steps / --epochs")
@@ -48,6 +53,8 @@ def run(args: argparse.Namespace) -> int:
     check(args.epsilon > 0, "--epsilon", "a number > 0", args.epsilon)
     numbers = common.run_numbers(args)
     ledger = common.modelmix_ledgers(args, numbers) or numbers.ledger
+    if trials is not None:
+        return _search(args, numbers, common.trial_ledgers(args, ledger), trials)
     cal = calibrate(args.epsilon, args.delta, ledger, args.accountant)
     sigma = cal.noise_multiplier
     spent = epsilon(ledger(sigma), args.delta, cal.accountant)
@@ -72,6 +79,41 @@ def run(args: argparse.Namespace) -> int:
             f"noise multiplier = {sigma:.6f}  ({numbers.steps} steps at sampling rate {numbers.sampling_rate:g}: "
             f"epsilon = {spent.epsilon:.6g} <= {args.epsilon:g} at delta = {args.delta:g}, {cal.accountant})"
         )
+    return 0
+
+
+def _search(args: argparse.Namespace, numbers, trial, trials) -> int:
+    """The per-trial noise multiplier with which the whole search (``trials`` trials, ``trial(sigma)`` each) meets
+    the budget, with the search's epsilon and one trial's alone (the same accountant; auto: the tightest)."""
+    from dptrain.accounting import epsilon, search_ledger, trial_noise_for_search
+
+    cal = trial_noise_for_search(args.epsilon, args.delta, trial, trials, args.accountant)
+    sigma = cal.noise_multiplier
+    spent = epsilon(search_ledger(trial(sigma), trials), args.delta, cal.accountant)
+    single = epsilon(trial(sigma), args.delta, args.accountant)
+    out = {
+        "noise_multiplier": sigma,
+        "epsilon": spent.epsilon,
+        "target_epsilon": args.epsilon,
+        "delta": args.delta,
+        "steps": numbers.steps,
+        "sampling_rate": numbers.sampling_rate,
+        "accountant": cal.accountant,
+        "certified": spent.certified,
+        "others": cal.others,
+        "epsilon_single_run": single.epsilon,
+        "single_run_accountant": single.accountant,
+        **trials.to_dict(),
+    }
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    print(
+        f"noise multiplier = {sigma:.6f} per trial  (a search of a {trials.name} number of trials, mean "
+        f"{trials.mean:g}, each {numbers.steps} steps at sampling rate {numbers.sampling_rate:g}: epsilon = "
+        f"{spent.epsilon:.6g} <= {args.epsilon:g} at delta = {args.delta:g}, {cal.accountant}; one trial alone: "
+        f"epsilon = {single.epsilon:.6g}, {single.accountant})"
+    )
     return 0
 
 

@@ -14,7 +14,9 @@ from typing import TYPE_CHECKING
 from dptrain.errors import ConfigError
 
 if TYPE_CHECKING:  # annotations only
-    from dptrain.accounting import Ledger, RunNumbers
+    from collections.abc import Callable
+
+    from dptrain.accounting import Ledger, RunNumbers, TrialCount
 
 #: ``--accountant auto``: every accountant that certifies the run is asked, the tightest answers
 #: (:data:`dptrain.accounting.AUTO`).
@@ -234,3 +236,93 @@ def modelmix_ledgers(args: argparse.Namespace, numbers: RunNumbers):
 
     ledger(1.0)  # one-line errors for a bad tau now, not inside a search
     return ledger
+
+
+# --- a hyperparameter search's flags: account, calibrate (Papernot & Steinke) -------------------------------------
+
+#: :data:`dptrain.accounting.tuning.DEFAULT_DISTRIBUTION`, named here so that building the parser imports no
+#: dp_accounting (tests/test_tuning_accounting.py checks that they are the same).
+TUNING_DEFAULT = "poisson"
+TUNING_FLAGS = ("tuning_distribution", "tuning_shape", "tuning_score_noise")
+
+
+def shape_float(text: str) -> float:
+    """A number or ``inf`` (no nan): the numeric shape of a distribution of the number of trials."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or inf, got {text!r}") from None
+    if math.isnan(v):
+        raise argparse.ArgumentTypeError(f"expected a number or inf, got {text!r}")
+    return v
+
+
+def add_tuning(parser: argparse.ArgumentParser) -> None:
+    """The flags that turn one run into a random search releasing its best trial (Papernot & Steinke, "Hyperparameter
+    Tuning with Renyi Differential Privacy"): the run the other flags describe is one trial."""
+    g = parser.add_argument_group(
+        "hyperparameter search (the best of a random number of trials, each the run above; Papernot & Steinke)"
+    )
+    g.add_argument(
+        "--tuning-mean",
+        type=finite_float,
+        metavar="K",
+        help="certify a random search instead of one run: K trials on average (their number drawn at random and kept "
+        "secret), only the best trial (its model and its score) released",
+    )
+    d = g.add_mutually_exclusive_group()
+    d.add_argument(
+        "--tuning-distribution",
+        metavar="NAME",
+        help="the number of trials' distribution: poisson (close to its mean), geometric, logarithmic (the least "
+        f"epsilon for a mean, heavy-tailed) or tnb:SHAPE (truncated negative binomial, SHAPE >= 0); default "
+        f"{TUNING_DEFAULT}",
+    )
+    d.add_argument(
+        "--tuning-shape",
+        type=shape_float,
+        metavar="S",
+        help="the distribution as dp_accounting's number: inf poisson, 1 geometric, 0 logarithmic, else tnb:S",
+    )
+    g.add_argument(
+        "--tuning-score-noise",
+        type=finite_float,
+        metavar="Z",
+        help="each trial also releases its score through a Gaussian of noise multiplier Z (std over the score's "
+        "sensitivity); without it the score must be computed on public data",
+    )
+
+
+def tuning_trials(args: argparse.Namespace) -> TrialCount | None:
+    """The distribution of the number of trials from ``--tuning-mean`` and ``--tuning-distribution`` (or
+    ``--tuning-shape``), None without ``--tuning-mean``; one-line errors naming the flag."""
+    given = [f for f in TUNING_FLAGS if getattr(args, f, None) is not None]
+    if getattr(args, "tuning_mean", None) is None:
+        if given:
+            raise ConfigError(f"--{given[0].replace('_', '-')} needs --tuning-mean")
+        return None
+    from dptrain.accounting import TrialCount
+
+    if args.tuning_score_noise is not None:
+        check(
+            args.tuning_score_noise > 0, "--tuning-score-noise", "a finite number > 0", args.tuning_score_noise
+        )
+    if args.tuning_shape is not None:
+        return TrialCount.checked(
+            args.tuning_mean, args.tuning_shape, mean_key="--tuning-mean", shape_key="--tuning-shape"
+        )
+    return TrialCount.named(
+        args.tuning_mean,
+        args.tuning_distribution or TUNING_DEFAULT,
+        mean_key="--tuning-mean",
+        distribution_key="--tuning-distribution",
+    )
+
+
+def trial_ledgers(args: argparse.Namespace, run: Callable[[float], Ledger]) -> Callable[[float], Ledger]:
+    """sigma -> one trial's ledger: the run's, followed by its score's release with ``--tuning-score-noise``."""
+    if args.tuning_score_noise is None:
+        return run
+    from dptrain.accounting.tuning import with_score_release
+
+    return lambda sigma: with_score_release(run(sigma), args.tuning_score_noise)
