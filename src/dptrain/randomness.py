@@ -32,9 +32,9 @@ from dptrain.errors import ConfigError
 from dptrain.streams import Stream, check_state_kind
 
 #: Purposes in a fixed order: the index is the stream's spawn key, so it must never be reordered.
-PURPOSES = ("sampling", "noise", "mixing", "preprocessing", "canaries", "init")
+PURPOSES = ("sampling", "noise", "mixing", "preprocessing", "canaries", "init", "tuning")
 #: Streams whose predictability would void the privacy guarantee.
-PRIVACY_CRITICAL = ("sampling", "noise", "mixing", "preprocessing")
+PRIVACY_CRITICAL = ("sampling", "noise", "mixing", "preprocessing", "tuning")
 
 SEEDED_WARNING = (
     "not private: the noise can be recomputed from the seed (seed = N is for reproducible experiments only; "

@@ -1,0 +1,7 @@
+"""Private hyperparameter tuning: a random search whose number of trials is secret, certified as one release (Papernot
+& Steinke, "Hyperparameter Tuning with Renyi Differential Privacy", ICLR 2022). docs/tuning.md.
+
+- :mod:`dptrain.tuning.config`: the ``[tune]`` section (imports no torch);
+- :mod:`dptrain.tuning.space`: the search space, validated and sampled;
+- :mod:`dptrain.tuning.search`: the search itself (``dptrain tune``).
+"""
