@@ -152,12 +152,20 @@ def test_the_rdp_accountants_epsilon_is_the_converted_search_rdp():
 def test_a_search_costs_more_than_one_trial_and_grows_with_the_mean():
     trial = dpsgd_ledger(1.0, 0.01, 1000)
     single = epsilon(trial, DELTA, "rdp").epsilon
-    eps = [epsilon(search_ledger(trial, TrialCount(m)), DELTA, "rdp").epsilon for m in (1, 5, 50)]
+    eps = [epsilon(search_ledger(trial, TrialCount(m, math.inf)), DELTA, "rdp").epsilon for m in (1, 5, 50)]
     assert single < eps[0] < eps[1] < eps[2]
     # a search of exactly one trial (a truncated negative binomial with mean 1: K = 1) costs about one trial: Thm 2's
     # (1 + eta)(1 - 1/lh) eps(lh) vanishes at lh = 1, but dp_accounting's smallest order is 1.1
     one = epsilon(search_ledger(trial, TrialCount(1, 1.0)), DELTA, "rdp").epsilon
     assert single < one < 1.01 * single
+
+
+@pytest.mark.parametrize("distribution,expected", [("poisson", 24.09), ("geometric", 6.374), ("logarithmic", 5.114)])
+def test_the_numbers_of_docs_accounting(distribution, expected):
+    """docs/accounting.md's table: 100 trials of Abadi et al.'s MNIST run (rdp 2.597 alone)."""
+    trial = dpsgd_ledger(1.1, 256 / 60000, 14062)
+    search = epsilon(search_ledger(trial, TrialCount.named(100, distribution)), DELTA)
+    assert search.accountant == "rdp" and search.epsilon == pytest.approx(expected, abs=6e-3)
 
 
 # --- calibration ------------------------------------------------------------------------------------------------
@@ -194,7 +202,7 @@ def test_the_search_ledger_round_trips_through_json(tmp_path):
         assert loaded.entries[0].event == ledger.entries[0].event
         assert loaded.entries[0].facts["mechanism"] == SEARCH_MECHANISM
         assert epsilon(loaded, DELTA, "rdp").epsilon == epsilon(ledger, DELTA, "rdp").epsilon
-    assert "'shape': 'inf'" in str(search_ledger(trial, TrialCount(3)).to_dict())
+    assert "'shape': 'inf'" in str(search_ledger(trial, TrialCount(3, math.inf)).to_dict())
 
 
 def test_the_search_keeps_the_trials_adjacency_and_private_flag():
@@ -267,7 +275,7 @@ def test_distributions_by_name_and_their_rules():
         math.inf, 1.0, 0.0, 0.5, 2.0
     ]
     assert TrialCount.named(3, "tnb:1").name == "geometric" and TrialCount(3, 0.25).name == "tnb:0.25"
-    assert DEFAULT_DISTRIBUTION == "poisson" and TrialCount(3).name == "poisson"
+    assert DEFAULT_DISTRIBUTION == "geometric" and TrialCount(3).name == "geometric"
     for distribution in ("uniform", "tnb:", "tnb:x", "tnb:nan", "tnb:inf"):
         with pytest.raises(ConfigError, match="must be one of poisson, geometric, logarithmic or tnb:SHAPE"):
             parse_distribution(distribution)
@@ -325,7 +333,7 @@ def test_account_prints_the_search_and_the_single_run(capsys):
     assert json.loads(out)["tuning_distribution"] == "poisson"
     code, out, _ = run_cli(ACCOUNT + ["--tuning-mean", "10"], capsys)
     lines = out.strip().splitlines()
-    assert code == 0 and lines[0].strip().startswith("search: epsilon =") and "poisson" in lines[0]
+    assert code == 0 and lines[0].strip().startswith("search: epsilon =") and "geometric" in lines[0]
     assert lines[1].strip().startswith("single run: epsilon =")
     code, out, _ = run_cli(ACCOUNT + ["--tuning-mean", "10", "--accountant", "all", "--json"], capsys)
     data = json.loads(out)

@@ -242,7 +242,7 @@ def modelmix_ledgers(args: argparse.Namespace, numbers: RunNumbers):
 
 #: :data:`dptrain.accounting.tuning.DEFAULT_DISTRIBUTION`, named here so that building the parser imports no
 #: dp_accounting (tests/test_tuning_accounting.py checks that they are the same).
-TUNING_DEFAULT = "poisson"
+TUNING_DEFAULT = "geometric"
 TUNING_FLAGS = ("tuning_distribution", "tuning_shape", "tuning_score_noise")
 
 
@@ -274,9 +274,9 @@ def add_tuning(parser: argparse.ArgumentParser) -> None:
     d.add_argument(
         "--tuning-distribution",
         metavar="NAME",
-        help="the number of trials' distribution: poisson (close to its mean), geometric, logarithmic (the least "
-        f"epsilon for a mean, heavy-tailed) or tnb:SHAPE (truncated negative binomial, SHAPE >= 0); default "
-        f"{TUNING_DEFAULT}",
+        help="the number of trials' distribution: geometric, logarithmic (the least epsilon for a mean, heavy-tailed), "
+        "poisson (close to its mean, costly unless one trial's epsilon is small) or tnb:SHAPE (truncated negative "
+        f"binomial, SHAPE >= 0); default {TUNING_DEFAULT}",
     )
     d.add_argument(
         "--tuning-shape",
