@@ -340,6 +340,20 @@ class _Progress:
         self.bar.close()
 
 
+@dataclass
+class RunHooks:
+    """What a command running jobs inside its own (a tuning search) adds to each: the data, already loaded, and a
+    function called with the built job before it trains (e.g. to hold some examples out of its per-example stage)."""
+
+    data: DataSplit | None = None
+    prepare: Callable[[Job], None] | None = None
+
+    def ready(self, job: Job) -> Job:
+        if self.prepare is not None:
+            self.prepare(job)
+        return job
+
+
 def run_training(
     cfg: RunConfig | None,
     out: str | Path,
@@ -348,8 +362,10 @@ def run_training(
     progress: bool = True,
     stop_after: int | None = None,
     plan: dict | None = None,
+    hooks: RunHooks | None = None,
 ) -> dict:
-    """Run (or resume) a job; returns the summary. ``stop_after`` ends this invocation after that many steps with a
+    """Run (or resume) a job; returns the summary. ``hooks`` (:class:`RunHooks`): another command's run inside its own
+    (a tuning search's trial). ``stop_after`` ends this invocation after that many steps with a
     checkpoint (for time-sliced jobs); ``resume`` continues the run stored in ``out`` with the config it started with
     (:func:`resumed_config`: a resume may not change what the run releases or certifies); ``plan`` (from ``dptrain
     plan``) is checked against the data (its guarantee holds only for the data set size it was made for) and
@@ -359,12 +375,13 @@ def run_training(
     main = group is None or group.main
     if not main:  # rank 0 alone writes the run directory
         rd, progress = distributed.FollowerDirectory(rd), False
+    hooks = hooks or RunHooks()
     if resume:
-        return _resume(rd, progress, stop_after, main)
+        return _resume(rd, progress, stop_after, main, hooks)
     if cfg is None:
         raise ConfigError("a config is needed to start a run")
     rd.refuse_if_holding()  # early, before the work of building the job
-    return _start(cfg, rd, progress, stop_after, plan, main)
+    return _start(cfg, rd, progress, stop_after, plan, main, hooks)
 
 
 def _start(
@@ -374,12 +391,13 @@ def _start(
     stop_after: int | None,
     plan: dict | None,
     main: bool,
+    hooks: RunHooks,
     holding_lock: bool = False,
 ) -> dict:
     """A new run in ``rd``: the job, then (holding the lock) a checkpoint at step 0 before any other file, so that the
     directory is resumable from its first moment, then the config and the stages' released files, then training."""
     start = time.perf_counter()
-    job = build_job(cfg, run_randomness(cfg))
+    job = hooks.ready(build_job(cfg, run_randomness(cfg), data=hooks.data))
     if plan is not None and int(plan.get("dataset_size", -1)) != len(job.data.train):
         raise ConfigError(
             f"the plan was made for a data set of {plan.get('dataset_size')} examples, but the training set has "
@@ -403,7 +421,7 @@ def _start(
         return _train(job, rd, progress, stop_after, elapsed=0.0, start=start)
 
 
-def _resume(rd: RunDirectory, progress: bool, stop_after: int | None, main: bool) -> dict:
+def _resume(rd: RunDirectory, progress: bool, stop_after: int | None, main: bool, hooks: RunHooks) -> dict:
     with rd.locked():
         if not rd.checkpoint.exists() and not rd.released_anything():
             if not (rd / CONFIG).exists():
@@ -412,7 +430,7 @@ def _resume(rd: RunDirectory, progress: bool, stop_after: int | None, main: bool
                 )
             # Stopped before its first checkpoint (by an older dptrain, or killed within its first moments): nothing
             # was released, so the run starts afresh from its config, as a run of 0 steps would continue.
-            return _start(load_config(rd / CONFIG), rd, progress, stop_after, rd.read_json(PLAN), main, True)
+            return _start(load_config(rd / CONFIG), rd, progress, stop_after, rd.read_json(PLAN), main, hooks, True)
         previous = rd.read_json(SUMMARY)
         if previous is not None and previous.get("finished"):
             print(
@@ -427,12 +445,10 @@ def _resume(rd: RunDirectory, progress: bool, stop_after: int | None, main: bool
         ledger = Ledger.from_dict(state["ledger"])
         rd.check_ledger_copy(ledger)
         resumed = released_files(rd, state)
-        job = build_job(
-            cfg,
-            run_randomness(cfg),
-            ledger=ledger,
-            accountant=state["accountant"],
-            resumed=resumed,
+        job = hooks.ready(
+            build_job(
+                cfg, run_randomness(cfg), ledger=ledger, accountant=state["accountant"], resumed=resumed, data=hooks.data
+            )
         )
         check_step_change(job.trainer, changed)
         if "config" in state:
