@@ -186,6 +186,24 @@ class RunDirectory:
         self._atomic(CHECKPOINT, lambda f: torch.save(state, f), private, mode=0o600)
         self.write_json(LEDGER, ledger.to_dict())
 
+    def save_private(self, name: str, state: Any) -> None:
+        """A secret file in ``private/`` (mode 0600): e.g. a tuning search's state (its number of trials)."""
+        private = self.path / PRIVATE
+        private.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(private, 0o700)
+        if not (private / "README").exists():
+            (private / "README").write_text(PRIVATE_README)
+        self._atomic(name, lambda f: torch.save(state, f), private, mode=0o600)
+
+    def load_private(self, name: str) -> Any:
+        path = self.path / PRIVATE / name
+        try:
+            return torch.load(path, weights_only=True)
+        except FileNotFoundError:
+            raise DataError(f"{path} does not exist: is this a dptrain directory?") from None
+        except Exception as e:  # a truncated or foreign file
+            raise DataError(f"{path} is corrupt or not dptrain's ({type(e).__name__})") from None
+
     # -- reading ------------------------------------------------------------------------------------------
     def load_checkpoint(self) -> dict:
         path = self.checkpoint

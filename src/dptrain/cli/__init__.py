@@ -19,13 +19,14 @@ import os
 import sys
 from types import ModuleType
 
-from dptrain.cli import account, audit, calibrate, plan, reproduce, schedule, train, utility_graph
+from dptrain.cli import account, audit, calibrate, plan, reproduce, schedule, train, tune, utility_graph
 from dptrain.errors import ConfigError, DPTrainError
 from dptrain.interrupts import Terminated
 
 #: The commands, in the order ``dptrain --help`` lists them.
 COMMANDS: tuple[ModuleType, ...] = (
     train,
+    tune,
     account,
     calibrate,
     schedule,

@@ -84,14 +84,18 @@ def _raw(cfg: RunConfig) -> dict:
 
 
 def with_values(base: RunConfig, values: dict[str, Any]) -> RunConfig:
-    """``base`` with each dotted key set to its value (``[tune]`` dropped: a trial is a plain run), validated."""
+    """``base`` with each dotted key set to its value (None: the key removed; ``[tune]`` dropped: a trial is a plain
+    run), validated."""
     raw = _raw(base)
     raw.pop("tune", None)
     for key, value in values.items():
         node, parts = raw, key.split(".")
         for part in parts[:-1]:
             node = node.setdefault(part, {})
-        node[parts[-1]] = value
+        if value is None:
+            node.pop(parts[-1], None)
+        else:
+            node[parts[-1]] = value
     return config_from_dict(raw)
 
 
