@@ -8,9 +8,9 @@ import warnings
 import pytest
 import torch
 from torch import nn
-from torch.utils.data import Dataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
 
-from dptrain.batches import DatasetSource, as_source
+from dptrain.batches import DatasetSource, TensorSource, as_source
 from dptrain.engine import make_private
 from dptrain.errors import DataError, ModelError
 from dptrain.per_example import make_grad_sampler, trainable_parameters
@@ -300,3 +300,85 @@ def test_the_automatic_chunk_counts_embedding_gradients_as_factored():
                            batch_size=10)
     # materialized, one example's embedding gradient alone is 51 MB (5 examples per 256 MiB chunk)
     assert trainer.max_physical_batch_size > 1000
+
+
+class RawRecords(Dataset):
+    """Raw items (lists and ints) that only the user's collate_fn turns into tensors."""
+
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+
+    def __len__(self):
+        return len(self.y)
+
+    def __getitem__(self, i):
+        return {"x": self.x[i].tolist(), "y": int(self.y[i])}
+
+
+def _collate(items):
+    return {"features": torch.tensor([r["x"] for r in items]), "labels": torch.tensor([r["y"] for r in items])}
+
+
+class Keyword(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(5, 8), nn.Tanh(), nn.Linear(8, 2))
+
+    def forward(self, features):
+        return self.net(features)
+
+
+def test_a_dataloader_is_read_through_its_dataset_and_collate_fn_and_its_sampler_replaced():
+    """make_private(model, opt, loader): the loader's collate_fn makes dict inputs from raw items; its shuffle and
+    batch size are replaced by the secret Poisson sampler (a SamplerReplacedWarning, once); the run equals the run on
+    the same examples as tensors."""
+    from dptrain.batches import SamplerReplacedWarning
+
+    x, y = _data()
+    loader = DataLoader(RawRecords(x, y), batch_size=32, shuffle=True, collate_fn=_collate)
+    runs = []
+    for data in (loader, ({"features": x}, y)):
+        torch.manual_seed(0)
+        model = Keyword()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            trainer = make_private(
+                model, torch.optim.SGD(model.parameters(), lr=0.5), data, noise_multiplier=1.0, batch_size=16, seed=7,
+                max_physical_batch_size=5,
+            )
+        replaced = [w for w in caught if issubclass(w.category, SamplerReplacedWarning)]
+        assert len(replaced) == (1 if data is loader else 0)
+        assert "\n" not in str(replaced[0].message) if replaced else True
+        trainer.train(steps=4)
+        runs.append((trainer.ledger.to_dict(), [p.detach().clone() for p in model.parameters()]))
+    assert runs[0][0] == runs[1][0] and runs[0][0]["entries"][0]["facts"]["sampling_rate"] == 16 / len(y)
+    assert all(torch.equal(p, q) for p, q in zip(runs[0][1], runs[1][1], strict=True))
+    # an empty Poisson batch is made by the collate_fn too (from one example, none kept)
+    with pytest.warns(SamplerReplacedWarning):
+        inputs, labels = as_source(loader).batch(torch.arange(0))
+    assert inputs["features"].shape == (0, 5) and labels.shape == (0,)
+
+
+def test_a_dataloader_of_tensors_is_its_dataset_and_bad_loaders_are_refused_in_one_line():
+    x, y = _data()
+    with pytest.warns(UserWarning, match="sampler, batch_size, shuffle and workers are replaced"):
+        source = as_source(DataLoader(TensorDataset(x, y), batch_size=8, shuffle=True))
+    assert isinstance(source, TensorSource) and torch.equal(source.batch(torch.tensor([2, 0]))[0], x[[2, 0]])
+
+    class Stream(IterableDataset):
+        def __iter__(self):
+            return iter([(x[0], y[0])])
+
+    with pytest.raises(DataError, match="IterableDataset") as e:
+        as_source(DataLoader(Stream(), batch_size=2))
+    assert "\n" not in str(e.value)
+    short = DataLoader(RawRecords(x, y), batch_size=4, collate_fn=lambda items: _collate(items[:-1]))
+    with pytest.warns(UserWarning), pytest.raises(DataError, match="one row per example"):
+        as_source(short).batch(torch.arange(3))
+    failing = DataLoader(RawRecords(x, y), batch_size=4, collate_fn=lambda items: torch.tensor(items))
+    with pytest.warns(UserWarning), pytest.raises(DataError, match=r"collate_fn failed .* \(\w+Error\)") as e:
+        as_source(failing).batch(torch.arange(3))
+    assert "0." not in str(e.value)  # (the collate_fn's own message would quote the examples)
+    unlabelled = DataLoader(RawRecords(x, y), batch_size=4, collate_fn=lambda items: {"features": _collate(items)["features"]})
+    with pytest.warns(UserWarning), pytest.raises(DataError, match="without the label key"):
+        as_source(unlabelled).batch(torch.arange(3))

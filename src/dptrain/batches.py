@@ -11,11 +11,16 @@ tensor. Conventions (README, "Data of any shape"):
 A :class:`Source` gives the engine what it needs: the number of examples, a batch of given indices (collated with
 torch's ``default_collate`` for Datasets, indexed for tensors), and one example's structure (the independence
 probe's shapes). Nothing here reads more than the examples of the batch asked for.
+
+A ``torch.utils.data.DataLoader`` is read through its dataset and its ``collate_fn`` (:func:`loader_source`): its
+sampler, batch size, shuffling and workers are replaced by dptrain's secret batch sampling, which
+:class:`SamplerReplacedWarning` says once.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -115,11 +120,22 @@ class DatasetSource:
     """Examples read through a map-style ``torch.utils.data.Dataset`` (``__len__`` and ``__getitem__``), collated
     batch by batch; the user's Dataset is used unchanged."""
 
-    def __init__(self, dataset, label_key: str = "labels", collate: Callable | None = None):
+    def __init__(
+        self,
+        dataset,
+        label_key: str = "labels",
+        collate: Callable | None = None,
+        collate_items: Callable | None = None,
+    ):
+        """``collate``: (inputs, label) pairs -> (inputs, labels) batch (default: torch's ``default_collate``).
+        ``collate_items``: instead, a DataLoader's ``collate_fn``, which collates the Dataset's items as they are; its
+        batch is then split into inputs and labels by the conventions items follow (a dict holding ``label_key``, or
+        ``(inputs..., labels)``)."""
         from torch.utils.data import default_collate
 
         self.dataset, self.label_key = dataset, label_key
         self.collate = collate or default_collate
+        self.collate_items = collate_items
         try:
             self.n = len(dataset)
         except TypeError:
@@ -131,13 +147,14 @@ class DatasetSource:
     def __len__(self) -> int:
         return self.n
 
-    def _split(self, item):
-        """(inputs, label) of one Dataset item, by the conventions of the module doc. Its errors name the rule, not the
-        item: which example breaks it (its index, its keys or structure) is a fact about the private data."""
-        if isinstance(item, dict):
+    def _split(self, item, what: str = "a Dataset item"):
+        """(inputs, label) of one Dataset item (or of a batch a DataLoader's collate_fn made: ``what``), by the
+        conventions of the module doc. Its errors name the rule, not the item: which example breaks it (its index, its
+        keys or structure) is a fact about the private data."""
+        if isinstance(item, Mapping):  # (a dict, or a Mapping such as transformers' BatchEncoding)
             if self.label_key not in item:
                 raise DataError(
-                    f"a Dataset item is a dict without the label key {self.label_key!r}: dict items must hold their "
+                    f"{what} is a dict without the label key {self.label_key!r}: dict items must hold their "
                     "label under label_key (set label_key to the key of the label)"
                 )
             return {k: v for k, v in item.items() if k != self.label_key}, item[self.label_key]
@@ -145,14 +162,39 @@ class DatasetSource:
             inputs = tuple(item[:-1])
             return (inputs[0] if len(inputs) == 1 else inputs), item[-1]
         raise DataError(
-            f"Dataset items must be (inputs..., label) tuples or lists, or dicts with a {self.label_key!r} entry"
+            f"{what} must be an (inputs..., label) tuple or list, or a dict with a {self.label_key!r} entry"
         )
+
+    def _items(self, indices: list[int]) -> list:
+        getitems = getattr(self.dataset, "__getitems__", None)  # torch's batched fetching, where a Dataset has it
+        return getitems(indices) if getitems is not None and indices else [self.dataset[i] for i in indices]
+
+    def _collated_by_items(self, indices: list[int]) -> tuple[Inputs, torch.Tensor]:
+        """A batch by the DataLoader's collate_fn, split into inputs and labels, each holding one row per example."""
+        try:
+            batch = self.collate_items(self._items(indices))
+        except (RuntimeError, TypeError, ValueError, KeyError, IndexError) as e:  # (its message may quote the examples)
+            raise DataError(
+                f"the DataLoader's collate_fn failed on a batch of training examples ({type(e).__name__}); it must "
+                "collate any subset of the Dataset's items"
+            ) from None
+        inputs, labels = self._split(batch, "a batch of the DataLoader's collate_fn")
+        labels = _tensor(labels)
+        leaves = tree_flatten(inputs)[0]
+        if not leaves or not all(torch.is_tensor(t) for t in leaves):
+            raise DataError("the batches of the DataLoader's collate_fn must hold tensors (inputs and labels)")
+        if labels.dim() == 0 or labels.shape[0] != len(indices) or batch_len(inputs) != len(indices):
+            raise DataError(
+                "a batch of the DataLoader's collate_fn must hold one row per example in every input and in the labels"
+            )
+        return inputs, labels
 
     def batch(self, idx: torch.Tensor) -> tuple[Inputs, torch.Tensor]:
         pairs = []
         indices = idx.tolist()
-        getitems = getattr(self.dataset, "__getitems__", None)  # torch's batched fetching, where a Dataset has it
-        items = getitems(indices) if getitems is not None and indices else [self.dataset[i] for i in indices]
+        if self.collate_items is not None:
+            return self._collated_by_items(indices) if indices else self.empty()
+        items = self._items(indices)
         for _, item in zip(indices, items, strict=True):
             inputs, label = self._split(item)
             structure = tree_structure((inputs, label))
@@ -190,12 +232,57 @@ def _tensor(v) -> torch.Tensor:
     return v if torch.is_tensor(v) else torch.as_tensor(v, device="cpu")
 
 
+class SamplerReplacedWarning(UserWarning):
+    """Training data came as a DataLoader: its dataset and collate_fn are used, its sampling is replaced."""
+
+
+SAMPLER_REPLACED = (
+    "dptrain: the DataLoader's dataset and collate_fn are used, read in this process; its sampler, batch_size, "
+    "shuffle and workers are replaced by dptrain's secret batch sampling (Poisson by default) at the batch size "
+    "given to dptrain (the loader's batch_size when none is given)"
+)
+
+
+def loader_batch_size(data) -> int | None:
+    """The batch size of a DataLoader (None for anything else, or a loader without one)."""
+    return data.batch_size if isinstance(data, torch.utils.data.DataLoader) else None
+
+
+def loader_source(loader, label_key: str = "labels", warn: bool = True):
+    """A DataLoader's examples: its map-style dataset, collated by its ``collate_fn`` (torch's default collation of
+    ``TensorDataset``/``ArrayDataset`` rows is the same as indexing them: :class:`TensorSource`). Its sampling is not
+    used: training says so once, by a :class:`SamplerReplacedWarning` (``warn``: evaluation reads every example in
+    order and says nothing)."""
+    from torch.utils.data import IterableDataset, default_collate, default_convert
+
+    dataset = loader.dataset
+    if isinstance(dataset, IterableDataset):
+        raise DataError(
+            "a DataLoader of an IterableDataset cannot be sampled: DP-SGD's batch sampling needs a map-style Dataset "
+            "(__len__ and __getitem__)"
+        )
+    if warn:
+        warnings.warn(SAMPLER_REPLACED, SamplerReplacedWarning, stacklevel=3)
+    collate = loader.collate_fn
+    if collate in (default_collate, default_convert):  # (default_convert: a loader without automatic batching)
+        return as_source(dataset, label_key)
+    if loader.batch_size is None and loader.batch_sampler is None:
+        raise DataError(
+            "a DataLoader whose collate_fn converts single items (batch_size=None) cannot be batched by dptrain: give "
+            "it a batch_size"
+        )
+    return DatasetSource(dataset, label_key, collate_items=collate)
+
+
 def as_source(data, label_key: str = "labels"):
     """The engine's view of training data: an :class:`~dptrain.datasets.ArrayDataset`, a ``TensorDataset``, an
     ``(inputs, labels)`` pair (inputs a tensor or a tuple/dict of tensors) -> :class:`TensorSource`; any other
-    map-style Dataset -> :class:`DatasetSource`."""
+    map-style Dataset -> :class:`DatasetSource`; a ``DataLoader`` -> its dataset read through its collate_fn
+    (:func:`loader_source`, with a one-time :class:`SamplerReplacedWarning`)."""
     if isinstance(data, TensorSource | DatasetSource):
         return data
+    if isinstance(data, torch.utils.data.DataLoader):
+        return loader_source(data, label_key)
     if isinstance(data, ArrayDataset):  # (a user's Dataset with x and y attributes is read through __getitem__)
         return TensorSource(_tensor(data.x), _tensor(data.y))
     if isinstance(data, torch.utils.data.TensorDataset):
@@ -213,11 +300,15 @@ def as_source(data, label_key: str = "labels"):
 
 
 __all__ = [
+    "SAMPLER_REPLACED",
     "DatasetSource",
+    "SamplerReplacedWarning",
     "TensorSource",
     "as_source",
     "batch_len",
     "call_model",
+    "loader_batch_size",
+    "loader_source",
     "probe_like",
     "take",
     "unsqueezed",
