@@ -22,6 +22,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "make_private": "dptrain.engine",
     "make_private_with_epsilon": "dptrain.engine",
+    "make_private_loop": "dptrain.private_loop",
     "PrivateTrainer": "dptrain.engine",
     "Budget": "dptrain.engine",
     "Ledger": "dptrain.accounting",
