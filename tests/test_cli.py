@@ -398,6 +398,7 @@ def test_every_command_is_one_module_with_the_same_interface():
     names = [c.NAME for c in cli.COMMANDS]
     assert names == [
         "train",
+        "tune",
         "account",
         "calibrate",
         "schedule",

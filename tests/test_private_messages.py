@@ -167,7 +167,7 @@ class Items(Dataset):
     [
         ({"x": torch.zeros(3), "secret_field": torch.zeros(1)}, "without the label key 'labels'", ["secret_field"]),
         ({"x": torch.zeros(3), "extra": torch.zeros(1), "labels": torch.tensor(0)}, "same structure", ["extra"]),
-        ("a sentence", "Dataset items must be (inputs..., label) tuples", ["str"]),
+        ("a sentence", "a Dataset item must be an (inputs..., label) tuple", ["str"]),
         ({"x": torch.zeros(7), "labels": torch.tensor(0)}, "must collate into a batch", ["[7]", "entry"]),
     ],
     ids=["no label", "another structure", "not a tuple or dict", "another shape"],

@@ -36,7 +36,7 @@ from dptrain.accounting import (
 from dptrain.accounting.checks import check_delta, check_delta_for_size
 from dptrain.accounting.ledger import training_steps
 from dptrain.batch_selection import REPLACE_ONE_SCHEMES, BatchSampler, make_sampler
-from dptrain.batches import as_source
+from dptrain.batches import as_source, loader_batch_size
 from dptrain.buffers import check_buffer_updates
 from dptrain.checkpoint import Checkpointing
 from dptrain.clipping import Clipping, ClipStats, clipped_sum, make_clipping
@@ -154,6 +154,8 @@ class PrivateTrainer(Checkpointing, PrivacySide):
             raise ConfigError(f"training.max_physical_batch_size must be >= 1, got {max_physical_batch_size}")
         self.model, self.optimizer, self.budget = model, optimizer, budget
         #: the training examples (:mod:`dptrain.batches`): tensors in memory or a map-style Dataset
+        if batch_size is None:  # a DataLoader's own batch size, as the expected logical batch
+            batch_size = loader_batch_size(data)
         self.data = as_source(data, label_key)
         self.sampler: BatchSampler = make_sampler(sampling, len(self.data), batch_size, sample_sizes)
         self.clipping: Clipping = (

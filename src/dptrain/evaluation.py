@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from dptrain.batches import as_source, call_model
+from dptrain.batches import as_source, call_model, loader_source
 from dptrain.devices import to_device
 from dptrain.losses import IGNORE_INDEX, causal_lm_per_example, logits_of
 
@@ -16,8 +16,9 @@ from dptrain.losses import IGNORE_INDEX, causal_lm_per_example, logits_of
 def evaluation_source(x, y=None):
     """(inputs, labels) or a Dataset/DataLoader as a source of batches (:mod:`dptrain.batches`)."""
     if y is None:
-        dataset = getattr(x, "dataset", x)  # a DataLoader: its dataset
-        return as_source(dataset, getattr(x, "label_key", "labels"))
+        if isinstance(x, torch.utils.data.DataLoader):  # its dataset, collated by its collate_fn
+            return loader_source(x, getattr(x, "label_key", "labels"), warn=False)
+        return as_source(x, getattr(x, "label_key", "labels"))
     return as_source((x, y))
 
 

@@ -73,7 +73,10 @@ def is_causal_lm(model: nn.Module) -> bool:
         name = type(base).__name__
         if name.endswith(("ForCausalLM", "LMHeadModel")):
             return True
-        inner = getattr(base, "base_model", None) or getattr(base, "model", None)
+        # peft: PeftModel.base_model is the LoraModel, whose .model is the transformers model (its .base_model
+        # would be the transformers model's own trunk, e.g. GPT2Model, no longer a causal LM)
+        inner = getattr(base, "model", None) if type(base).__module__.startswith("peft") else None
+        inner = inner if isinstance(inner, nn.Module) else getattr(base, "base_model", None)
         if not isinstance(inner, nn.Module) or inner is base:
             break
         base = inner

@@ -431,8 +431,8 @@ class LayerwiseGradSampler:
         self._handles += [m.register_forward_hook(self._record_call, with_kwargs=True) for m in self._fallback]
 
     def _record(self, module, inputs, output):
-        if self._records is None:
-            return None
+        if self._records is None or not (torch.is_tensor(output) and output.requires_grad):
+            return None  # (not recording, or a forward under no_grad: nothing to differentiate)
         a, b = inputs[0].detach(), self._batch
         if b > 1 and a.dim() and a.shape[0] == 1 and torch.is_tensor(output) and output.dim() and output.shape[0] == 1:
             # A layer applied to an input shared by the whole batch (Hugging Face's position_ids of shape [1, T]): its
@@ -445,7 +445,7 @@ class LayerwiseGradSampler:
         return None
 
     def _record_call(self, module, args, kwargs, output) -> None:
-        if self._records is not None:
+        if self._records is not None and any(t.requires_grad for t in _tensors(output)):
             args = tuple(a.detach() if torch.is_tensor(a) else a for a in args)
             self._records.setdefault(module, []).append((args, dict(kwargs), _tensors(output)))
 

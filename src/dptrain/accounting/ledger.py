@@ -66,7 +66,7 @@ def _value_to_json(value: Any) -> Any:
         return [_value_to_json(v) for v in value]
     if isinstance(value, float) and not math.isfinite(value):
         if math.isnan(value):
-            raise ValueError("a DpEvent field is NaN")
+            raise AccountingError("a DpEvent field is NaN: no accountant certifies a release whose noise or rate is not a number")
         return _INFINITIES[value]
     return value
 
