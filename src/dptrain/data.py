@@ -7,7 +7,8 @@ Formats read:
   read with a restricted unpickler;
 * scikit-learn's bundled 8x8 digits (shipped inside scikit-learn, no download);
 * a synthetic Gaussian mixture generated from a seed;
-* a user's ``.npz`` archive holding arrays ``x`` and ``y`` (optionally ``x_test`` and ``y_test``).
+* a user's ``.npz`` archive holding arrays ``x`` and ``y`` (optionally ``x_test`` and ``y_test``);
+* a user's text in JSON lines or CSV files, tokenized or pre-tokenized (``text_files``: :mod:`dptrain.text_files`).
 
 Images are standardized with FIXED, PUBLIC constants. Statistics are never computed from the
 data: a mean or standard deviation taken over the private training set is itself a function of
@@ -39,8 +40,10 @@ from dptrain.datasets import ArrayDataset, DataSplit
 from dptrain.datasets import as_tensors as as_tensors  # (re-exported: it lived here)
 from dptrain.errors import DataError
 from dptrain.memmap import load_npz_mapped
+from dptrain.text_files import OPTIONS as TEXT_FILE_OPTIONS
+from dptrain.text_files import TextDataset, load_text_files
 
-DATASET_NAMES = ("fashion-mnist", "mnist", "cifar10", "digits", "synthetic", "text", "npz")
+DATASET_NAMES = ("fashion-mnist", "mnist", "cifar10", "digits", "synthetic", "text", "npz", "text_files")
 
 DEFAULT_FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 
@@ -600,6 +603,7 @@ def load_dataset(name: str, path: str | None = None, *, seed: int = 0, **options
         "synthetic": ("n", "dim", "num_classes", "separation", "test_fraction"),
         "text": ("n", "n_test", "length", "vocab"),
         "npz": ("num_classes", "test_fraction", "mmap"),
+        "text_files": TEXT_FILE_OPTIONS,
     }
     if name not in accepted_options:
         raise DataError(f"unknown dataset {name!r} (accepted: {', '.join(DATASET_NAMES)})")
@@ -622,6 +626,8 @@ def load_dataset(name: str, path: str | None = None, *, seed: int = 0, **options
         return make_gaussian_mixture(seed=seed, **options)
     if name == "text":
         return make_text_task(seed=seed, **options)
+    if name == "text_files":  # (transformers is imported only to load a tokenizer)
+        return load_text_files(path, seed=seed, **options)
     if path is None:
         raise DataError("dataset 'npz' needs a path to an .npz file with arrays 'x' and 'y'")
     mmap = options.pop("mmap", False)
@@ -639,6 +645,8 @@ def load_dataset(name: str, path: str | None = None, *, seed: int = 0, **options
 def select_classes(split: DataSplit, classes: list[int]) -> DataSplit:
     """Keep only the examples whose label is in ``classes``, relabelled 0..k-1 in the given order (e.g. a binary
     task [2, 4] from Fashion-MNIST). A per-example filter chosen before seeing the data: no privacy cost."""
+    if isinstance(split.train, TextDataset):  # (its inputs are a dict of token ids and masks)
+        raise DataError("data.classes does not apply to text_files; remove it (select the rows of your files instead)")
 
     def pick(ds: ArrayDataset) -> ArrayDataset:
         keep = torch.zeros(len(ds.y), dtype=torch.bool)
