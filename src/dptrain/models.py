@@ -15,6 +15,9 @@ Models (``build_model(name, input_shape, num_classes, **options)``):
   Input shape ``(C, 32, 32)``.
 * ``resnet20``: the CIFAR ResNet-20 of He et al. 2016 with GroupNorm in place of BatchNorm. Option
   ``groups`` (default 16). Input shape ``(C, H, W)``.
+* ``hf``: a Hugging Face transformers model (optionally with peft LoRA) from a local directory or a config table;
+  options ``path``, ``config``, ``task``, ``lora`` (:mod:`dptrain.hf_models`, imported only when one is built).
+  Input shape ``(length,)`` of token ids.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ __all__ = [
     "find_batch_mixing_layers",
 ]
 
-MODEL_NAMES = ("logistic", "mlp", "cnn28", "cnn32", "resnet20", "tiny_transformer")
+MODEL_NAMES = ("logistic", "mlp", "cnn28", "cnn32", "resnet20", "tiny_transformer", "hf")
 
 # Layers whose output for one example depends on the other examples of the batch (in training mode they
 # normalize with batch statistics). The private base class also catches user subclasses of BatchNorm.
@@ -65,6 +68,7 @@ _DEFAULT_OPTIONS: dict[str, dict[str, Any]] = {
     "cnn32": {"activation": "tanh"},
     "resnet20": {"groups": 16},
     "tiny_transformer": {"vocab": 32, "d_model": 32, "heads": 2, "layers": 2, "lora_rank": 0},
+    "hf": {"path": None, "config": None, "task": None, "lora": None},
 }
 
 # ResNet-20 stage widths; ``groups`` must divide each of them.
@@ -339,6 +343,12 @@ def _tiny_transformer(shape, num_classes, vocab, d_model, heads, layers, lora_ra
     return model
 
 
+def _hf(shape, num_classes, **options) -> nn.Module:
+    from dptrain.hf_models import build_hf_model  # (transformers is imported only for such a model)
+
+    return build_hf_model(shape, num_classes, **options)
+
+
 _BUILDERS = {
     "logistic": _logistic,
     "mlp": _mlp,
@@ -346,6 +356,7 @@ _BUILDERS = {
     "cnn32": _cnn32,
     "resnet20": _resnet20,
     "tiny_transformer": _tiny_transformer,
+    "hf": _hf,
 }
 
 
