@@ -16,11 +16,12 @@ OUTARG := $(if $(OUT),--out $(OUT),)
 export PYTHONDONTWRITEBYTECODE :=
 
 # --no-compile: no .pyc files for all of torch at install time (73 s -> 19 s here); Python compiles the modules it
-# imports on first use.
+# imports on first use. The hf extra (transformers, peft) is installed too, so that the tests of Hugging Face models
+# and text files run here and in CI.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --no-compile torch==2.13.0
-	$(BIN)/pip install -q --no-compile -e '.[dev]'
+	$(BIN)/pip install -q --no-compile -e '.[dev,hf]'
 	touch $(STAMP)
 
 # Fashion-MNIST comes from Debian's package; install it when missing and we can (root).
