@@ -30,7 +30,7 @@ from typing import Any
 
 from torch import nn
 
-from dptrain.errors import ModelError
+from dptrain.errors import DataError, ModelError
 
 TASKS = ("causal_lm", "sequence_classification")
 LORA_KEYS = ("r", "alpha", "target_modules", "dropout")
@@ -101,7 +101,10 @@ def _directory_pad_id(directory: Path) -> int | None:
         return None
     from dptrain.text_files import load_tokenizer
 
-    tok = load_tokenizer(directory)
+    try:
+        tok = load_tokenizer(directory)
+    except DataError:  # (then the model's pad_token_id is asked for)
+        return None
     return tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
 
 
