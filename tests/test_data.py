@@ -637,7 +637,7 @@ def test_load_dataset_dispatch(tmp_path):
     x, y = text.train.x, text.train.y
     pos, neg = ((x >= 1) & (x <= 4)).sum(1), ((x >= 5) & (x <= 8)).sum(1)
     assert torch.equal(y[pos != neg], (pos > neg)[pos != neg].long())
-    assert set(DATASET_NAMES) == {"fashion-mnist", "mnist", "cifar10", "digits", "synthetic", "text", "npz"}
+    assert set(DATASET_NAMES) == {"fashion-mnist", "mnist", "cifar10", "digits", "synthetic", "text", "npz", "text_files"}
 
 
 def test_error_messages_are_one_line(tmp_path):

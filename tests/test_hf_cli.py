@@ -319,3 +319,9 @@ def test_the_shipped_data_is_what_its_generator_writes(tmp_path):
     for name in ("months_train.jsonl", "months_test.jsonl", "months_tokenizer/tokenizer.json",
                  "months_tokenizer/tokenizer_config.json"):
         assert (tmp_path / name).read_bytes() == (shipped / name).read_bytes(), name
+
+
+def test_an_audit_of_structured_inputs_is_refused_in_one_line(capsys):
+    code = main(["audit", "--config", str(ROOT / "configs" / "hf_gpt2_lora.toml")])
+    err = capsys.readouterr().err
+    assert code == 2 and "cannot be audited yet" in err and len(err.strip().splitlines()) == 1

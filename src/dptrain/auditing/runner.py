@@ -157,6 +157,11 @@ def observe(cfg: RunConfig, canaries: int | None, kind: str, inject_bug: str | N
     data = run_module.load_data(cfg)
     if not hasattr(data.train, "x"):
         raise ConfigError("the audit adds canaries to training data held in memory; remove data.options.mmap")
+    if not torch.is_tensor(data.train.x):
+        raise ConfigError(
+            "the audit adds canaries to examples whose input is one tensor; a data set of structured inputs (text_files: "
+            "token ids and attention masks) cannot be audited yet"
+        )
     n = len(data.train)
     m = DEFAULT_CANARIES if canaries is None else canaries
     rows = _rows(kind, m, data.train)
