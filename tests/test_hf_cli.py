@@ -325,3 +325,19 @@ def test_an_audit_of_structured_inputs_is_refused_in_one_line(capsys):
     code = main(["audit", "--config", str(ROOT / "configs" / "hf_gpt2_lora.toml")])
     err = capsys.readouterr().err
     assert code == 2 and "cannot be audited yet" in err and len(err.strip().splitlines()) == 1
+
+
+def test_text_files_for_a_saved_model_are_tokenized_by_its_own_tokenizer(tmp_path, capsys):
+    config = transformers.GPT2Config(**{k: v for k, v in GPT2.items() if k != "model_type"}, pad_token_id=0)
+    transformers.GPT2LMHeadModel(config).save_pretrained(tmp_path / "m")
+    tokenizer_dir(tmp_path / "m")
+    rows = [{"text": " ".join(["red", "cat", "sees", "a", "dog"][: 2 + i % 4])} for i in range(40)]
+    write_jsonl(tmp_path / "train.jsonl", rows)
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(
+        f'[data]\nname = "text_files"\npath = "{tmp_path / "train.jsonl"}"\noptions = {{ max_length = 8 }}\n'
+        f'[model]\nname = "hf"\noptions = {{ path = "{tmp_path / "m"}", task = "causal_lm" }}\n'
+        '[privacy]\nnoise_multiplier = 1.0\n[training]\nsteps = 2\nbatch_size = 8\n'
+    )
+    code = main(["train", "--config", str(cfg), "--out", str(tmp_path / "run"), "--no-progress", "--json"])
+    assert code == 0, capsys.readouterr().err

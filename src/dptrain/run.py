@@ -126,8 +126,14 @@ def build_optimizer(cfg: RunConfig, model: nn.Module) -> torch.optim.Optimizer:
 
 
 def load_data(cfg: RunConfig) -> DataSplit:
-    """The run's data: the loader, then the class selection of data.classes if any."""
-    data = load_dataset(cfg.data.name, cfg.data.path, seed=cfg.data.seed, **cfg.data.options)
+    """The run's data: the loader, then the class selection of data.classes if any. Text files for a Hugging Face
+    model saved in a directory with its tokenizer are tokenized by that tokenizer unless data.options names one."""
+    options = dict(cfg.data.options)
+    model_dir = cfg.model.options.get("path") if cfg.model.name == "hf" else None
+    if cfg.data.name == "text_files" and "tokenizer" not in options and "vocab_size" not in options and model_dir:
+        if any((Path(model_dir) / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
+            options["tokenizer"] = model_dir
+    data = load_dataset(cfg.data.name, cfg.data.path, seed=cfg.data.seed, **options)
     return data if cfg.data.classes is None else select_classes(data, list(cfg.data.classes))
 
 
