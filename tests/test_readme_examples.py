@@ -248,7 +248,11 @@ def test_every_flag_and_choice_in_the_synopsis_exists():
             assert flag in flags, f"README synopsis: dptrain {name} has no {flag}"
         for flag, listed in re.findall(r"(--[a-z][a-z-]*) ([\w-]+(?:\|[\w-]+)+)", rest):
             action = flags[flag]
-            accepted = action.choices if action.choices is not None else action.metavar.split("|")
+            accepted = (
+                action.choices
+                if action.choices is not None
+                else [m.split(":")[0] for m in action.metavar.split("|")]
+            )
             assert set(listed.split("|")) <= set(accepted), f"README synopsis: dptrain {name} {flag} {listed}"
         if name == "reproduce":
             listed = rest.split()[0].split("|")

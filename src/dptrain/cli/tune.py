@@ -19,7 +19,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume", metavar="DIR", help="continue the interrupted search stored in DIR")
     parser.add_argument("--trials-mean", type=float, metavar="K", help="mean number of trials (tune.trials_mean)")
     parser.add_argument(
-        "--distribution", metavar="NAME", help="poisson | geometric | logarithmic | tnb:SHAPE (tune.distribution)"
+        "--distribution",
+        metavar="geometric|logarithmic|poisson|tnb:SHAPE",
+        help="the law of the secret number of trials (tune.distribution; default geometric)",
     )
     parser.add_argument("--keep-trials", action="store_true",
                         help="keep every trial's directory in private/ and list them, labelled not private")
