@@ -18,6 +18,7 @@ public test set.
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 import warnings
@@ -29,7 +30,7 @@ import numpy as np
 from dptrain.reproduce import md_table, single_thread
 from dptrain.reproduce.report import Report, Section, figure
 
-REPORT, DATA_JSON, PLOT = "tuning.md", "tuning.json", "tuning.png"
+REPORT, DATA_JSON, PLOT, PARTIAL = "tuning.md", "tuning.json", "tuning.png", "tuning.partial.json"
 DELTA = 1e-5
 EPSILONS = (1.0, 3.0)
 SEEDS = 3
@@ -154,18 +155,28 @@ def run(out_dir: str | Path, quick: bool = False, seeds: int | None = None, epsi
     seeds = int(seeds or cfg["seeds"])
     command = f"dptrain reproduce tuning --out {Path(out_dir)}" + (" --quick" if quick else "")
     start = time.perf_counter()
-    rows = []
+    # Each finished (epsilon, seed) cell is kept in out_dir, so that an interrupted reproduction goes on where it
+    # stopped (every run is seeded: a cell re-run gives the same rows).
+    partial = Path(out_dir) / PARTIAL
+    done = json.loads(partial.read_text()) if partial.exists() else []
+    rows = [r for r in done if r["target_epsilon"] in epsilons and r["seed"] < seeds]
     with warnings.catch_warnings(), tempfile.TemporaryDirectory() as tmp:
         warnings.simplefilter("ignore")  # seeded runs: a reproducible experiment
         ctx = single_thread() if quick else _null()
         with ctx:
             for eps in epsilons:
                 for seed in range(seeds):
+                    if any(r["target_epsilon"] == eps and r["seed"] == seed for r in rows):
+                        continue
                     rows += one(eps, seed, cfg["trials"], quick, Path(tmp) / f"{eps}-{seed}")
+                    partial.parent.mkdir(parents=True, exist_ok=True)
+                    partial.write_text(json.dumps(rows))
     data = {"command": command, "quick": quick, "wall_time_s": time.perf_counter() - start, "rows": rows,
             "trials": cfg["trials"],
             "summary": summarize(rows)}
-    return render(data).write(out_dir)
+    written = render(data).write(out_dir)
+    partial.unlink(missing_ok=True)
+    return written
 
 
 def _null():
