@@ -192,7 +192,8 @@ def test_quick_review_output(quick):
     names = [c["name"] for c in quick["checks"]]
     assert names == ["law", "A_direction", "B_width_convex_order", "B_width_rdp", "C_one_hot_merge_convex_order",
                      "C_one_hot_merge_rdp_pairwise", "D_norm_convex_order", "D_norm_rdp",
-                     "E_p_hot_schur_convex_order", "F_integer_moments_convexity", "F_real_orders_convexity"]
+                     "E_p_hot_schur_convex_order", "F_integer_moments_convexity", "F_real_orders_convexity",
+                     "H_power_moment_kappa"]
     for c in quick["checks"]:
         for key in ("name", "claim", "parameters", "checked", "worst_margin", "holds", "violations", "status"):
             assert key in c, (c["name"], key)
@@ -201,8 +202,13 @@ def test_quick_review_output(quick):
     by = {c["name"]: c for c in quick["checks"]}
     assert by["law"]["holds"], by["law"]["measures"]
     for name in ("B_width_convex_order", "B_width_rdp", "D_norm_convex_order", "D_norm_rdp",
-                 "F_integer_moments_convexity", "F_real_orders_convexity", "C_one_hot_merge_rdp_pairwise"):
+                 "F_integer_moments_convexity", "F_real_orders_convexity", "H_power_moment_kappa"):
         assert by[name]["holds"], (name, by[name]["violations"])
+    # the pairwise RDP reduction holds for the forward ordering but fails for the reverse one at q = 0.3 (the split
+    # shift beats the one-hot shift), never at q = 0.02 on this grid nor for the Gaussian control
+    c = by["C_one_hot_merge_rdp_pairwise"]
+    assert not c["holds"] and {(p["direction"], p["w"]) for p in c["failing_parameters"]} == {("reverse", 7.5)}
+    assert all(v["q"] == 0.3 for v in c["violations"]) and c["worst_relative_margin"] > 0.01
     # the one-hot and p-hot reductions fail in convex order with a plateau, never for the Gaussian control
     for name in ("C_one_hot_merge_convex_order", "E_p_hot_schur_convex_order"):
         c = by[name]
@@ -210,7 +216,7 @@ def test_quick_review_output(quick):
         assert c["worst_relative_margin"] > 0.1
         assert {p["w"] for p in c["failing_parameters"]} == {7.5}
     rows = quick["direction_table"]["rows"]
-    assert len(rows) == 2 * 2 * 2 * 3  # z x w x q x orders
+    assert len(rows) == 2 * 2 * 3 * 3  # z x w x q x orders
     for z, w, q, a, fw, rv, ef, er in rows:
         assert fw > 0 and rv > 0 and ef < 1e-6 * fw and er < 1e-6 * rv
         if q == 1.0:
