@@ -106,6 +106,14 @@ def calibrate_noise(
         except NoFiniteEpsilon:
             return math.inf
 
+    def eps_below(sigma: float) -> float:
+        """eps on the way down from a sigma that met the budget: a noise the accountant refuses to certify (e.g.
+        below the modelmix accountant's reviewed range) does not meet it either."""
+        try:
+            return eps(sigma)
+        except AccountingError:
+            return math.inf
+
     hi = start
     while eps(hi) > target_epsilon:
         lo, hi = hi, hi * 2
@@ -115,12 +123,12 @@ def calibrate_noise(
             )
     else:
         lo = hi
-        while eps(lo) <= target_epsilon and lo >= SIGMA_MIN:
+        while eps_below(lo) <= target_epsilon and lo >= SIGMA_MIN:
             hi, lo = lo, lo / 2
     if lo < SIGMA_MIN:
         sigma = hi  # any noise above SIGMA_MIN meets this (loose) budget
     else:
-        gap = lambda s: min(eps(s), 1e6) - target_epsilon  # noqa: E731
+        gap = lambda s: min(eps_below(s), 1e6) - target_epsilon  # noqa: E731
         sigma = optimize.brentq(gap, lo, hi, xtol=1e-12, rtol=rtol)
     # Brent returns a point within tolerance of the root, on either side: step up until it is within budget.
     step = max(sigma * rtol, 1e-12)
