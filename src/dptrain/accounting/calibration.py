@@ -131,8 +131,17 @@ def calibrate_noise(
         gap = lambda s: min(eps_below(s), 1e6) - target_epsilon  # noqa: E731
         sigma = optimize.brentq(gap, lo, hi, xtol=1e-12, rtol=rtol)
     # Brent returns a point within tolerance of the root, on either side: step up until it is within budget.
+    # Below hi (which met it) a noise the accountant refuses to certify is stepped over like one over budget.
+    def final(sigma: float) -> float:
+        try:
+            return eps(sigma, final=True)
+        except AccountingError:
+            if sigma >= hi:
+                raise
+            return math.inf
+
     step = max(sigma * rtol, 1e-12)
-    while eps(sigma, final=True) > target_epsilon:
+    while final(sigma) > target_epsilon:
         sigma += step
         step *= 2
     return float(sigma)
