@@ -20,14 +20,16 @@ What this module computes, per step and per order a (numpy/scipy only):
   ``A_k = E_P0[L_{1/sqrt p}^k]`` (corrected: the printed formula divides by 1 - a and drops the factor T).
 - **reverse** ``1/(a-1) log E_P0[((1-q) + q L)^(1-a)]``, the other ordering of a neighbouring pair, which the
   paper does not bound for N * U (it cites a theorem proven for pure Gaussians): at the one-hot shift by
-  quadrature (reported), and for every admissible shift by :func:`reverse_rdp_bound` (certified).
+  quadrature (reported as ``epsilon_reverse_one_hot_not_a_bound``: the one-hot shift is not the worst case of this
+  ordering), and for every admissible shift by :func:`reverse_rdp_bound` (certified: the smallest of a trivial, a
+  second-moment and a power-moment bound, :mod:`dptrain.accounting.modelmix_reverse`).
 
 What is certified (docs/modelmix.md, "Soundness review"): the paper's worst-case argument (App. C: log A_k is
 convex in the squared shift, so a one-hot or p-hot shift maximises every integer moment) holds for integer
 moments, and our numerical review found the one-hot / p-hot shift is NOT the worst case in general (in convex
 order, e.g. for fractional orders or hockey-stick divergences). So the certificate uses the forward direction at
-integer orders (CERTIFIED_ORDERS) and the reverse through the second moment only; the paper's fractional-order
-numbers are reported beside it, not certified.
+integer orders (CERTIFIED_ORDERS) and the reverse through bounds valid for every shift (:func:`reverse_rdp_bound`);
+the paper's fractional-order numbers and the exact one-hot reverse are reported beside it, not certified.
 
 The densities are closed form (App. D.1): ``p_0(o) = (Phi((o + w/2)/z) - Phi((o - w/2)/z)) / w``, evaluated in
 log space with ``log_ndtr``. Integrals use the trapezoid rule on a uniform grid of step z/40 over the whole
@@ -62,6 +64,7 @@ from dptrain.accounting.ledger import (
     gaussian_step_event,
     step_facts,
 )
+from dptrain.accounting.modelmix_reverse import HELLINGER_POWERS, log_reverse_moment_bound
 from dptrain.accounting.standard import check_noise, finite_epsilon, refuse_search
 from dptrain.errors import AccountingError, ConfigError
 
@@ -90,8 +93,9 @@ CERTIFIED_ORDERS = tuple(float(a) for a in [*range(2, 33), 40, 48, 56, 64])
 
 #: Where the numerical soundness review (docs/modelmix.md) checked what the certificate relies on (the integer
 #: moments' worst case is one-hot / p-hot, the divergence does not grow with the uniform width): noise multiplier
-#: z, width over sensitivity w. A phase above it is accounted at a dominating phase inside it
-#: (:func:`reviewed_phase`); below it (z < 0.3) the accountant still answers, but with ``certified: false``.
+#: z, width over sensitivity w (grid: z in {0.3, 0.3633, 0.5, 1, 2, 4, 8}, w in {0, 0.5, ..., 250}). A phase above
+#: it is accounted at a dominating phase inside it (:func:`reviewed_phase`); below it (z < 0.3) the accountant still
+#: answers, but with ``certified: false``.
 CERTIFIED_RANGE = {"noise_multiplier": (0.3, 8.0), "width": (0.0, 250.0)}
 
 _STEPS_PER_Z = 40  # grid step z / 40
@@ -204,7 +208,7 @@ def step_rdp(
     ``width`` is the uniform width over the per-example sensitivity, (tau / eta) B / C; ``direction`` is
     "forward" (D((1-q) P0 + q P1 || P0), the paper's) or "reverse" (D(P0 || (1-q) P0 + q P1)). For
     ``linf_p`` > 1 the forward direction takes integer orders only (Cor. 4.1) and the reverse is the one-hot
-    (p = 1) value (reported only: :func:`reverse_rdp_bound` is the certified reverse). Default orders:
+    (p = 1) value (reported only, not a bound: :func:`reverse_rdp_bound` is the certified reverse). Default orders:
     FRACTIONAL_ORDERS for p = 1 and for the reverse, INTEGER_ORDERS for the forward direction with p > 1."""
     q, z, w, p = _check(sampling_rate, noise_multiplier, width, linf_p)
     if direction not in ("forward", "reverse"):
@@ -271,20 +275,90 @@ def _composed(phases: list[Phase], direction: str) -> tuple[np.ndarray, np.ndarr
     return np.asarray(orders), total
 
 
-def reverse_rdp_bound(sampling_rate: float, noise_multiplier: float, width: float, orders, linf_p: int = 1):
+def reverse_taylor_bound(sampling_rate: float, noise_multiplier: float, width: float, orders, linf_p: int = 1):
     """A per-step bound on the reverse ordering D_a(P_0 || (1-q) P_0 + q P_v) for EVERY admissible shift v, at any
-    real order a > 1. With y = (1-q) + q L >= 1 - q and f(y) = y^(1-a): f has a negative third derivative, so its
-    second derivative on [1-q, inf) is at most a(a-1)(1-q)^(-a-1), and Taylor's theorem around 1 (E[y] = 1) gives
+    real order a > 1 (ours). With y = (1-q) + q L >= 1 - q and f(y) = y^(1-a): f has a negative third derivative, so
+    its second derivative on [1-q, inf) is at most a(a-1)(1-q)^(-a-1), and Taylor's theorem around 1 (E[y] = 1) gives
     E f(y) <= 1 + a(a-1)/2 (1-q)^(-a-1) q^2 (E_P0[L_v^2] - 1). E[L_v^2] is largest at the one-hot (p-hot) shift:
-    the integer moment k = 2, which the paper's convexity argument covers. At q = 1 the two orderings are equal
-    (the pair is symmetric), so the forward value is returned (None for p > 1: use the forward direction)."""
+    the integer moment k = 2, which the paper's convexity argument (App. C) covers. Defined for q < 1."""
+    q, z, w, p = _check(sampling_rate, noise_multiplier, width, linf_p)
+    a = np.asarray(orders, dtype=np.float64)
+    chi2 = math.expm1(p * _log_moments(z, w, 1.0 / math.sqrt(p), 2)[2])
+    log_term = np.log1p(0.5 * a * (a - 1) * np.exp((-a - 1) * math.log1p(-q)) * q * q * chi2)
+    return log_term / (a - 1)
+
+
+#: the orders at which the power-moment bound on the reverse ordering is computed (a linear program each); the
+#: other orders of FRACTIONAL_ORDERS use the Taylor and the trivial bounds only
+REVERSE_LP_ORDERS = (1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 12.0, 16.0, 20.0, 24.0, 32.0, 48.0, 64.0)
+_KAPPA_POINTS = 16  # kappa: the largest -h(s)/s^2 at s = s_max k / 16, k = 1..16, and at s -> 0
+
+
+def fisher_information(z: float, w: float) -> float:
+    """I = int p_0'^2 / p_0 of N(0, z^2) * U[-w/2, w/2] (ours), with p_0'(o) = (phi((o + w/2)/z) - phi((o - w/2)/z))
+    / (w z): the limit of -2 log E_P0[L_s^lam] / (lam (1 - lam) s^2) as s -> 0. 1/z^2 at w = 0."""
+    if w == 0:
+        return 1.0 / (z * z)
+    h = z / _STEPS_PER_Z
+    o = h * np.arange(int(math.ceil((w / 2 + _TAILS * z) / h)) + 1)  # o >= 0; the integrand is even
+    b = (o - w / 2) / z
+    with np.errstate(divide="ignore"):
+        log_dp = -0.5 * b * b - 0.5 * math.log(2 * math.pi) + np.log(-np.expm1(-o * w / (z * z))) - math.log(w * z)
+    log_f = 2 * log_dp - log_density(o, z, w)
+    log_f[0] = -np.inf  # p_0'(0) = 0
+    return float(2 * np.exp(_log_integral(log_f, h)))
+
+
+@functools.lru_cache(maxsize=256)
+def hellinger_log_betas(z: float, w: float, linf_p: int = 1) -> tuple[float, ...]:
+    """Lower bounds log beta_lam on log E_P0[L_v^lam], lam in HELLINGER_POWERS, for every shift v with ||v||_2 <= 1
+    and ||v||_inf <= 1/sqrt(p) (ours): log E[L_v^lam] = sum_j h(v_j) with h(s) = log E_P0[L_s^lam] <= 0 (product
+    law, h even since p_0 is), so sum_j h(v_j) >= -kappa sum_j v_j^2 >= -kappa, kappa = sup over 0 < s <= 1/sqrt(p)
+    of -h(s)/s^2. Taken as the largest of its limit at s -> 0 (lam (1 - lam) I / 2, I the Fisher information) and 16
+    values up to 1/sqrt(p); the soundness review checks that -h(s)/s^2 is monotone in s, so that this is the sup."""
+    s_max = 1.0 / math.sqrt(linf_p)
+    lams = np.asarray(HELLINGER_POWERS)
+    kappa = lams * (1 - lams) * fisher_information(z, w) / 2
+    for k in range(1, _KAPPA_POINTS + 1):
+        s = s_max * k / _KAPPA_POINTS
+        log_p0, log_l, h = _grid(z, w, s, s)
+        n = _points_for(1.0, s, z, w, h, len(log_p0))
+        norm = _log_integral(log_p0[:n], h)  # the rule's own integral of p_0 (1 up to ~1e-15): cancels its error
+        h_s = _log_integral(log_p0[None, :n] + lams[:, None] * log_l[None, :n], h) - norm
+        kappa = np.maximum(kappa, -h_s / (s * s))
+    return tuple(float(-x * (1 + 1e-9) - 1e-12) for x in kappa)
+
+
+def reverse_rdp_bound(sampling_rate: float, noise_multiplier: float, width: float, orders, linf_p: int = 1):
+    """The certified per-step bound on the reverse ordering D_a(P_0 || (1-q) P_0 + q P_v), valid for EVERY admissible
+    shift v, at each order: the smallest of three bounds (each proven for every shift; ours):
+
+    - trivial: p_0 / ((1-q) p_0 + q p_v) <= 1/(1-q), so the divergence is at most log(1/(1-q)) at every order;
+    - :func:`reverse_taylor_bound` (second moment, any real order);
+    - the power-moment bound (:mod:`dptrain.accounting.modelmix_reverse`: E L = 1, E L^lam >= beta_lam from
+      :func:`hellinger_log_betas`, E L^2 <= the one-hot / p-hot second moment) at the orders in REVERSE_LP_ORDERS.
+
+    At q = 1 the two orderings are equal (the pair is symmetric), so the forward value is returned (None for p > 1:
+    use the forward direction). The one-hot shift is NOT the worst case of this ordering (docs/modelmix.md), so the
+    exact one-hot value (``step_rdp(..., direction="reverse")``) is not a bound."""
     q, z, w, p = _check(sampling_rate, noise_multiplier, width, linf_p)
     a = np.asarray(orders, dtype=np.float64)
     if q == 1:
         return step_rdp(q, z, w, tuple(a), linf_p=p) if p == 1 else None
+    return np.asarray(_reverse_certified(q, z, w, p, tuple(float(x) for x in a)))
+
+
+@functools.lru_cache(maxsize=1024)
+def _reverse_certified(q: float, z: float, w: float, p: int, orders: tuple[float, ...]) -> tuple[float, ...]:
+    a = np.asarray(orders)
+    out = np.minimum(reverse_taylor_bound(q, z, w, a, p), -math.log1p(-q))
+    log_betas = hellinger_log_betas(z, w, p)
     chi2 = math.expm1(p * _log_moments(z, w, 1.0 / math.sqrt(p), 2)[2])
-    log_term = np.log1p(0.5 * a * (a - 1) * np.exp((-a - 1) * math.log1p(-q)) * q * q * chi2)
-    return log_term / (a - 1)
+    lp_orders = set(REVERSE_LP_ORDERS)
+    for i, order in enumerate(orders):
+        if order in lp_orders:
+            out[i] = min(out[i], max(log_reverse_moment_bound(q, order, log_betas, chi2), 0.0) / (order - 1))
+    return tuple(float(x) for x in out)
 
 
 def modelmix_epsilon(phases: list[Phase], delta: float) -> dict[str, Any]:
@@ -292,10 +366,11 @@ def modelmix_epsilon(phases: list[Phase], delta: float) -> dict[str, Any]:
 
     Certified (``epsilon``): the larger of the two orderings of a neighbouring pair, each composed over the steps
     and converted on its own: the paper's direction at CERTIFIED_ORDERS (integers), the reverse by
-    :func:`reverse_rdp_bound`. Reported beside it: the paper's direction at fractional orders for p = 1
-    (``epsilon_paper_direction``), the reverse ordering at the one-hot shift (``epsilon_reverse_direction``),
-    both with the same conversion, and the paper's own method (its direction, fractional orders for p = 1, its
-    Thm 2.2 conversion: ``epsilon_paper_method``). docs/modelmix.md says why only the first is certified."""
+    :func:`reverse_rdp_bound`. Reported beside it, not certified: the paper's direction at fractional orders for
+    p = 1 (``epsilon_paper_direction``), the exact reverse ordering at the one-hot shift
+    (``epsilon_reverse_one_hot_not_a_bound``, p = 1 only: a split shift gives more, so it is no bound), both with
+    the same conversion, and the paper's own method (its direction, fractional orders for p = 1, its Thm 2.2
+    conversion: ``epsilon_paper_method``). docs/modelmix.md says why only the first is certified."""
     delta = check_delta(delta)
     out: dict[str, Any] = {}
     certified_orders = np.asarray(CERTIFIED_ORDERS)
@@ -331,8 +406,8 @@ def modelmix_epsilon(phases: list[Phase], delta: float) -> dict[str, Any]:
         "epsilon_forward_certified": out["forward"][0],
         "epsilon_reverse_certified": out["reverse_bound"][0],
         "epsilon_paper_direction": out["forward_reported"][0],
-        # the exact reverse at the one-hot shift: the worst case only where it is admissible (p = 1)
-        "epsilon_reverse_direction": out["reverse_reported"][0] if one_hot else None,
+        # the exact reverse at the one-hot shift (p = 1): NOT a bound, split shifts give more (docs/modelmix.md)
+        "epsilon_reverse_one_hot_not_a_bound": out["reverse_reported"][0] if one_hot else None,
         "epsilon_paper_method": out["paper"][0],
         "paper_method_order": out["paper"][1],
         "in_certified_range": all(_in_range(ph) for ph in reviewed),
@@ -356,16 +431,17 @@ def reviewed_phase(ph: Phase) -> Phase:
     (Blackwell: post-processing the pair by a data-independent kernel cannot raise any f- or Renyi divergence):
 
     - width: U[0, w] is a mixture of m equal shifted copies of U[0, w/m] for every integer m, so the pair at width
-      w is the pair at width w/m with the copy's (data-independent) index forgotten: D(w) <= D(w/m). A width
-      above the range is accounted at w/m with m = ceil(w / w_max) (e.g. 409.6 as 204.8);
+      w is the pair at width w/m with the copy's (data-independent) index forgotten: D(w) <= D(w/m). With m =
+      floor(w / w_max), w/m is in [w_max, 2 w_max), and there the review's width monotonicity (its check B: L at
+      width w' in (w, 2w] is below L at width w in convex order, checked at w = 250, w' up to 500) gives
+      D(w/m) <= D(w_max). A width above the range is accounted at w_max = 250 (e.g. 409.6 as 250, not 204.8);
     - noise: N(0, z^2) is N(0, z0^2) plus independent N(0, z^2 - z0^2), noise the releaser could add itself, so
       D(z) <= D(z0) for z0 <= z. A noise multiplier above the range is accounted at its top (loose, but proven).
 
     Below the range (z < 0.3) nothing is proven: the phase is returned unchanged."""
     (_, z_max), (_, w_max) = CERTIFIED_RANGE["noise_multiplier"], CERTIFIED_RANGE["width"]
     z, w = ph.noise_multiplier, ph.width
-    if w > w_max:
-        w = w / math.ceil(w / w_max)
+    w = min(w, w_max)
     z = min(z, z_max)
     if (z, w) == (ph.noise_multiplier, ph.width):
         return ph
