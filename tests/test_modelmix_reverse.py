@@ -21,9 +21,9 @@ from dptrain.accounting import epsilon
 from dptrain.accounting.calibration import calibrate_noise
 from dptrain.accounting.modelmix import (
     CERTIFIED_ORDERS,
+    Phase,
     modelmix_epsilon,
     modelmix_ledger,
-    Phase,
     reverse_rdp_bound,
     reverse_taylor_bound,
     step_rdp,
