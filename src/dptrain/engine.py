@@ -577,7 +577,7 @@ def make_private_with_epsilon(
     ``accountant="auto"`` every accountant that certifies the run is tried and the one needing the least noise
     certifies it (``trainer.accountant`` names it).
 
-    With ``noise_schedule`` (a shape s_t, or a :class:`dptrain.schedules.kinds.Schedule`) the noise multiplier is
+    With ``noise_schedule`` (a shape s_t, or a :class:`dptrain.schedules.calibration.Schedule`) the noise multiplier is
     the schedule's scale c (sigma_t = c s_t), calibrated by :func:`dptrain.schedules.scale.calibrate_scale`;
     ``schedule_calibration="zcdp"`` calibrates it as the paper does (sum_t 1/(2 sigma_t^2) = rho)."""
     _check_options(

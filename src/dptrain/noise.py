@@ -37,7 +37,7 @@ def add_gaussian_noise(summed: dict[str, torch.Tensor], std: float, stream: Stre
 
 def check_noise_schedule(schedule) -> tuple[float, ...] | None:
     """A noise schedule's shape s_1..s_T as a tuple of floats (sigma_t = noise_multiplier x s_t), or None. Accepts
-    any sequence of finite numbers > 0, or a calibrated :class:`dptrain.schedules.kinds.Schedule` (its shape)."""
+    any sequence of finite numbers > 0, or a calibrated :class:`dptrain.schedules.calibration.Schedule` (its shape)."""
     if schedule is None:
         return None
     shape = schedule.shape if hasattr(schedule, "sigmas") else schedule  # a calibrated Schedule: its shape

@@ -1,6 +1,6 @@
 """``dptrain schedule``: a noise schedule sigma_1..sigma_T of "On Dynamic Noise Influence in Differential
 Private Learning" (anonymous ICLR 2021 submission), scaled to spend exactly a privacy budget
-(:func:`dptrain.schedules.kinds.calibrate_schedule`); or, with ``--bound``, the paper's optimal step counts
+(:func:`dptrain.schedules.calibration.calibrate_schedule`); or, with ``--bound``, the paper's optimal step counts
 and utility bounds for given kappa and alpha (:func:`dptrain.schedules.bounds.bound_summary`)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dptrain.cli.common import finite_float, positive_int
 from dptrain.errors import ConfigError
 from dptrain.schedules.names import ACCOUNTANTS, KIND_PARAMS, KINDS
 
-# numpy, scipy and dp_accounting (dptrain.schedules.kinds, .bounds) are imported in the functions that run the
+# numpy, scipy and dp_accounting (dptrain.schedules.calibration, .shapes, .bounds) are imported in the functions that run the
 # command: building the parser stays light.
 
 NAME = "schedule"
@@ -122,7 +122,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dptrain.schedules.kinds import calibrate_schedule, check_kind
+    from dptrain.schedules.calibration import calibrate_schedule
+    from dptrain.schedules.params import check_kind
 
     if args.bound:
         return _bound(args)
@@ -168,7 +169,7 @@ def _default_accountant(args: argparse.Namespace, q: float) -> str:
 
 def _kind_params(args: argparse.Namespace, kind: str) -> dict:
     """The kind parameters given, as calibrate_schedule's keywords (a flag the kind does not take: error)."""
-    from dptrain.schedules.kinds import read_influence
+    from dptrain.schedules.shapes import read_influence
 
     given = {name: getattr(args, name) for name in PARAM_HELP if getattr(args, name) is not None}
     takes = KIND_PARAMS[kind]

@@ -56,8 +56,8 @@ from scipy import special
 from dptrain.reproduce import md_table
 from dptrain.reproduce.report import Report, Section, figure
 from dptrain.schedules.bounds import R_from_eps_delta
+from dptrain.schedules.calibration import calibrate_shape
 from dptrain.schedules.influence import PAPER_GRID, estimate_influence, quadratic_influence
-from dptrain.schedules.kinds import calibrate_shape
 
 EPSILON, DELTA = 4.0, 1e-8
 R_BUDGET = R_from_eps_delta(EPSILON, DELTA)  # 0.3927 (Lemma B.3, the root that reproduces the paper's example)

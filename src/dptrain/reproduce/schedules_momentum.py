@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from dptrain.schedules.kinds import calibrate_shape
+from dptrain.schedules.calibration import calibrate_shape
 
 HIDDEN, BETA = 100, 0.9
 EXP_RATES = (0.0125, 0.025, 0.05, 0.1)

@@ -28,7 +28,7 @@ from dptrain.schedules.names import KINDS as SHAPE_KINDS
 #: The kinds: the shapes of dptrain.schedules.names (read without scipy) and the adaptive one.
 KINDS = (*SHAPE_KINDS, "validation")
 #: Levels a Poisson-sampled run's shape is rounded to by default: few enough for the pld accountant, which is
-#: the tightest for subsampled steps (dptrain.schedules.kinds.PLD_MAX_LEVELS).
+#: the tightest for subsampled steps (dptrain.schedules.spend.PLD_MAX_LEVELS).
 DEFAULT_POISSON_LEVELS = 16
 #: A full-batch run keeps its exact shape by default, up to this many distinct levels (beyond, the shape is rounded
 #: to them, so that a 10^5-step schedule keeps a small ledger; the gdp accountant stays exact for the rounded steps).

@@ -4,15 +4,15 @@ The engine (:func:`dptrain.engine.make_private_with_epsilon` with a ``noise_sche
 calibration (:func:`dptrain.accounting.calibrate`) would be correct but slow here: a decaying schedule has up to T
 distinct noise levels, and each accountant call on such a ledger costs ~60 ms per level (rdp) or ~0.4 s (pld). So:
 
-1. the shape's own calibration (:func:`dptrain.schedules.kinds.calibrate_shape`, vectorised, milliseconds) gives the
-   scale, under the kinds' accountant matching the ledger accountant that will certify the run: ``exact`` for the
-   ``gdp`` accountant (full-batch Gaussian steps compose exactly, Dong, Roth & Su 2022, Cor. 3.3), ``rdp`` for
-   ``rdp``, ``pld`` for ``pld``;
+1. the shape's own calibration (:func:`dptrain.schedules.calibration.calibrate_shape`, vectorised, milliseconds)
+   gives the scale, under the kinds' accountant matching the ledger accountant that will certify the run: ``exact``
+   for the ``gdp`` accountant (full-batch Gaussian steps compose exactly, Dong, Roth & Su 2022, Cor. 3.3), ``rdp``
+   for ``rdp``, ``pld`` for ``pld``;
 2. the run's ledger at that scale is then certified by the ledger accountant itself, and the scale stepped up until
    it agrees. What is returned is always certified by the accountant the run reports.
 
 ``auto`` picks ``gdp`` for full-batch steps (exact), ``pld`` for Poisson-sampled ones with at most
-:data:`~dptrain.schedules.kinds.PLD_MAX_LEVELS` distinct levels, ``rdp`` beyond. ``method="zcdp"`` is the paper's
+:data:`~dptrain.schedules.spend.PLD_MAX_LEVELS` distinct levels, ``rdp`` beyond. ``method="zcdp"`` is the paper's
 calibration (Dynamic Noise Influence, Lemma 4.1 / Thm 4.3: sum_t 1/(2 sigma_t^2) = rho, rho from (epsilon, delta) by
 Lemma B.3): it spends less than the budget under any tight accountant; the run is still certified (and its budget
 enforced) by the ledger accountant.
@@ -31,7 +31,8 @@ from collections.abc import Callable, Sequence
 from dptrain.accounting import AUTO, Calibration, Ledger, calibrate, certified_epsilon
 from dptrain.accounting.calibration import calibrate_noise
 from dptrain.errors import AccountingError, ConfigError, NoFiniteEpsilon
-from dptrain.schedules.kinds import PLD_MAX_LEVELS, calibrate_shape
+from dptrain.schedules.calibration import calibrate_shape
+from dptrain.schedules.spend import PLD_MAX_LEVELS
 
 #: Ledger accountant -> the kinds' accountant that computes the same spend on a shape.
 KINDS_ACCOUNTANT = {"gdp": "exact", "rdp": "rdp", "pld": "pld"}

@@ -7,14 +7,10 @@ from __future__ import annotations
 import numpy as np
 
 from dptrain.errors import ConfigError
+from dptrain.schedules.calibration import calibrate_shape
 from dptrain.schedules.config import MAX_DEFAULT_LEVELS, levels_for
-from dptrain.schedules.kinds import (
-    calibrate_shape,
-    quantised_shape,
-    read_influence,
-    schedule_shape,
-    spent_rho,
-)
+from dptrain.schedules.shapes import quantised_shape, read_influence, schedule_shape
+from dptrain.schedules.spend import spent_rho
 
 
 def shape_for(cfg, steps: int) -> np.ndarray:

@@ -134,7 +134,7 @@ def validation_noise(
     spending the whole budget at the floor (floor x u for as many steps as that affords), where a run that keeps
     lowering its noise ends up; noisier steps are then priced a little above their best order's charge. Any order
     fixed before the run is valid."""
-    from dptrain.schedules.kinds import calibrate_schedule
+    from dptrain.schedules.calibration import calibrate_schedule
 
     p = _check(params)
     if not (isinstance(steps, int) and steps >= 1):
