@@ -1,7 +1,7 @@
 """``dptrain schedule``: a noise schedule sigma_1..sigma_T of "On Dynamic Noise Influence in Differential
 Private Learning" (anonymous ICLR 2021 submission), scaled to spend exactly a privacy budget
 (:func:`dptrain.schedules.calibration.calibrate_schedule`); or, with ``--bound``, the paper's optimal step counts
-and utility bounds for given kappa and alpha (:func:`dptrain.schedules.bounds.bound_summary`)."""
+and utility bounds for given kappa and alpha (:func:`dptrain.schedules.bounds_gd.bound_summary`)."""
 
 from __future__ import annotations
 
@@ -255,7 +255,7 @@ def _plot(path: Path, schedule, zcdp) -> Path:
 
 
 def _bound(args: argparse.Namespace) -> int:
-    from dptrain.schedules.bounds import bound_summary, erub_dynamic
+    from dptrain.schedules.bounds_gd import bound_summary, erub_dynamic
 
     extra = [
         f

@@ -55,7 +55,7 @@ from scipy import special
 
 from dptrain.reproduce import md_table
 from dptrain.reproduce.report import Report, Section, figure
-from dptrain.schedules.bounds import R_from_eps_delta
+from dptrain.schedules.bounds_constants import R_from_eps_delta
 from dptrain.schedules.calibration import calibrate_shape
 from dptrain.schedules.influence import PAPER_GRID, estimate_influence, quadratic_influence
 

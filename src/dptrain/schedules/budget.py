@@ -16,7 +16,7 @@ import numpy as np
 
 from dptrain.accounting.checks import check_delta
 from dptrain.errors import AccountingError
-from dptrain.schedules.bounds import R_from_eps_delta, R_from_rho, eps_from_R, rho_from_R
+from dptrain.schedules.bounds_constants import R_from_eps_delta, R_from_rho, eps_from_R, rho_from_R
 
 
 def _positive(key: str, value: Any) -> float:

@@ -23,7 +23,7 @@ from scipy import optimize, special
 
 from dptrain.accounting.gdp import gdp_delta
 from dptrain.errors import AccountingError, ConfigError
-from dptrain.schedules.bounds import R_from_rho
+from dptrain.schedules.bounds_constants import R_from_rho
 from dptrain.schedules.budget import Budget, _rho_of
 from dptrain.schedules.params import _integer, _log_sigmas, check_kind
 from dptrain.schedules.shapes import _describe, _log_shape, _normalised, _quantised

@@ -35,14 +35,9 @@ from typing import Any
 import numpy as np
 
 from dptrain.errors import ConfigError
-from dptrain.schedules.bounds import (
-    gamma_from_kappa,
-    log_gd_influence,
-    log_momentum_influence,
-    log_momentum_influence_two_exp,
-    momentum_gamma,
-    optimal_log_shares,
-)
+from dptrain.schedules.bounds_constants import gamma_from_kappa, momentum_gamma
+from dptrain.schedules.bounds_gd import log_gd_influence, optimal_log_shares
+from dptrain.schedules.bounds_momentum import log_momentum_influence, log_momentum_influence_two_exp
 from dptrain.schedules.names import KIND_PARAMS, MOMENTUM_FORMS
 from dptrain.schedules.params import _integer, _log_sigmas, _number, check_kind
 

@@ -30,7 +30,7 @@ from typing import Any
 from dptrain.accounting.filters import PrivacyFilter, ledger_filter, make_filter
 from dptrain.accounting.ledger import FILTER_FACT, Ledger, gaussian_step_event
 from dptrain.errors import ConfigError
-from dptrain.schedules.bounds import R_from_eps_delta, rho_from_R
+from dptrain.schedules.bounds_constants import R_from_eps_delta, rho_from_R
 
 #: The validation kind's parameters and their defaults.
 DEFAULTS = {"factor": 0.8, "patience": 1, "min_delta": 0.0, "initial": 1.5, "floor": 0.5, "order": None}
