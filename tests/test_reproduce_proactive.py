@@ -16,7 +16,7 @@ from conftest import needs_fashion_mnist, require_fashion_mnist
 from dptrain.accounting.standard import RDP_ORDERS
 from dptrain.errors import ConfigError
 from dptrain.planner import plan_from_sigma
-from dptrain.reproduce import proactive, run_reproduction, single_thread
+from dptrain.reproduce import proactive, proactive_logistic, run_reproduction, single_thread
 from dptrain.reproduce.proactive import (
     EXPERIMENT,
     NEGATIVE_CLASS,
@@ -94,7 +94,7 @@ def task():
 
     require_fashion_mnist()
     data = load_dataset("fashion-mnist")
-    return proactive._binary_subset(data.train, 2000), proactive._binary_subset(data.test, None)
+    return proactive_logistic._binary_subset(data.train, 2000), proactive_logistic._binary_subset(data.test, None)
 
 
 def test_binary_subset_is_balanced_and_labels_the_positive_class():
@@ -102,10 +102,10 @@ def test_binary_subset_is_balanced_and_labels_the_positive_class():
         y = torch.tensor([6, 0, 3, 6, 0, 6, 0, 6, 0, 1])
         x = torch.arange(10.0).reshape(10, 1)
 
-    x, y = proactive._binary_subset(Split, 6)  # the first 3 of each class, in file order
+    x, y = proactive_logistic._binary_subset(Split, 6)  # the first 3 of each class, in file order
     assert x.squeeze(1).tolist() == [0, 1, 3, 4, 5, 6]
     assert y.tolist() == [1, 0, 1, 0, 1, 0]
-    x, y = proactive._binary_subset(Split, None)
+    x, y = proactive_logistic._binary_subset(Split, None)
     assert len(y) == 8 and int(y.sum()) == 4
     assert (NEGATIVE_CLASS, POSITIVE_CLASS) == (0, 6)
 
@@ -125,12 +125,12 @@ def test_private_and_noise_free_runs(task):
     s = calc["s_max"]
     steps = math.ceil(k * n / s)
     assert steps * s >= n * k
-    acc, trainer = proactive._train_dpsgd(train, test, s, steps, 0, "mean", sigma, clip)
+    acc, trainer = proactive_logistic._train_dpsgd(train, test, s, steps, 0, "mean", sigma, clip)
     assert acc == pytest.approx(_accuracy(trainer.model, *test), abs=1e-6)
-    eps = proactive._epsilons(trainer, n)
+    eps = proactive_logistic._epsilons(trainer, n)
     assert eps["proactive"] == pytest.approx(calc["epsilon"], rel=1e-3)
     assert eps["pld"] < eps["proactive"]
-    clean, clean_trainer = proactive._train_dpsgd(train, test, s, steps, 0, "mean", 0.0, clip)
+    clean, clean_trainer = proactive_logistic._train_dpsgd(train, test, s, steps, 0, "mean", 0.0, clip)
     assert clean == pytest.approx(_accuracy(clean_trainer.model, *test), abs=1e-6)
     assert clean > 0.7  # T-shirt/top vs Shirt, balanced test set: chance is 0.5
     assert acc < clean
