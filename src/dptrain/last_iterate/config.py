@@ -94,4 +94,4 @@ def validate_algorithm(cfg: RunConfig) -> None:
 
 
 register_section(Section("convex", ConvexConfig, validate_section))
-register_algorithm(Algorithm("projected_noisy_sgd", validate_algorithm, "dptrain.last_iterate.algorithm:build_job"))
+register_algorithm(Algorithm("projected_noisy_sgd", validate_algorithm, "dptrain.last_iterate.job:build_job"))
