@@ -46,6 +46,22 @@ class Clipping(Protocol):
     def clip_and_sum(self, grads: PerExampleGrads) -> tuple[dict[str, torch.Tensor], ClipStats]: ...
 
 
+class WrappedRule:
+    """A clipping rule standing in for ``rule`` (an audit's canary split, an injected bug): it reports the wrapped
+    rule's sensitivity and ledger facts, so the noise std and what the ledger records do not change."""
+
+    def __init__(self, rule):
+        self.rule = rule
+
+    @property
+    def sensitivity(self) -> float:
+        return self.rule.sensitivity
+
+    @property
+    def facts(self) -> dict:
+        return dict(getattr(self.rule, "facts", {}))
+
+
 def per_example_norms(grads: PerExampleGrads) -> torch.Tensor:
     """L2 norm over all parameters of each example's gradient."""
     return torch.sqrt(sum(grads.sq_norms().values()))

@@ -87,6 +87,20 @@ def _all_finite(tensors) -> bool:
     return not sums or math.isfinite(torch.stack(sums).sum().item())
 
 
+def optimizer_step(step, number: int, *args, **kwargs):
+    """Call the optimizer's ``step``; an overflow of the parameters' dtype (e.g. a learning rate of 1e39) is a
+    one-line NonFiniteError naming the step ``number``, not torch's RuntimeError."""
+    try:
+        return step(*args, **kwargs)
+    except RuntimeError as e:
+        if "overflow" not in str(e):
+            raise
+        raise NonFiniteError(
+            f"training diverged at step {number}: the optimizer step overflows the model's dtype; lower the "
+            "learning rate"
+        ) from None
+
+
 class PrivateTrainer(Checkpointing, PrivacySide):
     """A private training run: model, optimizer and data wrapped with DP-SGD and a privacy ledger.
 
@@ -341,15 +355,7 @@ class PrivateTrainer(Checkpointing, PrivacySide):
             idx = self.sampler.sample(self.randomness.stream("sampling"), self.steps)
             summed, stats, loss_sum = self._clipped_sum(idx)
             self.privatize(summed, stats)
-            try:
-                self.optimizer.step()
-            except RuntimeError as e:  # e.g. a learning rate that does not fit in the parameters' dtype
-                if "overflow" not in str(e):
-                    raise
-                raise NonFiniteError(
-                    f"training diverged at step {self.steps}: the optimizer step overflows the model's dtype; lower "
-                    "the learning rate"
-                ) from None
+            optimizer_step(self.optimizer.step, self.steps)
             for p in self.params.values():  # (the gradients this step set: the optimizer's zero_grad, less its overhead)
                 p.grad = None
         self.check_weights()

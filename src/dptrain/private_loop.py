@@ -36,8 +36,14 @@ from torch import nn
 from dptrain.batches import as_source, loader_batch_size
 from dptrain.clipping import ClipStats, clipped_sum
 from dptrain.devices import to_device
-from dptrain.engine import PrivateTrainer, _check_options, make_private, make_private_with_epsilon
-from dptrain.errors import ConfigError, DPTrainError, ModelError, NonFiniteError
+from dptrain.engine import (
+    PrivateTrainer,
+    _check_options,
+    make_private,
+    make_private_with_epsilon,
+    optimizer_step,
+)
+from dptrain.errors import ConfigError, DPTrainError, ModelError
 from dptrain.interrupts import deferred_signals
 from dptrain.precision import autocast_of
 
@@ -385,15 +391,7 @@ class PrivateLoop:
         if batch.stepped:
             raise LoopError("optimizer.step() was called twice for one logical batch: one step per release")
         try:
-            try:
-                result = previous(*args, **kwargs)
-            except RuntimeError as e:  # e.g. a learning rate that does not fit in the parameters' dtype
-                if "overflow" not in str(e):
-                    raise
-                raise NonFiniteError(
-                    f"training diverged at step {self.trainer.steps}: the optimizer step overflows the model's dtype; "
-                    "lower the learning rate"
-                ) from None
+            result = optimizer_step(previous, self.trainer.steps, *args, **kwargs)
             batch.stepped = True
             self.step_skipped = False
         finally:

@@ -47,6 +47,7 @@ import math
 
 import torch
 
+from dptrain.clipping import WrappedRule
 from dptrain.noise import add_gaussian_noise
 from dptrain.per_example import PerExampleGrads
 
@@ -61,22 +62,15 @@ MAX_CHUNK_ENTRIES = 2**24
 STATISTICS = ("llr", "sum")
 
 
-class SplitClipping:
+class SplitClipping(WrappedRule):
     """The run's clipping ``rule`` applied to each chunk as it comes (real examples: the model's tensors; canaries:
     the auxiliary tensor only), its result completed with exact zeros for the tensors the chunk does not hold.
 
     The sensitivity and the facts recorded in the ledger are the rule's: the run is accounted as without canaries."""
 
     def __init__(self, rule, params: dict[str, torch.Tensor]):
-        self.rule, self.params = rule, params
-
-    @property
-    def sensitivity(self) -> float:
-        return self.rule.sensitivity
-
-    @property
-    def facts(self) -> dict:
-        return dict(getattr(self.rule, "facts", {}))
+        super().__init__(rule)
+        self.params = params
 
     def clip_and_sum(self, grads):
         summed, stats = self.rule.clip_and_sum(grads)

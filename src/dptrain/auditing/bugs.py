@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from dptrain.auditing import BUGS
-from dptrain.clipping import ClipStats, read_counts, screen_non_finite
+from dptrain.clipping import ClipStats, WrappedRule, read_counts, screen_non_finite
 from dptrain.errors import ConfigError
 from dptrain.noise import add_gaussian_noise
 
@@ -40,21 +40,10 @@ class NoiseDivided:
         return self.stage(sums, std / self.factor, stream)
 
 
-class Unclipped:
+class Unclipped(WrappedRule):
     """A clipping rule that sums the per-example gradients unclipped, reporting the replaced rule's sensitivity and
     facts (so the noise std and the ledger do not change). Examples whose gradient is not finite still contribute
     zero, as with every rule (otherwise one NaN would end the run rather than show the bug)."""
-
-    def __init__(self, rule):
-        self.rule = rule
-
-    @property
-    def sensitivity(self) -> float:
-        return self.rule.sensitivity
-
-    @property
-    def facts(self) -> dict:
-        return dict(getattr(self.rule, "facts", {}))
 
     def clip_and_sum(self, grads):
         bad, total = screen_non_finite(grads.sq_norms())

@@ -59,27 +59,28 @@ def run(args: argparse.Namespace) -> int:
     sigma = cal.noise_multiplier
     spent = epsilon(ledger(sigma), args.delta, cal.accountant)
     if args.json:
-        print(
-            json.dumps(
-                {
-                    "noise_multiplier": sigma,
-                    "epsilon": spent.epsilon,
-                    "target_epsilon": args.epsilon,
-                    "delta": args.delta,
-                    "steps": numbers.steps,
-                    "sampling_rate": numbers.sampling_rate,
-                    "accountant": cal.accountant,
-                    "certified": spent.certified,
-                    "others": cal.others,
-                }
-            )
-        )
+        print(json.dumps(_result(args, numbers, cal, spent)))
     else:
         print(
             f"noise multiplier = {sigma:.6f}  ({numbers.steps} steps at sampling rate {numbers.sampling_rate:g}: "
             f"epsilon = {spent.epsilon:.6g} <= {args.epsilon:g} at delta = {args.delta:g}, {cal.accountant})"
         )
     return 0
+
+
+def _result(args: argparse.Namespace, numbers, cal, spent) -> dict:
+    """What ``calibrate --json`` prints of a DP-SGD calibration (one run or a search's trials)."""
+    return {
+        "noise_multiplier": cal.noise_multiplier,
+        "epsilon": spent.epsilon,
+        "target_epsilon": args.epsilon,
+        "delta": args.delta,
+        "steps": numbers.steps,
+        "sampling_rate": numbers.sampling_rate,
+        "accountant": cal.accountant,
+        "certified": spent.certified,
+        "others": cal.others,
+    }
 
 
 def _search(args: argparse.Namespace, numbers, trial, trials) -> int:
@@ -92,15 +93,7 @@ def _search(args: argparse.Namespace, numbers, trial, trials) -> int:
     spent = epsilon(search_ledger(trial(sigma), trials), args.delta, cal.accountant)
     single = epsilon(trial(sigma), args.delta, args.accountant)
     out = {
-        "noise_multiplier": sigma,
-        "epsilon": spent.epsilon,
-        "target_epsilon": args.epsilon,
-        "delta": args.delta,
-        "steps": numbers.steps,
-        "sampling_rate": numbers.sampling_rate,
-        "accountant": cal.accountant,
-        "certified": spent.certified,
-        "others": cal.others,
+        **_result(args, numbers, cal, spent),
         "epsilon_single_run": single.epsilon,
         "single_run_accountant": single.accountant,
         **trials.to_dict(),

@@ -30,6 +30,7 @@ REPRODUCTIONS: dict[str, str] = {
     "audit": "dptrain.reproduce.audit",
     "modelmix-accounting": "dptrain.reproduce.modelmix:run_accounting",
     "modelmix": "dptrain.reproduce.modelmix",
+    "modelmix-decided": "dptrain.reproduce.modelmix_decided",
     "schedules": "dptrain.reproduce.schedules",
     "tuning": "dptrain.reproduce.tuning",
 }
