@@ -1,0 +1,481 @@
+"""ModelMix, decided (``dptrain reproduce modelmix-decided``): does ModelMix buy accuracy at equal certified privacy?
+
+Xiao, Wan & Devadas, "Differentially Private Deep Learning with ModelMix" claim that mixing the last two iterates
+with secret uniform weights (Algorithm 1) costs less accuracy than the Gaussian noise it saves. Their Table I does
+not test it (docs/reproduction/modelmix/modelmix.md: its ModelMix rows are certified by pld at DP-SGD's own noise).
+Here each method gets the SAME certified budget, on Fashion-MNIST (55,000 training examples; 5,000 more held out
+for choosing the learning rate; the 10,000-image test set for the accuracies), with two models: Tramer & Boneh's CNN
+on ScatterNet features ("Differentially Private Learning Needs Better Features (or Much More Data)",
+:func:`dptrain.scatternet.scatter_cnn_fmnist`) and their CNN on pixels (``cnn28``). Target epsilon 1, 3 and 8 at
+delta 1e-5, Poisson sampling at q = 0.01 (expected batch 550), 1000 steps (10 epochs), clip norm C = 1, plain SGD:
+
+- **dpsgd**: DP-SGD, flat clipping, its noise calibrated by pld to the target;
+- **modelmix**: ModelMix with L2 + L-infinity clipping (Algorithm 2, p = 100), its noise calibrated by the modelmix
+  accountant (:mod:`dptrain.accounting.modelmix`) to the same target, at the tau chosen below;
+- **same_variance**: DP-SGD with ModelMix's clipping and Gaussian noise of ModelMix's total per-coordinate variance,
+  ``z_eq = sqrt(z^2 + w^2/12)`` with ``w = (tau/eta) B / C`` the uniform width in sensitivity units as the modelmix
+  accountant defines it (the mixing's uniform has variance w^2/12 in those units; its real width, at least tau, can
+  be larger), certified by pld (usually far below the target): the control for the paper's implicit claim that the
+  mixing hurts accuracy less than Gaussian noise of the same variance;
+- **non_private**: the ceiling, a real recipe (momentum 0.9, batch 128, 20 epochs, cosine learning rate, no clipping).
+
+tau/eta is chosen with the accountants before any training, per target: the largest of :data:`TAUS` at which the
+modelmix certificate reaches the target at a certifiable noise (z >= 0.3, the reviewed range's floor): the most
+mixing the budget pays for, i.e. the paper's regime (tau/eta 0.05-0.3) as far as the budget allows; the certificate
+must beat pld there (pld certifies more than the target for the same noise), else the reproduction stops saying so. The report
+lists every tau's certificate at the floor and the pld epsilon of the chosen noise (what DP-SGD's accountant would
+certify without the mixing's credit).
+
+Hyperparameters: the same learning-rate grid (:data:`FULL`) for the three private methods; seed 0 trains at every
+learning rate, the one with the best accuracy on the 5,000 held-out training examples is kept and seeds 1, 2 train
+at it. The selection reads held-out private data without accounting for it (for every method alike: a comparison,
+not a private release).
+
+Every run is seeded (torch before the model is built, and the engine's sampling, noise and mixing streams): a
+reproducible experiment whose models are NOT private (the engine's NotPrivateWarning is expected and silenced); the
+certified epsilons are what the same runs spend with secret randomness.
+
+Each finished run is kept in ``OUT/decided.partial.json``, so an interrupted reproduction goes on where it stopped.
+
+Wall time (estimated from timed steps on this 2-core CPU, shared with another experiment, 2026-11-27): ScatterNet
+CNN 0.048 s a private step (modelmix 0.060), cnn28 0.107 s (modelmix 0.118); non-private epoch 1.5 s and 3.4 s;
+the accountants' choice of tau about 3 minutes; ScatterNet features 2 minutes once. 2 models x 3 targets x 3
+private methods x (3 learning rates + 2 more seeds) x 1000 steps + 2 x (3 + 2) non-private runs of 20 epochs: about
+3.6 hours (ScatterNet 1.2 h, cnn28 2.4 h).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import statistics
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+from dptrain.errors import AccountingError, ConfigError
+
+__all__ = [
+    "DELTA",
+    "EPSILONS",
+    "FULL",
+    "METHODS",
+    "QUICK",
+    "TAUS",
+    "choose_setting",
+    "run",
+    "same_variance_noise",
+]
+
+REPORT, DATA_JSON, RUNS_JSON, PLOT, PARTIAL = (
+    "decided.md",
+    "decided.json",
+    "decided_runs.json",
+    "decided.png",
+    "decided.partial.json",
+)
+DELTA = 1e-5
+EPSILONS = (1.0, 3.0, 8.0)
+SEEDS = 3
+METHODS = ("dpsgd", "modelmix", "same_variance", "non_private")
+PRIVATE = METHODS[:3]
+#: tau / eta candidates, largest first (the paper's range 0.05-0.3, then smaller widths for larger budgets).
+TAUS = (0.3, 0.2, 0.1, 0.05, 0.02, 0.01, 0.005, 0.002, 0.001)
+FULL: dict[str, Any] = {
+    "dataset": "fashion-mnist",
+    "models": ("scatternet_cnn", "cnn28"),
+    "validation": 5000,
+    "sampling_rate": 0.01,
+    "steps": 1000,
+    "max_grad_norm": 1.0,
+    "linf_p": 100,
+    "learning_rates": (0.5, 1.0, 2.0),
+    "taus": TAUS,
+    "physical_batch": 256,
+    "non_private": {"batch_size": 128, "epochs": 20, "momentum": 0.9, "learning_rates": (0.02, 0.05, 0.1)},
+}
+#: Quick (seconds, for tests): a synthetic Gaussian mixture, two tiny models, one target, one seed.
+QUICK: dict[str, Any] = {
+    **FULL,
+    "dataset": "synthetic",
+    "data_options": {"n": 1500, "dim": 10, "num_classes": 3, "separation": 3.0},
+    "models": ("logistic", "mlp"),
+    "validation": 200,
+    "sampling_rate": 0.05,
+    "steps": 30,
+    "learning_rates": (0.5, 2.0),
+    "taus": (0.1, 0.01),
+    "physical_batch": 64,
+    "non_private": {"batch_size": 32, "epochs": 3, "momentum": 0.9, "learning_rates": (0.1,)},
+    "epsilons": (3.0,),
+    "seeds": 1,
+}
+
+
+# --- the accountants' choice --------------------------------------------------------------------------------
+
+
+def same_variance_noise(noise_multiplier: float, width: float) -> float:
+    """z_eq = sqrt(z^2 + w^2/12): Gaussian noise with the per-coordinate variance of ModelMix's Gaussian noise (std z)
+    plus its uniform mixing of width w (variance w^2/12), both in units of the sensitivity C/B."""
+    return math.sqrt(noise_multiplier**2 + width**2 / 12.0)
+
+
+def choose_setting(target: float, cfg: dict, n_train: int) -> dict[str, Any]:
+    """The run parameters of every private method at ``target`` (see the module docstring): pld's DP-SGD noise, the
+    tau / eta and modelmix-calibrated noise of ModelMix, the same-variance noise, and each one's certified epsilon."""
+    from dptrain.accounting import calibrate_dpsgd_noise, calibrate_noise, dpsgd_ledger, epsilon
+    from dptrain.accounting.modelmix import CERTIFIED_RANGE, modelmix_ledger
+
+    q, steps, clip, p = cfg["sampling_rate"], cfg["steps"], cfg["max_grad_norm"], cfg["linf_p"]
+    batch = q * n_train
+    floor = CERTIFIED_RANGE["noise_multiplier"][0]
+
+    def mixed(tau: float):
+        return lambda z: modelmix_ledger(z, q, steps, tau=tau, batch_size=batch, clip_norm=clip, linf_p=p)
+
+    def pld(z: float) -> float:
+        return epsilon(dpsgd_ledger(z, q, steps), DELTA, "pld").epsilon
+
+    z_dpsgd = calibrate_dpsgd_noise(target, DELTA, q, steps, accountant="pld")
+    candidates, chosen = [], None
+    for tau in cfg["taus"]:
+        at_floor = epsilon(mixed(tau)(floor), DELTA, "modelmix").epsilon
+        candidates.append({"tau_over_lr": tau, "width": tau * batch / clip, "epsilon_at_floor": at_floor})
+        if at_floor > target:
+            chosen = tau
+            break
+    if chosen is None:
+        raise AccountingError(
+            f"the modelmix certificate stays below epsilon={target:g} at every tau/eta in {cfg['taus']} at the noise "
+            f"floor z = {floor:g}: add a smaller tau/eta or more steps"
+        )
+    z_mix = calibrate_noise(target, DELTA, mixed(chosen), "modelmix")
+    if pld(z_mix) <= target:  # a smaller tau needs more noise still: the certificate beats pld nowhere
+        raise AccountingError(
+            f"at epsilon={target:g} the modelmix certificate does not beat pld (tau/eta {chosen:g}, z {z_mix:.4g}: pld "
+            f"certifies {pld(z_mix):.4g}): ModelMix's accountant gives it no privacy gain here"
+        )
+    width = chosen * batch / clip
+    z_eq = same_variance_noise(z_mix, width)
+    return {
+        "target_epsilon": target,
+        "sampling_rate": q,
+        "steps": steps,
+        "expected_batch_size": batch,
+        "max_grad_norm": clip,
+        "linf_p": p,
+        "tau_candidates": candidates,
+        "dpsgd": {"noise_multiplier": z_dpsgd, "certified_epsilon": pld(z_dpsgd), "accountant": "pld"},
+        "modelmix": {
+            "noise_multiplier": z_mix,
+            "tau_over_lr": chosen,
+            "width": width,
+            "certified_epsilon": epsilon(mixed(chosen)(z_mix), DELTA, "modelmix").epsilon,
+            "accountant": "modelmix",
+            "pld_epsilon_same_noise": pld(z_mix),
+        },
+        "same_variance": {"noise_multiplier": z_eq, "certified_epsilon": pld(z_eq), "accountant": "pld"},
+    }
+
+
+# --- data and models ----------------------------------------------------------------------------------------
+
+
+def load(cfg: dict, quick: bool) -> dict[str, tuple]:
+    """model name -> (x_train, y_train, x_val, y_val, x_test, y_test). The validation examples are a fixed part of
+    the training set (generator seed 0), the same for both models; they are never trained on."""
+    import torch
+
+    if quick:
+        from dptrain.data import load_dataset
+
+        split = load_dataset("synthetic", **cfg["data_options"])
+        base = (split.train.x, split.train.y, split.test.x, split.test.y)
+        sets = dict.fromkeys(cfg["models"], base)
+    else:
+        from dptrain.reproduce import fashion_mnist
+        from dptrain.reproduce.modelmix_training import features
+
+        images = fashion_mnist()
+        sets = {
+            "scatternet_cnn": features(False),
+            "cnn28": (images.train.x, images.train.y, images.test.x, images.test.y),
+        }
+    out = {}
+    for name in cfg["models"]:
+        x, y, x_test, y_test = sets[name]
+        perm = torch.randperm(len(x), generator=torch.Generator().manual_seed(0))
+        val, train = perm[: cfg["validation"]], perm[cfg["validation"] :]
+        out[name] = (x[train], y[train], x[val], y[val], x_test, y_test)
+    return out
+
+
+def _classes(y, y_test) -> int:
+    return int(max(int(y.max()), int(y_test.max()))) + 1
+
+
+def build(name: str, x, num_classes: int):
+    if name == "scatternet_cnn":
+        from dptrain.scatternet import scatter_cnn_fmnist
+
+        return scatter_cnn_fmnist(num_classes)
+    from dptrain.models import build_model
+
+    return build_model(name, tuple(x.shape[1:]), num_classes)
+
+
+# --- one run ------------------------------------------------------------------------------------------------
+
+
+def train_private(method: str, data: tuple, setting: dict, lr: float, seed: int, cfg: dict) -> dict[str, Any]:
+    """One seeded private run of ``method`` at learning rate ``lr``: validation and test accuracy, and the epsilon its
+    accountant certifies for the ledger the run wrote."""
+    import torch
+
+    from dptrain.accounting import epsilon
+    from dptrain.engine import make_private
+    from dptrain.reproduce.modelmix_training import evaluate
+
+    x, y, x_val, y_val, x_test, y_test = data
+    start = time.perf_counter()
+    torch.manual_seed(seed)
+    model = build(cfg["model"], x, _classes(y, y_test))
+    s = setting[method]
+    options = {
+        "max_grad_norm": setting["max_grad_norm"],
+        "batch_size": setting["expected_batch_size"],
+        "seed": seed,
+        "max_physical_batch_size": cfg["physical_batch"],
+        "delta": DELTA,
+        "accountant": s["accountant"],
+    }
+    if method != "dpsgd":  # ModelMix's clipping (Algorithm 2), shared by its same-variance control
+        options.update(clipping="l2_linf", linf_p=setting["linf_p"])
+    if method == "modelmix":
+        from dptrain.modelmix import ModelMixSGD
+
+        optimizer = ModelMixSGD(model.parameters(), lr=lr, tau=s["tau_over_lr"], total_steps=setting["steps"])
+    else:
+        optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    trainer = make_private(model, optimizer, (x, y), noise_multiplier=s["noise_multiplier"], **options)
+    try:
+        for _ in trainer.iter_steps(setting["steps"]):
+            pass
+        certified = epsilon(trainer.ledger, DELTA, s["accountant"]).epsilon
+    finally:
+        trainer.close()
+    return {
+        "validation_accuracy": evaluate(model, x_val, y_val)[0],
+        "test_accuracy": evaluate(model, x_test, y_test)[0],
+        "certified_epsilon": certified,
+        "seconds": time.perf_counter() - start,
+    }
+
+
+def train_non_private(data: tuple, lr: float, seed: int, cfg: dict) -> dict[str, Any]:
+    """One seeded non-private run: shuffled mini-batches, SGD with momentum, cosine learning rate, no clipping."""
+    import torch
+    import torch.nn.functional as F
+
+    from dptrain.reproduce.modelmix_training import evaluate
+
+    x, y, x_val, y_val, x_test, y_test = data
+    recipe = cfg["non_private"]
+    start = time.perf_counter()
+    torch.manual_seed(seed)
+    model = build(cfg["model"], x, _classes(y, y_test))
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=recipe["momentum"])
+    per_epoch = math.ceil(len(x) / recipe["batch_size"])
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, recipe["epochs"] * per_epoch)
+    g = torch.Generator().manual_seed(seed)
+    model.train()
+    for _ in range(recipe["epochs"]):
+        for idx in torch.randperm(len(x), generator=g).split(recipe["batch_size"]):
+            optimizer.zero_grad()
+            F.cross_entropy(model(x[idx]), y[idx]).backward()
+            optimizer.step()
+            schedule.step()
+    return {
+        "validation_accuracy": evaluate(model, x_val, y_val)[0],
+        "test_accuracy": evaluate(model, x_test, y_test)[0],
+        "certified_epsilon": None,
+        "seconds": time.perf_counter() - start,
+    }
+
+
+# --- the experiment -----------------------------------------------------------------------------------------
+
+
+def _key(model: str, target: float | None, method: str, lr: float, seed: int) -> str:
+    return f"{model}|{target}|{method}|{lr:g}|{seed}"
+
+
+class _Runs:
+    """Finished runs, kept in ``path`` after each one (an interrupted reproduction goes on where it stopped: every run
+    is seeded, so a run re-done gives the same numbers)."""
+
+    def __init__(self, path: Path, quick: bool):
+        self.path = path
+        saved = json.loads(path.read_text()) if path.exists() else {}
+        fresh = saved.get("quick") != quick
+        self.settings: dict[str, dict] = {} if fresh else saved.get("settings", {})
+        self.runs: dict[str, dict] = {} if fresh else saved.get("runs", {})
+        self.quick = quick
+
+    def save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text(json.dumps({"quick": self.quick, "settings": self.settings, "runs": self.runs}))
+
+    def get(self, key: str, compute) -> dict:
+        if key not in self.runs:
+            self.runs[key] = compute()
+            self.save()
+        return self.runs[key]
+
+
+def _cell(runs: _Runs, model: str, target: float | None, method: str, seeds: int, grid, train) -> dict:
+    """Seed 0 at every learning rate of ``grid``; the best on the held-out examples (ties: the smaller rate) trains
+    seeds 1.. too. The row's accuracies are the test accuracies of every seed at that rate."""
+    first = {lr: runs.get(_key(model, target, method, lr, 0), lambda lr=lr: train(lr, 0)) for lr in grid}
+    lr = max(grid, key=lambda r: (first[r]["validation_accuracy"], -r))
+    done = [first[lr]] + [
+        runs.get(_key(model, target, method, lr, s), lambda s=s: train(lr, s)) for s in range(1, seeds)
+    ]
+    return {
+        "learning_rate": lr,
+        "runs": done,
+        "grid": {f"{r:g}": first[r]["validation_accuracy"] for r in grid},
+    }
+
+
+def experiment(cfg: dict, quick: bool, epsilons: tuple, seeds: int, partial: Path) -> dict[str, Any]:
+    runs = _Runs(partial, quick)
+    data = load(cfg, quick)
+    rows, cells = [], []
+    dataset = "synthetic" if quick else "fashion_mnist"
+    for model in cfg["models"]:
+        run_cfg = {**cfg, "model": model}
+        d = data[model]
+        n_train = len(d[0])
+        for target in epsilons:
+            key = f"{n_train}|{target:g}"
+            if key not in runs.settings:
+                runs.settings[key] = choose_setting(target, cfg, n_train)
+                runs.save()
+            setting = runs.settings[key]
+            for method in PRIVATE:
+                cell = _cell(
+                    runs,
+                    model,
+                    target,
+                    method,
+                    seeds,
+                    cfg["learning_rates"],
+                    lambda lr, seed, m=method, d=d, s=setting, c=run_cfg: train_private(m, d, s, lr, seed, c),
+                )
+                s = setting[method]
+                accuracies = [r["test_accuracy"] for r in cell["runs"]]
+                rows.append(
+                    {
+                        "dataset": dataset,
+                        "model": model,
+                        "target_epsilon": target,
+                        "method": method,
+                        "accuracy_median": statistics.median(accuracies),
+                        "accuracies": accuracies,
+                        "seeds": list(range(seeds)),
+                        "certified_epsilon": max(r["certified_epsilon"] for r in cell["runs"]),
+                        "accountant": s["accountant"],
+                        "noise_multiplier": s["noise_multiplier"],
+                        "tau_over_lr": s.get("tau_over_lr"),
+                        "linf_p": 1 if method == "dpsgd" else setting["linf_p"],
+                    }
+                )
+                cells.append({"model": model, "target_epsilon": target, "method": method, **cell})
+        cell = _cell(
+            runs,
+            model,
+            None,
+            "non_private",
+            seeds,
+            cfg["non_private"]["learning_rates"],
+            lambda lr, seed, d=d, c=run_cfg: train_non_private(d, lr, seed, c),
+        )
+        accuracies = [r["test_accuracy"] for r in cell["runs"]]
+        rows.append(
+            {
+                "dataset": dataset,
+                "model": model,
+                "target_epsilon": None,
+                "method": "non_private",
+                "accuracy_median": statistics.median(accuracies),
+                "accuracies": accuracies,
+                "seeds": list(range(seeds)),
+                "certified_epsilon": None,
+                "accountant": None,
+                "noise_multiplier": 0.0,
+                "tau_over_lr": None,
+                "linf_p": None,
+            }
+        )
+        cells.append({"model": model, "target_epsilon": None, "method": "non_private", **cell})
+    settings = [s for k, s in runs.settings.items() if float(k.split("|")[1]) in epsilons]
+    return {"rows": rows, "cells": cells, "settings": settings}
+
+
+def _parse(epsilons, seeds) -> tuple[tuple[float, ...] | None, int | None]:
+    if isinstance(epsilons, str):
+        try:
+            epsilons = tuple(float(e) for e in epsilons.split(","))
+        except ValueError:
+            raise ConfigError(f"--epsilons takes comma-separated numbers, got {epsilons!r}") from None
+    if epsilons is not None:
+        epsilons = tuple(epsilons)
+        if not epsilons or not all(
+            isinstance(e, int | float) and math.isfinite(e) and e > 0 for e in epsilons
+        ):
+            raise ConfigError(f"--epsilons takes positive numbers, got {epsilons!r}")
+    if seeds is not None and (isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1):
+        raise ConfigError(f"--seeds takes a number of seeds >= 1, got {seeds!r}")
+    return epsilons, seeds
+
+
+def run(out_dir: str | Path, quick: bool = False, seeds: int | None = None, epsilons=None) -> Path:
+    """``dptrain reproduce modelmix-decided``; returns the report's path. ``seeds``: seeds 0..seeds-1 (default 3);
+    ``epsilons``: the target epsilons (default 1, 3, 8; a comma-separated string from the CLI)."""
+    from dptrain.reproduce import single_thread
+    from dptrain.reproduce.modelmix_decided_text import render
+
+    epsilons, seeds = _parse(epsilons, seeds)
+    cfg = QUICK if quick else FULL
+    epsilons = epsilons or cfg.get("epsilons", EPSILONS)
+    seeds = seeds or cfg.get("seeds", SEEDS)
+    command = f"dptrain reproduce modelmix-decided --out {Path(out_dir)}" + (" --quick" if quick else "")
+    if seeds != cfg.get("seeds", SEEDS):
+        command += f" --seeds {seeds}"
+    if tuple(epsilons) != tuple(cfg.get("epsilons", EPSILONS)):
+        command += " --epsilons " + ",".join(f"{e:g}" for e in epsilons)
+    start = time.perf_counter()
+    partial = Path(out_dir) / PARTIAL
+    # one torch thread for the quick mode's tiny models (reproduce.single_thread); the full runs use the default
+    with warnings.catch_warnings(), single_thread() if quick else contextlib.nullcontext():
+        warnings.simplefilter("ignore")  # seeded runs: a reproducible experiment (NotPrivateWarning expected)
+        result = experiment(cfg, quick, tuple(epsilons), seeds, partial)
+    grid = {k: (list(v) if isinstance(v, tuple) else v) for k, v in cfg.items() if k not in ("taus",)}
+    about = __doc__.split("\n\n", 1)[1].rsplit("\n\nEach finished run", 1)[0].strip()
+    data = {
+        "command": command,
+        "about": about,
+        "quick": quick,
+        "wall_time_s": time.perf_counter() - start,
+        "delta": DELTA,
+        "config": grid,
+        "taus": list(cfg["taus"]),
+        **result,
+    }
+    written = render(data).write(out_dir)
+    partial.unlink(missing_ok=True)
+    return written
