@@ -114,6 +114,9 @@ class Draft:
     noise_controller: Callable[[int, float], Any] | None = None
     #: the trainer, once made (for the stages' summary entries)
     trainer: PrivateTrainer | None = None
+    #: trainer -> a warning about the run as made (its accountant resolved), or None: each one said once on stderr
+    #: when the job is built, and kept in the summary's ``notes``
+    notices: list[Callable[[PrivateTrainer], str | None]] = field(default_factory=list)
 
 
 def build_optimizer(cfg: RunConfig, model: nn.Module) -> torch.optim.Optimizer:
@@ -275,6 +278,11 @@ def build_dpsgd_job(
     draft.trainer = trainer
     if trainer.accountant == AUTO:
         trainer.accountant = resolve_accountant(trainer, numbers.steps)
+    notes = [n for n in (notice(trainer) for notice in draft.notices) if n]
+    for note in notes:
+        print(f"dptrain: warning: {note}", file=sys.stderr)
+    if notes:
+        draft.extras.append(lambda: {"notes": notes})
     save = draft.save_model or (lambda rd, tr: _save_module(rd, tr, cfg, data))
     return Job(
         cfg,

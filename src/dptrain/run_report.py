@@ -18,6 +18,7 @@ def format_report(summary: dict) -> str:
         ("accountant", summary["accountant"] + (f" (others: {others})" if others else "")),
         *([_last_iterate_row(summary)] if "epsilon_last_iterate" in summary else []),
         *([("NOT private", "; ".join(summary["not_private_because"]))] if not private else []),
+        *(("note", note) for note in summary.get("notes", [])),
         ("test accuracy", _accuracy_text(summary)),
         *([_preprocessing_row(summary)] if "preprocessing" in summary else []),
         ("steps", f"{summary['steps']} of {summary['planned_steps']} ({summary['epochs']:.2f} epochs)"),

@@ -129,3 +129,20 @@ def stage(draft) -> None:
         return ModelMixSGD(params, lr=t.learning_rate, tau=tau, total_steps=total_steps, weight_decay=t.weight_decay)
 
     draft.make_optimizer = make_optimizer
+    draft.notices.append(uncredited_mixing)
+
+
+#: What a ModelMix run certified by another accountant is told (once, on stderr, and in its summary's notes).
+UNCREDITED = (
+    'training.update = "modelmix", but the run is certified by the {accountant} accountant, not by modelmix: its '
+    "epsilon is DP-SGD's at the same noise, so the mixing then costs utility without a privacy gain (train with "
+    'training.update = "optimizer" at this noise, or see docs/modelmix.md for where the modelmix certificate wins)'
+)
+
+
+def uncredited_mixing(trainer) -> str | None:
+    """The notice of a ModelMix run whose certificate comes from an accountant other than modelmix (pld, rdp: they
+    certify the DP-SGD release the mixing post-processes, and give the mixing no credit)."""
+    if trainer.accountant == "modelmix":
+        return None
+    return UNCREDITED.format(accountant=trainer.accountant)
