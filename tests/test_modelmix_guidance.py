@@ -27,8 +27,12 @@ def _train(tmp_path, capsys, name, overrides):
 
 @pytest.mark.parametrize("accountant", ["pld", "rdp"])
 def test_a_modelmix_run_certified_by_another_accountant_warns_once(tmp_path, capsys, accountant):
-    summary, err = _train(tmp_path, capsys, accountant, ['training.update="modelmix"', "privacy.noise_multiplier=1.0",
-                                                         f'privacy.accountant="{accountant}"'])
+    summary, err = _train(
+        tmp_path,
+        capsys,
+        accountant,
+        ['training.update="modelmix"', "privacy.noise_multiplier=1.0", f'privacy.accountant="{accountant}"'],
+    )
     assert summary["accountant"] == accountant
     assert err.count(WARNING) == 1 and f"certified by the {accountant} accountant" in err
     assert err.count("dptrain: warning:") == 1
@@ -37,21 +41,33 @@ def test_a_modelmix_run_certified_by_another_accountant_warns_once(tmp_path, cap
 
 
 def test_a_modelmix_run_certified_by_modelmix_says_nothing(tmp_path, capsys):
-    summary, err = _train(tmp_path, capsys, "mm", ['training.update="modelmix"', "privacy.noise_multiplier=1.0",
-                                                    'privacy.accountant="modelmix"'])
+    summary, err = _train(
+        tmp_path,
+        capsys,
+        "mm",
+        ['training.update="modelmix"', "privacy.noise_multiplier=1.0", 'privacy.accountant="modelmix"'],
+    )
     assert summary["accountant"] == "modelmix"
     assert WARNING not in err and "notes" not in summary
 
 
 def test_plain_dpsgd_certified_by_pld_says_nothing(tmp_path, capsys):
-    summary, err = _train(tmp_path, capsys, "sgd", ["privacy.noise_multiplier=1.0", 'privacy.accountant="pld"'])
+    summary, err = _train(
+        tmp_path, capsys, "sgd", ["privacy.noise_multiplier=1.0", 'privacy.accountant="pld"']
+    )
     assert WARNING not in err and "notes" not in summary
 
 
 @pytest.mark.parametrize("tau, noise, tightest", [(0.05, 1.0, "pld"), (2.0, 0.5, "modelmix")])
-def test_auto_warns_exactly_when_the_tightest_accountant_is_not_modelmix(tmp_path, capsys, tau, noise, tightest):
+def test_auto_warns_exactly_when_the_tightest_accountant_is_not_modelmix(
+    tmp_path, capsys, tau, noise, tightest
+):
     """privacy.accountant = "auto": a narrow mixing leaves pld tightest (warned), a wide one makes modelmix tightest."""
-    summary, err = _train(tmp_path, capsys, f"auto-{tau}", ['training.update="modelmix"', f"modelmix.tau={tau}",
-                                                            f"privacy.noise_multiplier={noise}"])
+    summary, err = _train(
+        tmp_path,
+        capsys,
+        f"auto-{tau}",
+        ['training.update="modelmix"', f"modelmix.tau={tau}", f"privacy.noise_multiplier={noise}"],
+    )
     assert summary["accountant"] == tightest
     assert err.count(WARNING) == (tightest != "modelmix")

@@ -37,11 +37,12 @@ certified epsilons are what the same runs spend with secret randomness.
 
 Each finished run is kept in ``OUT/decided.partial.json``, so an interrupted reproduction goes on where it stopped.
 
-Wall time (estimated from timed steps on this 2-core CPU, shared with another experiment, 2026-11-27): ScatterNet
-CNN 0.048 s a private step (modelmix 0.060), cnn28 0.107 s (modelmix 0.118); non-private epoch 1.5 s and 3.4 s;
-the accountants' choice of tau about 3 minutes; ScatterNet features 2 minutes once. 2 models x 3 targets x 3
-private methods x (3 learning rates + 2 more seeds) x 1000 steps + 2 x (3 + 2) non-private runs of 20 epochs: about
-3.6 hours (ScatterNet 1.2 h, cnn28 2.4 h).
+Wall time (estimated from timed steps on this 2-core CPU, 2026-11-26, load average 0.5-2 from another job): a
+private step at expected batch 550 takes 0.040 s (dpsgd), 0.059 s (modelmix), 0.058 s (same_variance) with the
+ScatterNet CNN and 0.065 / 0.092 / 0.084 s with cnn28; a non-private epoch 1.8 s and 5.9 s; the accountants' choice
+about 10 s a target; the ScatterNet features about 2 minutes once. 2 models x 3 targets x 3 private methods x
+(3 learning rates + 2 more seeds) = 90 runs of 1000 steps (ScatterNet 39 min, cnn28 60 min), 10 non-private runs
+of 20 epochs (13 min), evaluations and certificates (about 5 min): about 2 hours, more on a busier machine.
 """
 
 from __future__ import annotations
