@@ -165,7 +165,12 @@ def test_an_interrupted_run_goes_on_where_it_stopped(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize(
     "options, message",
-    [({"seeds": 0}, "--seeds"), ({"epsilons": "1,x"}, "--epsilons"), ({"epsilons": "-1"}, "--epsilons")],
+    [
+        ({"seeds": 0}, "--seeds"),
+        ({"epsilons": "1,x"}, "--epsilons"),
+        ({"epsilons": "-1"}, "--epsilons"),
+        ({"models": "resnet"}, "--models"),
+    ],
 )
 def test_bad_options_are_one_line_errors(tmp_path, options, message):
     with pytest.raises(ConfigError, match=message) as e:

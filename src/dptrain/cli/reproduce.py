@@ -29,6 +29,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="E1,E2,...",
         help="training reproductions: the target epsilons (modelmix: 0.2,0.6,1.0; modelmix-decided: 1,3,8)",
     )
+    parser.add_argument(
+        "--models",
+        default=None,
+        metavar="M1,M2",
+        help="modelmix-decided: the models to run (default scatternet_cnn,cnn28)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -43,6 +49,8 @@ def run(args: argparse.Namespace) -> int:
         options["epsilons"] = args.epsilons
     if args.power:
         options["power"] = True
+    if args.models is not None:
+        options["models"] = args.models
     report = run_reproduction(args.name, out, quick=args.quick, **options)
     print(f"wrote {report} (tables, JSON and plots in {out})")
     return 0

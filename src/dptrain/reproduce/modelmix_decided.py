@@ -444,14 +444,20 @@ def _parse(epsilons, seeds) -> tuple[tuple[float, ...] | None, int | None]:
     return epsilons, seeds
 
 
-def run(out_dir: str | Path, quick: bool = False, seeds: int | None = None, epsilons=None) -> Path:
+def run(out_dir: str | Path, quick: bool = False, seeds: int | None = None, epsilons=None, models=None) -> Path:
     """``dptrain reproduce modelmix-decided``; returns the report's path. ``seeds``: seeds 0..seeds-1 (default 3);
-    ``epsilons``: the target epsilons (default 1, 3, 8; a comma-separated string from the CLI)."""
+    ``epsilons``: the target epsilons (default 1, 3, 8; a comma-separated string from the CLI); ``models``: some of
+    the models (a comma-separated string from the CLI; default all)."""
     from dptrain.reproduce import single_thread
     from dptrain.reproduce.modelmix_decided_text import render
 
     epsilons, seeds = _parse(epsilons, seeds)
     cfg = QUICK if quick else FULL
+    if models is not None:
+        chosen = tuple(m.strip() for m in models.split(",")) if isinstance(models, str) else tuple(models)
+        if not chosen or not set(chosen) <= set(cfg["models"]):
+            raise ConfigError(f"--models takes some of {','.join(cfg['models'])}, got {models!r}")
+        cfg = {**cfg, "models": chosen}
     epsilons = epsilons or cfg.get("epsilons", EPSILONS)
     seeds = seeds or cfg.get("seeds", SEEDS)
     command = f"dptrain reproduce modelmix-decided --out {Path(out_dir)}" + (" --quick" if quick else "")
@@ -459,6 +465,8 @@ def run(out_dir: str | Path, quick: bool = False, seeds: int | None = None, epsi
         command += f" --seeds {seeds}"
     if tuple(epsilons) != tuple(cfg.get("epsilons", EPSILONS)):
         command += " --epsilons " + ",".join(f"{e:g}" for e in epsilons)
+    if models is not None:
+        command += " --models " + ",".join(cfg["models"])
     start = time.perf_counter()
     partial = Path(out_dir) / PARTIAL
     # one torch thread for the quick mode's tiny models (reproduce.single_thread); the full runs use the default
