@@ -238,9 +238,8 @@ def train_private(method: str, data: tuple, setting: dict, lr: float, seed: int,
 
     from dptrain.accounting import epsilon
     from dptrain.engine import make_private
-    from dptrain.reproduce.modelmix_training import evaluate
 
-    x, y, x_val, y_val, x_test, y_test = data
+    x, y, *_, y_test = data
     start = time.perf_counter()
     torch.manual_seed(seed)
     model = build(cfg["model"], x, _classes(y, y_test))
@@ -268,6 +267,14 @@ def train_private(method: str, data: tuple, setting: dict, lr: float, seed: int,
         certified = epsilon(trainer.ledger, DELTA, s["accountant"]).epsilon
     finally:
         trainer.close()
+    return _scored(model, data, certified, start)
+
+
+def _scored(model, data: tuple, certified: float | None, start: float) -> dict[str, Any]:
+    """One run's record: its accuracy on the held-out and the test examples, its certificate, its time."""
+    from dptrain.reproduce.modelmix_training import evaluate
+
+    _, _, x_val, y_val, x_test, y_test = data
     return {
         "validation_accuracy": evaluate(model, x_val, y_val)[0],
         "test_accuracy": evaluate(model, x_test, y_test)[0],
@@ -281,9 +288,7 @@ def train_non_private(data: tuple, lr: float, seed: int, cfg: dict) -> dict[str,
     import torch
     import torch.nn.functional as F
 
-    from dptrain.reproduce.modelmix_training import evaluate
-
-    x, y, x_val, y_val, x_test, y_test = data
+    x, y, *_, y_test = data
     recipe = cfg["non_private"]
     start = time.perf_counter()
     torch.manual_seed(seed)
@@ -299,12 +304,7 @@ def train_non_private(data: tuple, lr: float, seed: int, cfg: dict) -> dict[str,
             F.cross_entropy(model(x[idx]), y[idx]).backward()
             optimizer.step()
             schedule.step()
-    return {
-        "validation_accuracy": evaluate(model, x_val, y_val)[0],
-        "test_accuracy": evaluate(model, x_test, y_test)[0],
-        "certified_epsilon": None,
-        "seconds": time.perf_counter() - start,
-    }
+    return _scored(model, data, None, start)
 
 
 # --- the experiment -----------------------------------------------------------------------------------------

@@ -87,6 +87,15 @@ def _rdp_result(coarse, fine, orders, log_abs_err=1e-15):
     }
 
 
+def _trapezoid(lo: float, hi: float, step: float) -> tuple[np.ndarray, np.ndarray]:
+    """Nodes of a uniform grid on [lo, hi] of step at most ``step``, and the trapezoid rule's log weights."""
+    n = int(math.ceil((hi - lo) / step)) + 1
+    o = np.linspace(lo, hi, n)
+    lw = np.full(n, math.log(o[1] - o[0]))
+    lw[[0, -1]] -= _LN2
+    return o, lw
+
+
 def rdp_1d(
     law: Law, v: float, orders: tuple[float, ...], qs: tuple[float, ...], span_order: float | None = None
 ) -> dict[str, np.ndarray]:
@@ -100,10 +109,8 @@ def rdp_1d(
     hi = 0.5 * w + (amax + 1) * v + RDP_K * z
     out = []
     for div in (8, 16):
-        n = int(math.ceil((hi - lo) / (z / div))) + 1
-        o = np.linspace(lo, hi, n)
-        lw = np.full(n, math.log(o[1] - o[0]))
-        lw[[0, -1]] -= _LN2
+        o, lw = _trapezoid(lo, hi, z / div)
+        n = len(o)
         out.append(_rdp_from_nodes(law.logpdf(o), law.logpdf(o - v), lw, np.array([0, n - 1]), orders, qs, 2 * z))
     return _rdp_result(out[0], out[1], orders)
 
@@ -121,10 +128,8 @@ def rdp_2d(
     hi = 0.5 * w + (amax + 1) * c + RDP_K * z
     out = []
     for div in (4, 8):
-        n = int(math.ceil((hi - lo) / (z / div))) + 1
-        o = np.linspace(lo, hi, n)
-        lw1 = np.full(n, math.log(o[1] - o[0]))
-        lw1[[0, -1]] -= _LN2
+        o, lw1 = _trapezoid(lo, hi, z / div)
+        n = len(o)
         h0 = law.logpdf(o)
         h0_2 = (h0[:, None] + h0[None, :]).ravel()
         hv_2 = (law.logpdf(o - a)[:, None] + law.logpdf(o - b)[None, :]).ravel()
