@@ -18,6 +18,7 @@ from dptrain.cli import main
 from dptrain.errors import ConfigError
 from dptrain.reproduce import json_default
 from dptrain.reproduce import modelmix_training as mt
+from dptrain.reproduce import modelmix_training_text as mt_text
 
 CHANCE = 0.1
 TARGET = 1.0  # quick mode's epsilon (the largest of the defaults)
@@ -36,7 +37,7 @@ def synthetic(monkeypatch):
     x, y = make(600)
     x_test, y_test = make(300)
     monkeypatch.setattr(mt, "features", lambda quick, cache_dir=None, progress=False: (x, y, x_test, y_test))
-    monkeypatch.setattr(mt, "QUICK", {"n_train": 600, "n_test": 300, "steps": 6, "eval_every": 3})
+    monkeypatch.setattr(mt, "QUICK", {"n_train": 600, "n_test": 300, "steps": 6, "eval_every": 3, "non_private_epochs": 1})
 
 
 def _pld_epsilon(q: float, sigma: float, steps: int) -> float:
@@ -58,7 +59,7 @@ def test_table1_quick(synthetic):
     q, steps = table["sampling_rate"], mt.QUICK["steps"]
     for r in table["rows"]:
         assert r["dataset"] == "fashion_mnist" and r["seeds"] == [0] and r["accuracies"] == [r["accuracy_median"]]
-        assert r["steps"] == steps
+        assert r["steps"] == (steps if r["method"] != "non_private" else math.ceil(600 / 128))
         assert r["accuracy_median"] > 3 * CHANCE, r  # 6 steps on separable classes
     # Certified ModelMix: the tightest certified accountant's sigma meets the target, and no smaller sigma would
     # (dp_accounting's PLD at 2% less noise is above it: pld is the tightest here, the modelmix bound is looser)
@@ -76,10 +77,12 @@ def test_table1_quick(synthetic):
     assert paper["certified_epsilon"] == pytest.approx(_pld_epsilon(q, paper["noise_multiplier"], steps), rel=0.02)
     np_row = rows["non_private"]
     assert np_row["epsilon"] is None and np_row["certified_epsilon"] is None and np_row["noise_multiplier"] == 0
+    # the non-private baseline is its own recipe (momentum, batches of 128, one quick epoch), not DP-SGD without noise
+    assert np_row["learning_rate"] == 0.02 and np_row["max_grad_norm"] is None
     # the report: one table row per variant, the rows' file, the paper's numbers beside ours
-    sections, plots, files = mt.render_sections({"table1": table})
+    sections, plots, files = mt_text.render_sections({"table1": table})
     text = "\n".join(sections[0].blocks)
-    assert "**not certified**" in text and "88.8" in text and "91.2" in text
+    assert "**not certified**" in text and "88.8" in text and "91.2" in text and "momentum 0.9" in text
     assert f"{100 * paper['accuracy_median']:.1f}" in text
     assert [r["method"] for r in files["table1.json"]] == ["modelmix", "modelmix", "non_private"]
     assert plots == []
@@ -103,7 +106,7 @@ def test_fig2_same_noise(synthetic):
     for name in ("rdp", "pld"):
         assert len({r["epsilon"][name]["epsilon"] for r in fig["runs"]}) == 1, name
     assert "modelmix" not in runs["dpsgd_eta"]["epsilon"]
-    sections, plots, _ = mt.render_sections({"fig2": fig})
+    sections, plots, _ = mt_text.render_sections({"fig2": fig})
     assert [p.file for p in plots] == ["fig2.png"] and "modelmix_2eta" in "\n".join(sections[0].blocks)
 
 

@@ -201,7 +201,7 @@ def render(data: dict) -> Report:
     files: dict[str, Any] = {}
     training = data.get("training")
     if training is not None:
-        render_training = importlib.import_module("dptrain.reproduce.modelmix_training").render_sections
+        render_training = importlib.import_module("dptrain.reproduce.modelmix_training_text").render_sections
         more_sections, more_plots, files = render_training(training)
         sections += more_sections
         plots += more_plots

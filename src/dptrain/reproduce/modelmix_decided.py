@@ -284,26 +284,17 @@ def _scored(model, data: tuple, certified: float | None, start: float) -> dict[s
 
 
 def train_non_private(data: tuple, lr: float, seed: int, cfg: dict) -> dict[str, Any]:
-    """One seeded non-private run: shuffled mini-batches, SGD with momentum, cosine learning rate, no clipping."""
+    """One seeded non-private run of the recipe :func:`dptrain.reproduce.modelmix_training.non_private_sgd`."""
     import torch
-    import torch.nn.functional as F
+
+    from dptrain.reproduce.modelmix_training import non_private_sgd
 
     x, y, *_, y_test = data
     recipe = cfg["non_private"]
     start = time.perf_counter()
     torch.manual_seed(seed)
     model = build(cfg["model"], x, _classes(y, y_test))
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=recipe["momentum"])
-    per_epoch = math.ceil(len(x) / recipe["batch_size"])
-    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, recipe["epochs"] * per_epoch)
-    g = torch.Generator().manual_seed(seed)
-    model.train()
-    for _ in range(recipe["epochs"]):
-        for idx in torch.randperm(len(x), generator=g).split(recipe["batch_size"]):
-            optimizer.zero_grad()
-            F.cross_entropy(model(x[idx]), y[idx]).backward()
-            optimizer.step()
-            schedule.step()
+    non_private_sgd(model, x, y, lr, seed, **{k: recipe[k] for k in ("batch_size", "epochs", "momentum")})
     return _scored(model, data, None, start)
 
 
