@@ -196,3 +196,26 @@ def test_the_cli_refuses_bad_epsilons_exit_2(tmp_path):
         text=True,
     )
     assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "--epsilons" in r.stderr
+
+
+@pytest.mark.parametrize(
+    "peak, extend, tried, kept, at_reach",
+    [
+        (0.125, 3, [0.0625, 0.125, 0.25, 0.5, 1.0, 2.0], 0.125, False),  # below the grid: halved until it turns
+        (0.125, 1, [0.25, 0.5, 1.0, 2.0], 0.25, True),  # the reach ends first: disclosed
+        (8.0, 2, [0.5, 1.0, 2.0, 4.0, 8.0], 8.0, True),
+        (1.0, 2, [0.5, 1.0, 2.0], 1.0, False),  # inside: nothing more is tried
+    ],
+)
+def test_a_best_rate_at_the_end_of_the_grid_is_looked_beyond(tmp_path, peak, extend, tried, kept, at_reach):
+    calls = []
+
+    def train(lr, seed):
+        calls.append((lr, seed))
+        return {"validation_accuracy": -abs(math.log2(lr / peak)), "test_accuracy": seed / 10}
+
+    runs = decided._Runs(tmp_path / "p.json", quick=True)
+    cell = decided._cell(runs, "m", 1.0, "dpsgd", 2, (0.5, 1.0, 2.0), train, extend)
+    assert sorted(lr for lr, s in calls if s == 0) == tried and len(calls) == len(set(calls))
+    assert cell["learning_rate"] == kept and [lr for lr, s in calls if s > 0] == [kept]
+    assert cell["at_reach"] is at_reach and sorted(float(r) for r in cell["grid"]) == tried

@@ -133,7 +133,10 @@ def _grid_text(data: dict) -> str:
     return (
         f"Hyperparameters, the same for every private method: learning rates {c['learning_rates']} (plain SGD; "
         f"ModelMix refuses momentum), seed 0 at each, the best on {c['validation']} held-out training examples kept "
-        f"for the other seeds. Non-private: batch {np_['batch_size']}, momentum {np_['momentum']}, {np_['epochs']} "
+        f"for the other seeds; while the best is the smallest (largest) rate tried, half (twice) it is tried too, "
+        f"up to {c.get('grid_extension', 0)} times each way (every rate tried and its held-out accuracy: "
+        f"{RUNS_JSON}, 'cells'; a rate marked * is the end of that reach, so a better one may lie beyond). "
+        f"Non-private: batch {np_['batch_size']}, momentum {np_['momentum']}, {np_['epochs']} "
         f"epochs, cosine learning rate from {np_['learning_rates']} (chosen the same way), no clipping. Every run is "
         "seeded: a reproducible experiment (the certified epsilons are what the same runs spend with secret "
         "randomness; the selection on held-out examples is not accounted, for any method)."
@@ -197,7 +200,7 @@ def render(data: dict[str, Any]) -> Report:
                 f"{r['noise_multiplier']:.4g}",
                 "-" if r["tau_over_lr"] is None else f"{r['tau_over_lr']:g}",
                 r["linf_p"] or "-",
-                f"{c['learning_rate']:g}",
+                f"{c['learning_rate']:g}" + ("*" if c.get("at_reach") else ""),
             ]
             for r, c in zip(data["rows"], data["cells"], strict=True)
         ],
