@@ -214,7 +214,11 @@ def render(data: dict[str, Any]) -> Report:
     return Report(
         REPORT,
         "ModelMix, decided: accuracy at equal certified privacy",
-        intro=[quick, data["about"], f"Command: `{data['command']}` ({data['wall_time_s']:.0f} s)."],
+        intro=[
+            quick,
+            data["about"],
+            f"Command: `{data['command']}` ({data['wall_time_s']:.0f} s)." + (f" {data['note']}" if "note" in data else ""),
+        ],
         sections=[
             Section("Results", [table, _grid_text(data), "\n".join(findings(data))]),
             _settings_section(data),
