@@ -231,7 +231,7 @@ def test_accountant_refuses_what_it_cannot_certify():
 @pytest.mark.slow
 def test_calibration_of_sigma_for_a_budget():
     def ledger_for(sigma):
-        return _ledger(10**5, noise_std=sigma)
+        return _ledger(10**4, noise_std=sigma)
 
     with pytest.raises(AccountingError, match="only an approximation"):
         calibrate_noise(1.0, 1e-5, ledger_for, "last_iterate")  # not a certificate: budgets refuse it

@@ -38,12 +38,10 @@ certified epsilons are what the same runs spend with secret randomness.
 
 Each finished run is kept in ``OUT/decided.partial.json``, so an interrupted reproduction goes on where it stopped.
 
-Wall time (estimated from timed steps on this 2-core CPU, 2026-11-26, load average 0.5-2 from another job): a
-private step at expected batch 550 takes 0.040 s (dpsgd), 0.059 s (modelmix), 0.058 s (same_variance) with the
-ScatterNet CNN and 0.065 / 0.092 / 0.084 s with cnn28; a non-private epoch 1.8 s and 5.9 s; the accountants' choice
-about 10 s a target; the ScatterNet features about 2 minutes once. 2 models x 3 targets x 3 private methods x
-(3 learning rates + 2 more seeds) = 90 runs of 1000 steps (ScatterNet 39 min, cnn28 60 min), 10 non-private runs
-of 20 epochs (13 min), evaluations and certificates (about 5 min): about 2 hours, more on a busier machine.
+Wall time, measured (2026-11-26/27, 2 CPU cores): a private run of 1000 steps takes 35-65 s with the ScatterNet CNN
+and 60-95 s with cnn28 (modelmix and same_variance, with L2 + L-infinity clipping, the slower), a non-private run
+30-40 s and about 90 s; 125 runs in all with the learning-rate rule (about 2.5 hours) plus the ScatterNet features
+(about 2 minutes once).
 """
 
 from __future__ import annotations
