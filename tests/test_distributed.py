@@ -34,7 +34,7 @@ options = { hidden = [16] }
 noise_multiplier = 1.0
 accountant = "rdp"
 [training]
-steps = 80
+steps = 40
 batch_size = 100
 max_physical_batch_size = 16
 eval_every = 5
@@ -142,7 +142,7 @@ def test_a_two_process_run_killed_and_resumed_equals_the_one_process_run(first, 
     # (torchrun's report: rank 0 ended by itself, with its own status, not killed by a signal)
     assert re.search(rf"rank\s*: 0 \(local_rank: 0\)\s*exitcode\s*: {status} ", first_log), first_log[-3000:]
     steps_done = torch.load(out / "private" / "checkpoint.pt", weights_only=True)["steps"]
-    assert 0 < steps_done < 80
+    assert 0 < steps_done < 40
     resumed = _torchrun("train", "--resume", str(out), "--no-progress")
     log, _ = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, log
