@@ -192,11 +192,13 @@ def max_releases(
     while bad <= limit and fits(bad):
         good, bad = bad, bad * 2
     if bad > limit:
-        return limit if fits(limit) else _bisect(fits, good, limit)
-    return _bisect(fits, good, bad)
+        return limit if fits(limit) else bisect_largest(fits, good, limit)
+    return bisect_largest(fits, good, bad)
 
 
-def _bisect(fits: Callable[[int], bool], good: int, bad: int) -> int:
+def bisect_largest(fits: Callable[[int], bool], good: int, bad: int) -> int:
+    """The largest integer in [good, bad) where ``fits`` holds, given fits(good), not fits(bad), and ``fits`` true
+    up to a point and false beyond it."""
     while bad - good > 1:
         mid = (good + bad) // 2
         if fits(mid):

@@ -10,6 +10,7 @@ import math
 
 import numpy as np
 
+from dptrain.accounting.calibration import bisect_largest
 from dptrain.errors import ConfigError
 from dptrain.schedules.bounds_constants import momentum_gamma
 from dptrain.schedules.bounds_inputs import (
@@ -106,13 +107,7 @@ def momentum_T_hat(beta: float, gamma: float) -> int:
     hi = int(math.floor(1 + lb / lg)) + 1  # beyond 1 + ln(1-beta)/ln(gamma), gamma^(t-1) < 1 - beta
     while holds(hi):  # defensive; cannot happen by the bound above
         hi *= 2
-    while hi - lo > 1:  # invariant: holds(lo), not holds(hi)
-        mid = (lo + hi) // 2
-        if holds(mid):
-            lo = mid
-        else:
-            hi = mid
-    return lo
+    return bisect_largest(holds, lo, hi)
 
 
 def momentum_eta0_max(beta: float, gamma: float) -> float:
