@@ -21,9 +21,9 @@ import torch
 import torch.nn.functional as F
 from common import SHAPES, N, random_data
 
-from dptrain.cpu_memory import keep_freed_memory
-from dptrain.engine import make_private
-from dptrain.models import build_model
+from dptrain.engine.api import make_private
+from dptrain.models.builders import build_model
+from dptrain.runs.cpu_memory import keep_freed_memory
 
 
 def main(argv: list[str] | None = None) -> int:

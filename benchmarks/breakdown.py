@@ -33,9 +33,9 @@ import torch
 import torch.nn.functional as F
 from common import SHAPES, N, random_data
 
-import dptrain.engine as engine
-from dptrain.cpu_memory import keep_freed_memory
-from dptrain.models import build_model
+import dptrain.engine.trainer as engine
+from dptrain.models.builders import build_model
+from dptrain.runs.cpu_memory import keep_freed_memory
 
 #: the layer types of the per-example rules this breakdown names (others are counted under "other layers")
 LAYER_TYPES = (torch.nn.Conv2d, torch.nn.GroupNorm, torch.nn.Linear, torch.nn.LayerNorm)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-#: input shape of each benchmark model (dptrain.models.build_model's names)
+#: input shape of each benchmark model (dptrain.models.builders.build_model's names)
 SHAPES = {"logistic": (1, 28, 28), "cnn28": (1, 28, 28), "resnet20": (3, 32, 32)}
 N = 60000
 

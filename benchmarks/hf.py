@@ -75,7 +75,7 @@ class DptrainWay:
     name = "dptrain"
 
     def __init__(self, case: str, ids, y):
-        from dptrain.engine import make_private
+        from dptrain.engine.api import make_private
 
         model = build(case, 0)
         params = [p for p in model.parameters() if p.requires_grad]

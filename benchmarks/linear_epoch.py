@@ -30,7 +30,7 @@ def load(n_fallback: int = 60000) -> tuple[torch.Tensor, torch.Tensor, str]:
     from dptrain.dpsgd_f import normalize_features
 
     try:
-        from dptrain.data import load_dataset
+        from dptrain.data.loaders import load_dataset
 
         data = load_dataset("fashion-mnist", pixels="raw")
         return normalize_features(data.train.x, 1.0), data.train.y, "Fashion-MNIST train (60,000)"
@@ -59,7 +59,7 @@ def non_private_epoch(x: torch.Tensor, y: torch.Tensor, batch: int) -> float:
 
 
 def private_epoch(x: torch.Tensor, y: torch.Tensor, batch: int, backend: str) -> float:
-    from dptrain.engine import make_private
+    from dptrain.engine.api import make_private
 
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 10))
     opt = torch.optim.SGD(model.parameters(), lr=1.0)

@@ -23,8 +23,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-import dptrain.per_example as pe
-from dptrain.cpu_memory import keep_freed_memory
+import dptrain.stages.per_example as pe
+from dptrain.runs.cpu_memory import keep_freed_memory
 
 #: (name, examples, in channels, out channels, input size, kernel, stride, padding)
 CONV_LAYERS = (
@@ -34,7 +34,7 @@ CONV_LAYERS = (
     ("resnet20 64->64", 128, 64, 64, 8, 3, 1, 1),
     ("cnn28 conv1", 256, 1, 16, 28, 8, 2, 3),
     ("cnn28 conv2", 256, 16, 32, 13, 4, 2, 0),
-    # where the forward form stops paying (dptrain.per_example.CONV_FORWARD_BELOW_CHANNELS)
+    # where the forward form stops paying (dptrain.stages.per_example.CONV_FORWARD_BELOW_CHANNELS)
     ("1->16, 32x32", 128, 1, 16, 32, 3, 1, 1),
     ("6->16, 32x32", 128, 6, 16, 32, 3, 1, 1),
     ("8->16, 32x32", 128, 8, 16, 32, 3, 1, 1),
@@ -148,7 +148,7 @@ def gather(repeat: int) -> None:
 
 
 def sampling_times(stream, b: int, repeat: int) -> tuple[float, float]:
-    from dptrain.batch_selection import poisson_indices, uniform_subset
+    from dptrain.stages.batch_selection import poisson_indices, uniform_subset
 
     return (
         timed(lambda: uniform_subset(stream, 60000, b), repeat),
@@ -157,7 +157,7 @@ def sampling_times(stream, b: int, repeat: int) -> tuple[float, float]:
 
 
 def sampling(repeat: int) -> None:
-    from dptrain.randomness import Randomness
+    from dptrain.randomness.generators import Randomness
 
     stream = Randomness(None).stream("sampling")
     for b in (256, 1024):

@@ -21,10 +21,10 @@ import time
 
 import torch
 
-from dptrain.engine import make_private
-from dptrain.models import build_model
-from dptrain.noise import add_gaussian_noise
-from dptrain.randomness import Randomness
+from dptrain.engine.api import make_private
+from dptrain.models.builders import build_model
+from dptrain.randomness.generators import Randomness
+from dptrain.stages.noise import add_gaussian_noise
 
 N, BATCH, TARGET = 60_000, 256, 1.10
 

@@ -20,7 +20,7 @@ fresh child process (this script with the hidden ``--memory-child WAY LOGICAL PH
 reports ru_maxrss after building data, model and wrapper (its baseline) and after 3 steps of expected
 logical batch 4096.
 
-``--malloc tuned`` first calls ``dptrain.cpu_memory.keep_freed_memory()`` (as ``dptrain train`` does), for the whole
+``--malloc tuned`` first calls ``dptrain.runs.cpu_memory.keep_freed_memory()`` (as ``dptrain train`` does), for the whole
 process and so for every way; ``system`` (default) leaves malloc as configured.
 
 ``--fixed-batches`` gives every way exactly ``--batch`` examples per step (dptrain's fixed_size sampling, Opacus'
@@ -50,10 +50,10 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from dptrain.cpu_memory import keep_freed_memory
-from dptrain.engine import make_private
+from dptrain.engine.api import make_private
 from dptrain.modelmix import ModelMixSGD
-from dptrain.models import build_model
+from dptrain.models.builders import build_model
+from dptrain.runs.cpu_memory import keep_freed_memory
 
 try:  # Opacus is optional (the "bench" extra); its rows are skipped without it.
     import opacus
@@ -79,7 +79,7 @@ MODEL = "cnn28"
 INPUT_SHAPE = MODELS[MODEL]
 BATCH = 256
 DEVICE = "cpu"  # --device: where the model, its gradients and the noise live (the data stays in CPU memory)
-MALLOC = "system"  # or "tuned": dptrain.cpu_memory.keep_freed_memory() for the whole process (every way)
+MALLOC = "system"  # or "tuned": dptrain.runs.cpu_memory.keep_freed_memory() for the whole process (every way)
 FIXED = False  # every way gets exactly BATCH examples per step (dptrain: fixed_size sampling; Opacus: no Poisson)
 WARMUP_STEPS = 3
 MEMORY_STEPS = 3
@@ -560,7 +560,7 @@ def main(argv: list[str] | None = None) -> int:
         "--malloc",
         choices=("system", "tuned"),
         default="system",
-        help="system: malloc as configured; tuned: dptrain.cpu_memory.keep_freed_memory() first, as dptrain train "
+        help="system: malloc as configured; tuned: dptrain.runs.cpu_memory.keep_freed_memory() first, as dptrain train "
         "does (the whole process: every way)",
     )
     p.add_argument(

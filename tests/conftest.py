@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dptrain.data import DEFAULT_FASHION_MNIST_DIR
+from dptrain.data.loaders import DEFAULT_FASHION_MNIST_DIR
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
@@ -30,8 +30,8 @@ def run_interrupted(cfg, out, at: int, monkeypatch) -> None:
     completed steps); the run checkpoints and re-raises, as ``dptrain train`` does."""
     import pytest
 
-    from dptrain.engine import PrivateTrainer
-    from dptrain.run import run_training
+    from dptrain.engine.trainer import PrivateTrainer
+    from dptrain.runs.run import run_training
 
     real_step = PrivateTrainer.step
 

@@ -11,10 +11,10 @@ import signal
 import pytest
 import torch
 
-from dptrain import engine as engine_module
-from dptrain.data import make_gaussian_mixture
-from dptrain.engine import make_private
-from dptrain.models import build_model
+from dptrain.data.loaders import make_gaussian_mixture
+from dptrain.engine import trainer as engine_module
+from dptrain.engine.api import make_private
+from dptrain.models.builders import build_model
 
 STEPS, CUT = 8, 5  # the interrupt or error strikes during step CUT (1-based)
 STAGES = ("sample", "per_example", "clip", "noise", "record", "optimizer")
@@ -156,7 +156,7 @@ def test_an_error_before_the_release_rolls_back_and_a_retry_is_the_same_step(sta
 
 
 def test_sigterm_is_deferred_to_the_end_of_the_step(monkeypatch):
-    from dptrain.interrupts import Terminated, terminate_as_exception
+    from dptrain.engine.interrupts import Terminated, terminate_as_exception
 
     cut = _trainer()
 

@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from dptrain import engine
 from dptrain.auditing.auxiliary import AUX, GAIN, AuxiliaryCanaries, SplitClipping
 from dptrain.auditing.bounds import ceiling
 from dptrain.auditing.bugs import BUGS, NoiseDivided, Unclipped, inject
@@ -28,13 +27,15 @@ from dptrain.auditing.runner import audit_run
 from dptrain.cli import add_command, main
 from dptrain.cli import audit as audit_command
 from dptrain.cli.audit import run as cmd_audit
-from dptrain.clipping import FlatClipping, L2LinfClipping, PerLayerClipping, clipped_sum
 from dptrain.config import config_from_dict, load_config
+from dptrain.engine import trainer as engine
+from dptrain.engine.api import make_private
 from dptrain.errors import ConfigError
 from dptrain.last_iterate import ConvexGLM
-from dptrain.per_example import PerExampleGrads, trainable_parameters
-from dptrain.randomness import Randomness
+from dptrain.randomness.generators import Randomness
 from dptrain.reproduce import single_thread
+from dptrain.stages.clipping import FlatClipping, L2LinfClipping, PerLayerClipping, clipped_sum
+from dptrain.stages.per_example import PerExampleGrads, trainable_parameters
 
 SEED = 0
 M = 1000  # canaries in the privacy tests
@@ -254,7 +255,7 @@ def _tiny_trainer(clipping="flat", noise_multiplier=1.0, **options):
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 2))
     opt = torch.optim.SGD(model.parameters(), lr=0.3)
     data = (torch.randn(50, 4), torch.randint(0, 2, (50,)))
-    return engine.make_private(
+    return make_private(
         model, opt, data, noise_multiplier=noise_multiplier, batch_size=10, clipping=clipping, seed=1, **options
     )
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 from scipy import stats
 
-from dptrain.batch_selection import binomial_below, distinct_in_order, poisson_indices, uniform_subset
-from dptrain.randomness import Randomness
+from dptrain.randomness.generators import Randomness
+from dptrain.stages.batch_selection import binomial_below, distinct_in_order, poisson_indices, uniform_subset
 
 STREAM_KINDS = [False, True]  # TorchStream, SecureStream
 

@@ -1,4 +1,4 @@
-"""Training data of any structure (dptrain.batches): a user's map-style Dataset works unchanged and gives exactly the
+"""Training data of any structure (dptrain.data.batches): a user's map-style Dataset works unchanged and gives exactly the
 run the same tensors give; tuple inputs go to the model as positional arguments, dict inputs as keyword arguments
 (without the label key); per-example gradients of structured inputs match the single-example loop; inconsistent
 data and batch-mixing models are refused in one line."""
@@ -10,10 +10,10 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
 
-from dptrain.batches import DatasetSource, TensorSource, as_source
-from dptrain.engine import make_private
+from dptrain.data.batches import DatasetSource, TensorSource, as_source
+from dptrain.engine.api import make_private
 from dptrain.errors import DataError, ModelError
-from dptrain.per_example import make_grad_sampler, trainable_parameters
+from dptrain.stages.per_example import make_grad_sampler, trainable_parameters
 
 warnings.filterwarnings("ignore", message="not private")
 
@@ -188,8 +188,8 @@ def test_memory_mapped_npz_and_idx_train_like_the_arrays_in_memory(tmp_path):
 
     import numpy as np
 
-    from dptrain.data import read_idx
-    from dptrain.memmap import idx_dataset, npz_dataset
+    from dptrain.data.loaders import read_idx
+    from dptrain.data.memmap import idx_dataset, npz_dataset
 
     x, y = _data()
     np.savez(tmp_path / "d.npz", x=x.numpy(), y=y.numpy(), x_test=x[:4].numpy(), y_test=y[:4].numpy())
@@ -332,7 +332,7 @@ def test_a_dataloader_is_read_through_its_dataset_and_collate_fn_and_its_sampler
     """make_private(model, opt, loader): the loader's collate_fn makes dict inputs from raw items; its shuffle and
     batch size are replaced by the secret Poisson sampler (a SamplerReplacedWarning, once); the run equals the run on
     the same examples as tensors."""
-    from dptrain.batches import SamplerReplacedWarning
+    from dptrain.data.batches import SamplerReplacedWarning
 
     x, y = _data()
     loader = DataLoader(RawRecords(x, y), batch_size=32, shuffle=True, collate_fn=_collate)

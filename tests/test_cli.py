@@ -12,7 +12,7 @@ from conftest import run_interrupted
 
 from dptrain.cli import main
 from dptrain.config import load_config
-from dptrain.run import run_training
+from dptrain.runs.run import run_training
 
 ACCOUNT = [
     "account",
@@ -454,7 +454,7 @@ def test_the_parsers_names_are_the_registries():
     """The names the parser offers without importing the accountants are theirs."""
     from dptrain.accounting import AUTO, accountant_names
     from dptrain.cli import common, plan
-    from dptrain.planner import PLAN_ACCOUNTANTS
+    from dptrain.proactive.planner import PLAN_ACCOUNTANTS
 
     assert common.AUTO == AUTO and common.ACCOUNTANTS == accountant_names()
     assert plan.PLAN_ACCOUNTANTS == PLAN_ACCOUNTANTS
@@ -487,7 +487,7 @@ def test_main_exit_codes(monkeypatch, capsys):
     import dptrain.auditing.runner
     import dptrain.config
     from dptrain.cli import reproduce
-    from dptrain.interrupts import Terminated
+    from dptrain.engine.interrupts import Terminated
 
     def raising(exc):
         def run(args):
@@ -526,7 +526,7 @@ def test_the_progress_bar_ends_on_the_runs_epsilon(tmp_path, monkeypatch, capsys
     """The bar refreshes epsilon on a timer; with a timer longer than the run it was asked once, after step 1. Its
     last value must still be the epsilon of the whole run (the summary's), not step 1's (which is smaller: without
     the final refresh the bar closes on it)."""
-    import dptrain.run as run_module
+    import dptrain.runs.run as run_module
 
     monkeypatch.setattr(run_module, "EPSILON_REFRESH_S", 1e9)
     summary = run_training(load_config(_config(tmp_path)), tmp_path / "out", progress=True)

@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch import nn
 
-from dptrain.engine import make_private
+from dptrain.engine.api import make_private
 
 
 @pytest.mark.slow

@@ -1,4 +1,4 @@
-"""dptrain.cpu_memory: keeping freed memory removes the page faults a DP step on the CPU otherwise pays for."""
+"""dptrain.runs.cpu_memory: keeping freed memory removes the page faults a DP step on the CPU otherwise pays for."""
 
 import json
 import os
@@ -10,9 +10,9 @@ import pytest
 CHILD = r"""
 import json, resource, warnings
 import torch
-from dptrain.cpu_memory import keep_freed_memory
-from dptrain.engine import make_private
-from dptrain.models import build_model
+from dptrain.runs.cpu_memory import keep_freed_memory
+from dptrain.engine.api import make_private
+from dptrain.models.builders import build_model
 
 warnings.simplefilter("ignore")
 torch.manual_seed(0)
@@ -52,7 +52,7 @@ def test_keeping_freed_memory_removes_the_page_faults_of_a_step():
 
 
 def test_the_opt_out_leaves_malloc_alone(monkeypatch):
-    from dptrain.cpu_memory import OPT_OUT, keep_freed_memory
+    from dptrain.runs.cpu_memory import OPT_OUT, keep_freed_memory
 
     monkeypatch.setenv(OPT_OUT, "1")
     assert keep_freed_memory() is False

@@ -8,9 +8,9 @@ import pytest
 import torch
 from torch import nn
 
-from dptrain.engine import make_private
-from dptrain.models import build_model
-from dptrain.per_example import cross_entropy_per_example, make_grad_sampler
+from dptrain.engine.api import make_private
+from dptrain.models.builders import build_model
+from dptrain.stages.per_example import cross_entropy_per_example, make_grad_sampler
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU")
 warnings.filterwarnings("ignore", message="not private")

@@ -1,4 +1,4 @@
-"""Tests for dptrain.data: small files in the real formats are written to tmp_path."""
+"""Tests for dptrain.data.loaders: small files in the real formats are written to tmp_path."""
 
 from __future__ import annotations
 
@@ -13,9 +13,8 @@ import pytest
 import torch
 from conftest import needs_fashion_mnist
 
-from dptrain.data import (
-    CIFAR10_MEAN,
-    CIFAR10_STD,
+from dptrain.data.cifar import CIFAR10_MEAN, CIFAR10_STD, load_cifar10
+from dptrain.data.loaders import (
     DATASET_NAMES,
     DIGITS_MEAN,
     DIGITS_STD,
@@ -23,7 +22,6 @@ from dptrain.data import (
     MNIST_STD,
     ArrayDataset,
     DataSplit,
-    load_cifar10,
     load_dataset,
     load_digits,
     load_fashion_mnist,
@@ -604,7 +602,7 @@ def test_load_dataset_unknown_option():
 
 def test_idx_pixels_option(tmp_path):
     """pixels = "raw" gives values in [0, 1]; the default standardizes with the public constants."""
-    from dptrain.data import FASHION_MNIST_MEAN, FASHION_MNIST_STD
+    from dptrain.data.loaders import FASHION_MNIST_MEAN, FASHION_MNIST_STD
 
     write_tiny_mnist(tmp_path)
     raw = load_dataset("fashion-mnist", str(tmp_path), pixels="raw")

@@ -12,7 +12,8 @@ import torch
 from torch import nn
 
 from dptrain.cli import main
-from dptrain.engine import make_private, make_private_with_epsilon, resolve_device
+from dptrain.engine.api import make_private, make_private_with_epsilon
+from dptrain.engine.trainer import resolve_device
 from dptrain.errors import ConfigError
 
 warnings.filterwarnings("ignore", message="not private")

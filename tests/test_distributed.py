@@ -1,4 +1,4 @@
-"""Data-parallel DP-SGD (dptrain.distributed) with torchrun on the CPU (gloo): a 2-process run whose rank 1 is
+"""Data-parallel DP-SGD (dptrain.engine.distributed) with torchrun on the CPU (gloo): a 2-process run whose rank 1 is
 killed with SIGKILL mid-run, resumed with --resume, ends with exactly the ledger, metrics and weights of the
 one-process run with the same seed (chunk sums added in one order on every rank, the same noise drawn from the same
 secret streams, rank 0 alone writing).

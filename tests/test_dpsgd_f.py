@@ -15,7 +15,7 @@ from dptrain.accounting import epsilon, gaussian_mechanism_epsilon, gaussian_mec
 from dptrain.accounting.calibration import gaussian_mechanism_delta
 from dptrain.cli import main
 from dptrain.config import load_config
-from dptrain.data import make_gaussian_mixture
+from dptrain.data.loaders import make_gaussian_mixture
 from dptrain.dpsgd_f import (
     FeaturePreprocessing,
     exponential_quantile,
@@ -25,9 +25,9 @@ from dptrain.dpsgd_f import (
     quantile_rank_error,
 )
 from dptrain.errors import AccountingError, ConfigError, ModelError
-from dptrain.models import build_model
-from dptrain.randomness import TorchStream
-from dptrain.run import run_training
+from dptrain.models.builders import build_model
+from dptrain.randomness.generators import TorchStream
+from dptrain.runs.run import run_training
 
 DELTA = 1e-5
 
@@ -397,7 +397,7 @@ def test_train_theory_run(tmp_path):
 def test_logistic_uses_closed_form_gradients():
     """Per-example gradients of softmax regression are the outer products (p - e_y) x^T (and p - e_y for the
     bias), computed from one batched backward pass (no vmap over autograd)."""
-    from dptrain.per_example import cross_entropy_per_example, make_grad_sampler
+    from dptrain.stages.per_example import cross_entropy_per_example, make_grad_sampler
 
     torch.manual_seed(0)
     model = build_model("logistic", (7,), 4)

@@ -7,14 +7,14 @@ import torch
 from torch import nn
 
 from dptrain.accounting import epsilon
-from dptrain.clipping import FlatClipping, PerLayerClipping, per_example_norms
-from dptrain.data import make_gaussian_mixture
-from dptrain.engine import make_private, make_private_with_epsilon
+from dptrain.data.loaders import make_gaussian_mixture
+from dptrain.engine.api import make_private, make_private_with_epsilon
 from dptrain.errors import BudgetExhausted, ConfigError, ModelError
-from dptrain.models import build_model
-from dptrain.noise import add_gaussian_noise
-from dptrain.per_example import PerExampleGrads
-from dptrain.randomness import TorchStream
+from dptrain.models.builders import build_model
+from dptrain.randomness.generators import TorchStream
+from dptrain.stages.clipping import FlatClipping, PerLayerClipping, per_example_norms
+from dptrain.stages.noise import add_gaussian_noise
+from dptrain.stages.per_example import PerExampleGrads
 
 
 def _grads(b=64, seed=0, scale=1.0):

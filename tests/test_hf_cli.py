@@ -1,4 +1,4 @@
-"""`model.name = "hf"` (dptrain.hf_models) and `data.name = "text_files"` (dptrain.text_files): transformers models
+"""`model.name = "hf"` (dptrain.models.huggingface) and `data.name = "text_files"` (dptrain.data.text_files): transformers models
 built from a config table or a local directory (with a tokenizer built offline here), peft LoRA with only the adapters
 (and a classification head) trainable, JSON lines and CSV text tokenized or pre-tokenized, padded with an attention
 mask and -100 labels, one-line errors that never show the private text, and `dptrain train` on the shipped config."""
@@ -15,10 +15,10 @@ transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
 
 from dptrain.cli import main  # noqa: E402
-from dptrain.data import load_dataset  # noqa: E402
-from dptrain.engine import make_private  # noqa: E402
+from dptrain.data.loaders import load_dataset  # noqa: E402
+from dptrain.engine.api import make_private  # noqa: E402
 from dptrain.errors import DataError, ModelError  # noqa: E402
-from dptrain.models import build_model  # noqa: E402
+from dptrain.models.builders import build_model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = ROOT / "configs" / "hf_gpt2_lora.toml"
@@ -139,7 +139,7 @@ def test_without_transformers_or_peft_the_error_says_how_to_install(monkeypatch,
 
 
 def test_importing_dptrain_and_building_the_parser_import_no_transformers():
-    code = ("import sys, dptrain, dptrain.config, dptrain.data, dptrain.models, dptrain.cli; "
+    code = ("import sys, dptrain, dptrain.config, dptrain.data.loaders, dptrain.models.builders, dptrain.cli; "
             "dptrain.cli.build_parser(); print(sorted(m for m in sys.modules if m.split('.')[0] in "
             "('transformers', 'peft', 'tokenizers')))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -9,10 +9,10 @@ import torch
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
 
-from dptrain.clipping import FlatClipping  # noqa: E402
-from dptrain.engine import make_private  # noqa: E402
-from dptrain.losses import default_loss  # noqa: E402
-from dptrain.per_example import make_grad_sampler, trainable_parameters  # noqa: E402
+from dptrain.engine.api import make_private  # noqa: E402
+from dptrain.models.losses import default_loss  # noqa: E402
+from dptrain.stages.clipping import FlatClipping  # noqa: E402
+from dptrain.stages.per_example import make_grad_sampler, trainable_parameters  # noqa: E402
 
 VOCAB, T, B = 97, 12, 5
 

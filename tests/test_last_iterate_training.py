@@ -8,7 +8,7 @@ import dp_accounting as dpa
 import pytest
 import torch
 
-from dptrain.data import make_gaussian_mixture
+from dptrain.data.loaders import make_gaussian_mixture
 from dptrain.errors import ConfigError
 from dptrain.last_iterate import (
     LOSSES,
@@ -18,7 +18,7 @@ from dptrain.last_iterate import (
     accuracy,
     project_to_ball,
 )
-from dptrain.randomness import Randomness
+from dptrain.randomness.generators import Randomness
 
 CASES = [(loss, bias, l2) for loss in LOSSES for bias in (True, False) for l2 in (0.0, 0.3)]
 

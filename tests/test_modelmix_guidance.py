@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from dptrain.config import load_config
-from dptrain.run import run_training
-from dptrain.run_report import format_report
+from dptrain.runs.report import format_report
+from dptrain.runs.run import run_training
 
 WARNING = "the mixing then costs utility without a privacy gain"
 BASE = [

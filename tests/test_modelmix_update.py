@@ -12,14 +12,14 @@ from torch import nn
 
 from dptrain.accounting import epsilon
 from dptrain.accounting.modelmix import modelmix_ledger, phase_lengths
-from dptrain.clipping import FlatClipping, L2LinfClipping
 from dptrain.config import load_config
-from dptrain.engine import make_private
+from dptrain.engine.api import make_private
 from dptrain.errors import ConfigError
 from dptrain.modelmix import ModelMixSGD
-from dptrain.per_example import PerExampleGrads
-from dptrain.randomness import Randomness
-from dptrain.run import build_job
+from dptrain.randomness.generators import Randomness
+from dptrain.runs.run import build_job
+from dptrain.stages.clipping import FlatClipping, L2LinfClipping
+from dptrain.stages.per_example import PerExampleGrads
 
 
 def _model(seed=0):

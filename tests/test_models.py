@@ -1,11 +1,11 @@
-"""Tests for dptrain.models: architectures, shapes, parameter counts and batch-mixing checks."""
+"""Tests for dptrain.models.builders: architectures, shapes, parameter counts and batch-mixing checks."""
 
 import pytest
 import torch
 from torch import nn
 
 from dptrain.errors import ModelError
-from dptrain.models import (
+from dptrain.models.builders import (
     BATCH_MIXING_TYPES,
     MODEL_NAMES,
     build_model,

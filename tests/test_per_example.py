@@ -4,8 +4,8 @@ import pytest
 import torch
 from torch import nn
 
-from dptrain.models import build_model
-from dptrain.per_example import (
+from dptrain.models.builders import build_model
+from dptrain.stages.per_example import (
     FuncGradSampler,
     LayerwiseGradSampler,
     cross_entropy_per_example,
@@ -93,7 +93,7 @@ def test_per_example_gradients_match_loop(case, backend):
 @pytest.mark.parametrize("case", ["conv_groupnorm_dilation_groups", "cnn28"])
 def test_grouped_convolutions_split_into_calls_match_loop(case, monkeypatch):
     """Per-example conv gradients computed a few examples per grouped convolution (7 = 3 + 3 + 1) match the loop."""
-    import dptrain.per_example as pe
+    import dptrain.stages.per_example as pe
 
     monkeypatch.setattr(pe, "CONV_GROUPS_PER_CALL", 3)
     torch.manual_seed(0)
@@ -151,7 +151,7 @@ class Sequence(nn.Module):
 @pytest.mark.filterwarnings("ignore:There is a performance drop")  # torch.func on CPU attention (the func backend)
 @pytest.mark.parametrize("backend", ["auto", "func"])
 def test_sequence_layers_match_the_loop(backend):
-    from dptrain.per_example import _EmbeddingFactors, _LinearFactors, ghost_pays
+    from dptrain.stages.per_example import _EmbeddingFactors, _LinearFactors, ghost_pays
 
     torch.manual_seed(0)
     model = Sequence().double()
@@ -178,7 +178,7 @@ def test_sequence_layers_match_the_loop(backend):
 
 
 def test_ghost_norms_are_chosen_per_layer_from_its_shapes():
-    from dptrain.per_example import ghost_pays
+    from dptrain.stages.per_example import ghost_pays
 
     assert ghost_pays(positions=16, fan_in=768, fan_out=50_000)  # a vocabulary projection on short text
     assert not ghost_pays(positions=196, fan_in=9, fan_out=16)  # cnn28's first convolution as a matmul
@@ -228,7 +228,7 @@ class Encoder(nn.Module):
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_keyword_tensors_of_a_fallback_module_are_split_by_example_and_checked():
-    from dptrain.per_example import FallbackError, _per_module
+    from dptrain.stages.per_example import FallbackError, _per_module
 
     torch.manual_seed(0)
     model = Encoder().double()
@@ -266,7 +266,7 @@ def test_conv_weight_gradients_by_forward_and_grouped_backward_match_loop(conv, 
     """Both ways of forming per-example conv weight gradients (one forward convolution with the output gradients as
     filters, or a grouped convolution backward) equal the loop, across strides, dilations, paddings and kernel
     shapes."""
-    import dptrain.per_example as pe
+    import dptrain.stages.per_example as pe
 
     monkeypatch.setattr(pe, "CONV_FORWARD_BELOW_CHANNELS", below)
     torch.manual_seed(0)

@@ -19,7 +19,7 @@ from dptrain.accounting.proactive import (
     plan_proactive,
 )
 from dptrain.cli import main
-from dptrain.planner import PLAN_ACCOUNTANTS, plan_budget, plan_from_sigma
+from dptrain.proactive.planner import PLAN_ACCOUNTANTS, plan_budget, plan_from_sigma
 
 SIGMAS = (6.572, 7.5, 9.0, 12.10881, 19.29962)
 SIZES = (10_000, 50_000, 60_000)

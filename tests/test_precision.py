@@ -6,10 +6,10 @@ import pytest
 import torch
 from torch import nn
 
-from dptrain.engine import make_private
+from dptrain.engine.api import make_private
 from dptrain.errors import ConfigError
-from dptrain.per_example import make_grad_sampler
-from dptrain.precision import MixedPrecision
+from dptrain.stages.per_example import make_grad_sampler
+from dptrain.stages.precision import MixedPrecision
 
 
 class Tagger(nn.Module):

@@ -1,4 +1,4 @@
-"""A user's own training loop (dptrain.private_loop): the same steps as the trainer's, bit for bit, for the same seed,
+"""A user's own training loop (dptrain.engine.private_loop): the same steps as the trainer's, bit for bit, for the same seed,
 data and loss; virtual batches equal one chunk within float rounding; every misuse is a one-line LoopError that
 releases nothing and rolls the streams back (the next logical batch is the one an error-free loop draws); LR
 schedulers, clip_grad_norm_ and a weight regularizer passed as extra are post-processing; a data-dependent extra is
@@ -12,10 +12,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from dptrain.batches import SamplerReplacedWarning
-from dptrain.engine import make_private
+from dptrain.data.batches import SamplerReplacedWarning
+from dptrain.engine.api import make_private
+from dptrain.engine.private_loop import LoopError, make_private_loop
 from dptrain.errors import ConfigError, DPTrainError, ModelError
-from dptrain.private_loop import LoopError, make_private_loop
 
 N, D = 256, 5
 G = torch.Generator().manual_seed(0)
@@ -254,7 +254,7 @@ def test_a_second_step_and_calls_outside_the_loop_are_refused():
 
 
 def test_a_changed_sampling_is_refused():
-    from dptrain.batch_selection import make_sampler
+    from dptrain.stages.batch_selection import make_sampler
 
     loop, model, opt = _loop()
     _train(loop, model, opt, 1)

@@ -19,8 +19,8 @@ import pytest
 import torch
 from torch.utils.data import Dataset
 
-from dptrain.batches import DatasetSource
-from dptrain.data import load_cifar10, load_dataset, load_mnist, load_npz
+from dptrain.data.batches import DatasetSource
+from dptrain.data.loaders import load_cifar10, load_dataset, load_mnist, load_npz
 from dptrain.errors import DataError
 
 

@@ -10,9 +10,9 @@ import torch
 from torch import nn
 
 from dptrain.config import load_config
-from dptrain.engine import make_private, make_private_with_epsilon
+from dptrain.engine.api import make_private, make_private_with_epsilon
 from dptrain.errors import AccountingError, ConfigError, DataError, ModelError
-from dptrain.run import run_training
+from dptrain.runs.run import run_training
 
 X = torch.randn(600, 6, generator=torch.Generator().manual_seed(0))
 Y = (X[:, 0] > 0).long()

@@ -15,7 +15,7 @@ from conftest import needs_fashion_mnist, require_fashion_mnist
 
 from dptrain.accounting.standard import RDP_ORDERS
 from dptrain.errors import ConfigError
-from dptrain.planner import plan_from_sigma
+from dptrain.proactive.planner import plan_from_sigma
 from dptrain.reproduce import proactive, proactive_logistic, run_reproduction, single_thread
 from dptrain.reproduce.proactive import (
     EXPERIMENT,
@@ -90,7 +90,7 @@ def test_tight_epsilons_agree_with_dp_accounting_directly(ratios):
 
 @pytest.fixture(scope="module")
 def task():
-    from dptrain.data import load_dataset
+    from dptrain.data.loaders import load_dataset
 
     require_fashion_mnist()
     data = load_dataset("fashion-mnist")

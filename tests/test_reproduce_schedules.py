@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from dptrain.accounting.gdp import gdp_epsilon
-from dptrain.engine import make_private
+from dptrain.engine.api import make_private
 from dptrain.reproduce import schedules as rs
 from dptrain.reproduce.report import to_json
 from dptrain.schedules.influence import estimate_influence, quadratic_influence

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from dptrain.cli import main
-from dptrain.rundir import CONFIG, PREPROCESSING
+from dptrain.runs.rundir import CONFIG, PREPROCESSING
 
 TOML = """\
 [data]

@@ -9,17 +9,17 @@ import numpy as np
 import pytest
 import torch
 
-from dptrain import scatternet
 from dptrain.errors import DataError
-from dptrain.models import check_private_compatible
-from dptrain.per_example import cross_entropy_per_example, make_grad_sampler
-from dptrain.scatternet import (
+from dptrain.models import scatternet
+from dptrain.models.builders import check_private_compatible
+from dptrain.models.scatternet import (
     cache_file,
     cached_features,
     scatter_cnn_fmnist,
     scatter_features,
     scattering_channels,
 )
+from dptrain.stages.per_example import cross_entropy_per_example, make_grad_sampler
 
 
 @pytest.fixture(scope="module")

@@ -14,14 +14,14 @@ import torch
 from conftest import run_interrupted
 from torch import nn
 
-from dptrain import engine
 from dptrain.accounting import epsilon
 from dptrain.accounting.gdp import gdp_epsilon
 from dptrain.cli import main
 from dptrain.config import load_config
-from dptrain.engine import make_private, make_private_with_epsilon
+from dptrain.engine import trainer as engine
+from dptrain.engine.api import make_private, make_private_with_epsilon
 from dptrain.errors import BudgetExhausted, ConfigError, DataError
-from dptrain.run import run_training
+from dptrain.runs.run import run_training
 from dptrain.schedules.bounds import R_from_eps_delta
 from dptrain.schedules.kinds import calibrate_shape, quantised_shape, schedule_shape
 

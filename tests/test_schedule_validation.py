@@ -23,9 +23,9 @@ from dptrain.accounting.gdp import gdp_delta, gdp_epsilon
 from dptrain.accounting.ledger import FILTER_FACT
 from dptrain.cli import main
 from dptrain.config import load_config
-from dptrain.engine import make_private
+from dptrain.engine.api import make_private
 from dptrain.errors import AccountingError, BudgetExhausted, ConfigError
-from dptrain.run import run_training
+from dptrain.runs.run import run_training
 from dptrain.schedules.validation import validation_noise
 
 warnings.filterwarnings("ignore", message="not private")

@@ -8,9 +8,9 @@ import torch
 from scipy import stats
 
 from dptrain.config import load_config
-from dptrain.randomness import Randomness, TorchStream
-from dptrain.run import run_training
-from dptrain.secure_random import SecureStream
+from dptrain.randomness.generators import Randomness, TorchStream
+from dptrain.randomness.secure import SecureStream
+from dptrain.runs.run import run_training
 
 KEY = bytes(range(32))
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from dptrain.gradient_factors import _EmbeddingFactors, _inner, _LinearFactors, shared
-from dptrain.per_example import make_grad_sampler, trainable_parameters
+from dptrain.stages.gradient_factors import _EmbeddingFactors, _inner, _LinearFactors, shared
+from dptrain.stages.per_example import make_grad_sampler, trainable_parameters
 
 
 class TiedLM(nn.Module):
@@ -92,7 +92,7 @@ def _data():
 
 
 def test_the_gradient_check_moves_a_wrong_layer_to_torch_func_and_training_is_exact():
-    from dptrain.engine import make_private
+    from dptrain.engine.api import make_private
 
     torch.manual_seed(0)
     model = FunctionalReuse()
@@ -108,7 +108,7 @@ def test_the_gradient_check_moves_a_wrong_layer_to_torch_func_and_training_is_ex
 
 
 def test_a_chosen_backend_that_disagrees_is_refused_naming_the_parameter():
-    from dptrain.engine import make_private
+    from dptrain.engine.api import make_private
     from dptrain.errors import ModelError
 
     model = FunctionalReuse()

@@ -1,4 +1,4 @@
-"""A small transformer fine-tuned with DP through LoRA adapters (dptrain.models.TinyTransformer, dptrain.lora):
+"""A small transformer fine-tuned with DP through LoRA adapters (dptrain.models.builders.TinyTransformer, dptrain.models.lora):
 every parameter has a layerwise per-example rule (no torch.func fallback), its per-example gradients match the
 single-example loop, and DP training moves the adapters and the head but not one bit of the frozen base (the
 silent corruption reported against Opacus + PEFT)."""
@@ -7,11 +7,11 @@ import warnings
 
 import torch
 
-from dptrain.data import make_text_task
-from dptrain.engine import make_private_with_epsilon
-from dptrain.lora import LoRALinear
-from dptrain.models import build_model
-from dptrain.per_example import cross_entropy_per_example, make_grad_sampler
+from dptrain.data.loaders import make_text_task
+from dptrain.engine.api import make_private_with_epsilon
+from dptrain.models.builders import build_model
+from dptrain.models.lora import LoRALinear
+from dptrain.stages.per_example import cross_entropy_per_example, make_grad_sampler
 
 warnings.filterwarnings("ignore", message="not private")
 

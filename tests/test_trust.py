@@ -18,13 +18,13 @@ from torch import nn
 
 from dptrain.cli import main
 from dptrain.config import load_config
-from dptrain.data import make_gaussian_mixture
+from dptrain.data.loaders import make_gaussian_mixture
 from dptrain.dpsgd_f import normalize_features
-from dptrain.engine import make_private, make_private_with_epsilon
+from dptrain.engine.api import make_private, make_private_with_epsilon
 from dptrain.errors import AccountingError, ConfigError, DataError, ModelError
-from dptrain.models import build_model
-from dptrain.randomness import NotPrivateWarning, Randomness
-from dptrain.run import run_training
+from dptrain.models.builders import build_model
+from dptrain.randomness.generators import NotPrivateWarning, Randomness
+from dptrain.runs.run import run_training
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -480,7 +480,7 @@ def test_default_output_directories_never_collide_and_finished_runs_are_not_resu
 
 def test_the_lock_refuses_a_second_writer_in_the_same_process(tmp_path):
     from dptrain.errors import RunDirectoryError
-    from dptrain.rundir import RunDirectory
+    from dptrain.runs.rundir import RunDirectory
 
     with RunDirectory(tmp_path / "r").locked(create=True):
         cfg = load_config(None, [*SYNTHETIC, "privacy.noise_multiplier=1.0"])

@@ -10,8 +10,8 @@ import pytest
 from dptrain.accounting.tuning import TrialCount
 from dptrain.cli import main
 from dptrain.config import load_config
-from dptrain.engine import PrivateTrainer
-from dptrain.randomness import Randomness
+from dptrain.engine.trainer import PrivateTrainer
+from dptrain.randomness.generators import Randomness
 from dptrain.tuning import search as search_module
 from dptrain.tuning.search import Search, run_search, start_state
 
@@ -125,7 +125,7 @@ def test_an_interrupted_search_resumes_as_the_same_search(tmp_path, monkeypatch)
         m.setattr(PrivateTrainer, "step", step)
         with pytest.raises(KeyboardInterrupt):
             run_search(cfg, tmp_path / "cut", progress=False, keep_trials=True)
-    from dptrain.rundir import RunDirectory
+    from dptrain.runs.rundir import RunDirectory
 
     state = RunDirectory(tmp_path / "cut").load_private(search_module.STATE)
     assert [t["status"] for t in state["trials"]][:2] == ["done", "pending"]  # stopped inside the second trial

@@ -6,10 +6,15 @@ import numpy as np
 import pytest
 import torch
 
-from dptrain.data import make_gaussian_mixture
+from dptrain.data.loaders import make_gaussian_mixture
 from dptrain.errors import ConfigError
-from dptrain.models import build_model
-from dptrain.utility_graph import UtilityGraph, accuracy_evaluator, noise_free_trainer, utility_graph
+from dptrain.models.builders import build_model
+from dptrain.proactive.utility_graph import (
+    UtilityGraph,
+    accuracy_evaluator,
+    noise_free_trainer,
+    utility_graph,
+)
 
 SIGMAS = [0.0, 1.0, 10.0, 100.0]
 

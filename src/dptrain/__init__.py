@@ -20,11 +20,11 @@ from importlib import import_module
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "make_private": "dptrain.engine",
-    "make_private_with_epsilon": "dptrain.engine",
-    "make_private_loop": "dptrain.private_loop",
-    "PrivateTrainer": "dptrain.engine",
-    "Budget": "dptrain.engine",
+    "make_private": "dptrain.engine.api",
+    "make_private_with_epsilon": "dptrain.engine.api",
+    "make_private_loop": "dptrain.engine.private_loop",
+    "PrivateTrainer": "dptrain.engine.trainer",
+    "Budget": "dptrain.engine.trainer",
     "Ledger": "dptrain.accounting",
     "PrivacyReport": "dptrain.accounting",
     "epsilon": "dptrain.accounting",
@@ -34,18 +34,18 @@ _EXPORTS = {
     "dpsgd_ledger": "dptrain.accounting",
     "register_accountant": "dptrain.accounting",
     "accountant_names": "dptrain.accounting",
-    "build_model": "dptrain.models",
-    "convert_batchnorm_to_groupnorm": "dptrain.models",
-    "load_dataset": "dptrain.data",
+    "build_model": "dptrain.models.builders",
+    "convert_batchnorm_to_groupnorm": "dptrain.models.builders",
+    "load_dataset": "dptrain.data.loaders",
     "load_config": "dptrain.config",
     "RunConfig": "dptrain.config",
-    "run_training": "dptrain.run",
+    "run_training": "dptrain.runs.run",
     "DPTrainError": "dptrain.errors",
     "ConvexGLM": "dptrain.last_iterate",
     "ProjectedNoisySGD": "dptrain.last_iterate",
     "make_private_dpsgd_f": "dptrain.dpsgd_f",
     "FeaturePreprocessing": "dptrain.dpsgd_f",
-    "keep_freed_memory": "dptrain.cpu_memory",
+    "keep_freed_memory": "dptrain.runs.cpu_memory",
 }
 
 __all__ = sorted(_EXPORTS)

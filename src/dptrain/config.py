@@ -22,13 +22,13 @@ from typing import Any
 
 from dptrain.accounting.base import check_accountant
 from dptrain.accounting.checks import check_noise_multiplier
-from dptrain.batch_selection import SAMPLING_NAMES
-from dptrain.buffers import BUFFER_UPDATES
-from dptrain.clipping import CLIPPING_NAMES
-from dptrain.data import DATASET_NAMES
+from dptrain.data.loaders import DATASET_NAMES
 from dptrain.errors import ConfigError
-from dptrain.models import MODEL_NAMES
-from dptrain.per_example import GRAD_SAMPLERS
+from dptrain.models.builders import MODEL_NAMES
+from dptrain.preflight.buffers import BUFFER_UPDATES
+from dptrain.stages.batch_selection import SAMPLING_NAMES
+from dptrain.stages.clipping import CLIPPING_NAMES
+from dptrain.stages.per_example import GRAD_SAMPLERS
 
 
 @dataclass(frozen=True)
@@ -416,7 +416,7 @@ def _validate_dpsgd(cfg: RunConfig) -> None:
 
 
 register_algorithm(
-    Algorithm("dpsgd", _validate_dpsgd, "dptrain.run:build_dpsgd_job")
+    Algorithm("dpsgd", _validate_dpsgd, "dptrain.runs.run:build_dpsgd_job")
 )
 
 

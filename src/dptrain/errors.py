@@ -1,6 +1,13 @@
 """Errors a user can cause. The CLI prints them on one line and exits with code 2."""
 
 
+def one_line(exc: BaseException, limit: int | None = None) -> str:
+    """An exception's message on one line (whitespace collapsed; its type's name when it has none), at most ``limit``
+    characters."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if limit is None else text[:limit]
+
+
 class DPTrainError(Exception):
     """Base class for every error caused by user input (config, data, parameters, models)."""
 

@@ -94,7 +94,7 @@ class RunNumbers:
     def ledger(self, noise_multiplier: float | None = None):
         """The planned ledger of a DP-SGD run with these numbers (at ``noise_multiplier``, default the run's), for
         Poisson or full batches: what calibration, ``account`` and ``plan`` reason about. (A trainer's own planned
-        ledger is :meth:`dptrain.engine.PrivateTrainer.ledger_after`, which also knows other schemes and facts.)"""
+        ledger is :meth:`dptrain.engine.trainer.PrivateTrainer.ledger_after`, which also knows other schemes and facts.)"""
         sigma = self.noise_multiplier if noise_multiplier is None else noise_multiplier
         if sigma is None:
             raise ConfigError("the run's numbers have no noise multiplier yet")

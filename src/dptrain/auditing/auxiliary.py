@@ -47,9 +47,9 @@ import math
 
 import torch
 
-from dptrain.clipping import WrappedRule
-from dptrain.noise import add_gaussian_noise
-from dptrain.per_example import PerExampleGrads
+from dptrain.stages.clipping import WrappedRule
+from dptrain.stages.noise import add_gaussian_noise
+from dptrain.stages.per_example import PerExampleGrads
 
 #: The name of the auxiliary canary tensor in ``trainer.params`` (never a module's parameter name).
 AUX = "<audit canaries>"

@@ -17,9 +17,9 @@ from __future__ import annotations
 import torch
 
 from dptrain.auditing import BUGS
-from dptrain.clipping import ClipStats, WrappedRule, read_counts, screen_non_finite
 from dptrain.errors import ConfigError
-from dptrain.noise import add_gaussian_noise
+from dptrain.stages.clipping import ClipStats, WrappedRule, read_counts, screen_non_finite
+from dptrain.stages.noise import add_gaussian_noise
 
 
 def check_bug(bug) -> str | None:

@@ -3,7 +3,7 @@
 Setting of Steinke, Nasr & Jagielski, "Privacy Auditing with One (1) Training Run" (NeurIPS 2023), Algorithm 1:
 m canaries, each included independently with probability 1/2 (the secret S_i); one training run; a score per
 canary, higher meaning "more likely included". The secrets come from the run's "canaries" stream
-(:mod:`dptrain.randomness`); everything else about a canary (its coordinate, its input and label) comes from a
+(:mod:`dptrain.randomness.generators`); everything else about a canary (its coordinate, its input and label) comes from a
 fixed public generator, so the auditor can recompute it without ever looking at the secrets.
 
 Two kinds:
@@ -29,10 +29,10 @@ from collections.abc import Callable, Iterator
 import torch
 
 from dptrain.auditing import KINDS
-from dptrain.data import ArrayDataset
+from dptrain.data.loaders import ArrayDataset
 from dptrain.errors import ConfigError
-from dptrain.per_example import PerExampleGrads
-from dptrain.randomness import Stream
+from dptrain.randomness.generators import Stream
+from dptrain.stages.per_example import PerExampleGrads
 
 #: Seed of the public generator of the canaries' coordinates, inputs and labels (not secret: the auditor
 #: recomputes them; only the inclusion bits are secret).

@@ -34,7 +34,6 @@ from dataclasses import dataclass
 
 import torch
 
-from dptrain import run as run_module
 from dptrain.accounting import all_reports, tightest
 from dptrain.auditing.auxiliary import AuxiliaryCanaries
 from dptrain.auditing.bounds import audit, ceiling
@@ -51,8 +50,9 @@ from dptrain.auditing.canaries import (
     with_canaries,
 )
 from dptrain.config import RunConfig
-from dptrain.data import ArrayDataset, DataSplit
+from dptrain.data.loaders import ArrayDataset, DataSplit
 from dptrain.errors import ConfigError
+from dptrain.runs import run as run_module
 
 SETTINGS = ("dpsgd", "projected")
 VERDICTS = ("violation", "no_violation_found", "inconclusive")

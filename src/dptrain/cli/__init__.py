@@ -20,8 +20,8 @@ import sys
 from types import ModuleType
 
 from dptrain.cli import account, audit, calibrate, plan, reproduce, schedule, train, tune, utility_graph
+from dptrain.engine.interrupts import Terminated
 from dptrain.errors import ConfigError, DPTrainError
-from dptrain.interrupts import Terminated
 
 #: The commands, in the order ``dptrain --help`` lists them.
 COMMANDS: tuple[ModuleType, ...] = (

@@ -10,7 +10,7 @@ from dptrain.cli import common
 from dptrain.cli.common import finite_float, positive_int
 from dptrain.errors import ConfigError
 
-#: The accountants a plan can be made with: :data:`dptrain.planner.PLAN_ACCOUNTANTS` (tests/test_cli.py checks that
+#: The accountants a plan can be made with: :data:`dptrain.proactive.planner.PLAN_ACCOUNTANTS` (tests/test_cli.py checks that
 #: they are the same), named here so that building the parser does not import the planner's dp_accounting and scipy.
 PLAN_ACCOUNTANTS = ("proactive", "rdp", "pld", "gdp")
 
@@ -43,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dptrain.planner import plan_budget
+    from dptrain.proactive.planner import plan_budget
 
     if args.from_sigma is not None:
         return _from_sigma(args)
@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _from_sigma(args: argparse.Namespace) -> int:
-    from dptrain.planner import plan_from_sigma
+    from dptrain.proactive.planner import plan_from_sigma
 
     if args.epsilon is not None or args.delta is not None:
         raise ConfigError(

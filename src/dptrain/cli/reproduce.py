@@ -38,9 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dptrain.cpu_memory import keep_freed_memory
+    from dptrain.runs.cpu_memory import keep_freed_memory
 
-    keep_freed_memory()  # this process is ours: keep freed memory for the next step (dptrain.cpu_memory)
+    keep_freed_memory()  # this process is ours: keep freed memory for the next step (dptrain.runs.cpu_memory)
     out = args.out or f"runs/reproduce-{args.name}"
     options = {}
     if args.seeds is not None:

@@ -43,12 +43,12 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from dptrain.config import load_config
-    from dptrain.cpu_memory import keep_freed_memory
-    from dptrain.run import run_training
-    from dptrain.run_report import format_report
-    from dptrain.rundir import fresh_directory
+    from dptrain.runs.cpu_memory import keep_freed_memory
+    from dptrain.runs.report import format_report
+    from dptrain.runs.run import run_training
+    from dptrain.runs.rundir import fresh_directory
 
-    keep_freed_memory()  # this process is ours: keep freed memory for the next step (dptrain.cpu_memory)
+    keep_freed_memory()  # this process is ours: keep freed memory for the next step (dptrain.runs.cpu_memory)
     if args.resume:
         if args.config or args.set:
             raise ConfigError(
@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
         overrides = list(args.set)
         plan = None
         if args.plan:
-            from dptrain.planner import plan_to_overrides
+            from dptrain.proactive.planner import plan_to_overrides
 
             plan = read_plan(args.plan)
             overrides = [*plan_to_overrides(plan), *overrides]
@@ -72,8 +72,7 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError("a data-parallel run (torchrun) needs --out DIR: every rank must write to the same place")
         out = args.out or fresh_directory(Path("runs") / (Path(args.config).stem if args.config else "run"))
         summary = run_training(cfg, out, progress=not args.no_progress, stop_after=args.stop_after, plan=plan)
-    from dptrain import distributed
-
+    from dptrain.engine import distributed
     group = distributed.current()
     if group is None or group.main:  # one report per run
         print(json.dumps(summary, indent=2) if args.json else format_report(summary))

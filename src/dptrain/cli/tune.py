@@ -33,8 +33,8 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from dptrain.config import load_config
-    from dptrain.cpu_memory import keep_freed_memory
-    from dptrain.rundir import fresh_directory
+    from dptrain.runs.cpu_memory import keep_freed_memory
+    from dptrain.runs.rundir import fresh_directory
     from dptrain.tuning.search import run_search
 
     keep_freed_memory()

@@ -40,9 +40,9 @@ def run(args: argparse.Namespace) -> int:
 
     from dptrain.accounting import RunNumbers
     from dptrain.config import load_config
-    from dptrain.data import load_dataset
-    from dptrain.models import build_model
-    from dptrain.utility_graph import accuracy_evaluator, noise_free_trainer, utility_graph
+    from dptrain.data.loaders import load_dataset
+    from dptrain.models.builders import build_model
+    from dptrain.proactive.utility_graph import accuracy_evaluator, noise_free_trainer, utility_graph
 
     check(0 < args.threshold <= 1, "--threshold", "in (0, 1]", args.threshold)
     # The graph trains without noise; the privacy section is not used (any valid sigma satisfies the validator).

@@ -47,11 +47,11 @@ from dptrain.accounting import (
     gaussian_step_event,
     step_facts,
 )
-from dptrain.data import ArrayDataset, DataSplit, as_tensors
+from dptrain.data.loaders import ArrayDataset, DataSplit, as_tensors
 from dptrain.dpsgd_f.config import KINDS
-from dptrain.engine import make_private, make_private_with_epsilon
+from dptrain.engine.api import make_private, make_private_with_epsilon
 from dptrain.errors import ConfigError, DataError, ModelError
-from dptrain.randomness import Randomness, Stream
+from dptrain.randomness.generators import Randomness, Stream
 
 #: ||grad of softmax cross-entropy w.r.t. the scores||_2 = ||p - e_y||_2 <= sqrt(2): the G of Sec. 2 / Sec. 5.
 SOFTMAX_LIPSCHITZ = math.sqrt(2.0)
@@ -425,7 +425,7 @@ def prepare(
 class DPSGDFRun:
     """A DPSGD-F run: the private trainer (on preprocessed features) and the released preprocessing."""
 
-    trainer: object  # dptrain.engine.PrivateTrainer
+    trainer: object  # dptrain.engine.trainer.PrivateTrainer
     preprocessing: FeaturePreprocessing
 
     def raw_model(self) -> RawFeatureLinear:
@@ -472,7 +472,7 @@ def make_private_dpsgd_f(
     ``(parameters, clip_norm) -> Optimizer``, called with the clip norm in effect (Alg. 2's sqrt(2) G tau is known
     only once tau is released), e.g. for a learning rate scaled by 1/C^2. ``kind="none"`` is plain DP-SGD on
     C_F-normalized features (the paper's DPSGD baseline). ``lipschitz`` is G of the loss in the scores (Alg. 2's
-    clip norm sqrt(2) G tau; default: softmax cross-entropy's sqrt(2); 1 for the hinge loss). Options go to :func:`dptrain.engine.make_private`."""
+    clip norm sqrt(2) G tau; default: softmax cross-entropy's sqrt(2); 1 for the hinge loss). Options go to :func:`dptrain.engine.api.make_private`."""
     x, y = as_tensors(data)
     randomness = Randomness(seed, secure=secure_noise)
     prep = prepare(
@@ -552,7 +552,7 @@ RELEASED_FILE = "preprocessing.json"
 
 
 def stage(draft) -> None:
-    """``[preprocessing]`` in a DP-SGD job (:class:`dptrain.run.Draft`): fit the preprocessing on the training set,
+    """``[preprocessing]`` in a DP-SGD job (:class:`dptrain.runs.run.Draft`): fit the preprocessing on the training set,
     recording its releases in the ledger the trainer starts from, or reuse the one a resumed run released; the
     trainer then sees the transformed data and model, and the returned model is mapped back to raw examples."""
     cfg, pre = draft.cfg, draft.cfg.preprocessing

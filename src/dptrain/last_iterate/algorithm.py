@@ -35,8 +35,8 @@ from dptrain.accounting.last_iterate import (
     step_facts,
 )
 from dptrain.accounting.ledger import Ledger
-from dptrain.data import as_tensors
-from dptrain.engine import PrivateTrainer
+from dptrain.data.loaders import as_tensors
+from dptrain.engine.trainer import PrivateTrainer
 from dptrain.errors import ConfigError, RunNotFinished
 
 # (LOSSES, accuracy and project_to_ball are read through the package, dptrain.last_iterate, whose names come from
@@ -46,7 +46,7 @@ from dptrain.last_iterate.glm import ConvexGLM, _finite_positive
 from dptrain.last_iterate.glm import accuracy as accuracy
 from dptrain.last_iterate.stages import GLMGradients, GLMWeights, LipschitzBound, ProjectedSGD
 from dptrain.last_iterate.stages import project_to_ball as project_to_ball
-from dptrain.randomness import Randomness
+from dptrain.randomness.generators import Randomness
 
 #: The engine's batch selection for each batching of the paper.
 _SAMPLERS = {"random": "fixed_size", "cyclic": "cyclic", "full": "full"}

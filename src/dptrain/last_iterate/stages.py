@@ -10,10 +10,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from dptrain.clipping import ClipStats
 from dptrain.errors import ConfigError
 from dptrain.last_iterate.glm import ConvexGLM
-from dptrain.per_example import PerExampleGrads
+from dptrain.stages.clipping import ClipStats
+from dptrain.stages.per_example import PerExampleGrads
 
 
 def project_to_ball(w: torch.Tensor, center: torch.Tensor, radius: float) -> torch.Tensor:

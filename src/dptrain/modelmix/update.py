@@ -1,5 +1,5 @@
 """The ModelMix update rule (Xiao, Wan & Devadas, "Differentially Private Deep Learning with ModelMix", Algorithm 1)
-as an engine stage: a torch optimizer that takes plain SGD's place behind :class:`~dptrain.engine.PrivateTrainer`.
+as an engine stage: a torch optimizer that takes plain SGD's place behind :class:`~dptrain.engine.trainer.PrivateTrainer`.
 
 One step, per coordinate j (the trainer has already set ``p.grad`` to the noisy averaged gradient
 ``(G + N) / B`` at the un-mixed current iterate w_{k-1}, B the expected batch size):
@@ -8,7 +8,7 @@ One step, per coordinate j (the trainer has already set ``p.grad`` to the noisy 
    the direction of their difference; equal coordinates (the sign is 0, which the paper's pseudo-code would leave
    at gap 0 < tau) get a random direction. The pushed values are stored back (the pseudo-code assigns in place):
    the next step mixes the new iterate with the pushed w_{k-1}.
-2. alpha_k(j) ~ U[0, 1] from the run's secret ``mixing`` stream (:mod:`dptrain.randomness`).
+2. alpha_k(j) ~ U[0, 1] from the run's secret ``mixing`` stream (:mod:`dptrain.randomness.generators`).
 3. Eq. (9) with the averaged gradient: ``w_k = alpha w_{k-1} + (1 - alpha) w_{k-2} - lr (grad + wd w_{k-1})``.
    Weight decay (data-independent, at the released un-pushed w_{k-1}) is post-processing of released states.
 
@@ -21,7 +21,7 @@ pushes each in a random direction, so its mix is uniform on a segment of width e
 Plain SGD only: momentum and Adam keep a state built from past noisy gradients, which is not a function of the
 released iterates (the alphas are secret), and the privacy analysis conditions each step on the released iterates
 alone. The trainer records each step's ``tau_over_lr``, expected batch size and (with
-:class:`~dptrain.clipping.L2LinfClipping`) ``linf_p`` in the ledger, where the ``modelmix`` accountant reads them.
+:class:`~dptrain.stages.clipping.L2LinfClipping`) ``linf_p`` in the ledger, where the ``modelmix`` accountant reads them.
 """
 
 from __future__ import annotations

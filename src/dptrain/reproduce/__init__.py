@@ -90,6 +90,6 @@ def single_thread():
 def fashion_mnist():
     """Fashion-MNIST as ``load_dataset("fashion-mnist")`` returns it, read once per process: the reproductions only
     index it (selecting examples copies them), never change it."""
-    from dptrain.data import load_dataset
+    from dptrain.data.loaders import load_dataset
 
     return load_dataset("fashion-mnist")

@@ -108,7 +108,7 @@ _DATA: dict[str, Any] = {}  # per process: name -> DataSplit (workers load their
 
 
 def _subset(split, n_train: int, n_test: int):
-    from dptrain.data import ArrayDataset, DataSplit
+    from dptrain.data.loaders import ArrayDataset, DataSplit
 
     def head(ds, n):
         g = torch.Generator().manual_seed(0)
@@ -120,7 +120,7 @@ def _subset(split, n_train: int, n_test: int):
 
 def _load(name: str, quick: bool):
     """(DataSplit or None, why skipped)."""
-    from dptrain.data import DEFAULT_FASHION_MNIST_DIR, load_dataset
+    from dptrain.data.loaders import DEFAULT_FASHION_MNIST_DIR, load_dataset
     from dptrain.errors import DataError
 
     try:
@@ -177,8 +177,8 @@ def concentration(x: torch.Tensor, block: int = 4096) -> dict[str, float]:
 def _train(task: dict) -> dict:
     """One private (or non-private) training run; returns the task with accuracy and certified epsilon."""
     from dptrain.dpsgd_f import FeaturePreprocessing, make_private_dpsgd_f
-    from dptrain.models import build_model
-    from dptrain.utility_graph import noise_free_trainer
+    from dptrain.models.builders import build_model
+    from dptrain.proactive.utility_graph import noise_free_trainer
 
     data = _data(task["dataset"], task["quick"])
     start = time.perf_counter()

@@ -32,7 +32,7 @@ non-private reference: ``dpsgd`` (kind "none": DP-SGD on the raw features, Poiss
 noise), ``dpsgd_f`` (kind "private_mean", eps_F = 0.1: Algorithm 3), ``dpsgd_f_theory`` (kind "dpsgd_f_theory":
 Algorithm 2 with the paper's quantile tail (100/eps) ln n), ``dpsgd_f_theory_median`` (Algorithm 2 with
 quantile_tail = n/2: tau = a private median of the distances; see the report for why) and ``nonprivate``
-(:func:`dptrain.engine.make_private` with ``non_private=True``: the same clipped (S)GD without noise, a reference
+(:func:`dptrain.engine.api.make_private` with ``non_private=True``: the same clipped (S)GD without noise, a reference
 for what is an optimization limit and what a privacy one).
 
 Hyper-parameters: one grid for every method (normalized learning rate kappa = lr C^2 x clip norm C x schedule);
@@ -119,7 +119,7 @@ def train_once(
     the preprocessing released. The SGD learning rate is kappa / C^2 with C the clip norm in effect: the grid's C
     for DPSGD and Alg. 3, sqrt(2) tau for Alg. 2 (tau is released, so the rate is post-processing)."""
     from dptrain.dpsgd_f import make_private_dpsgd_f
-    from dptrain.engine import make_private
+    from dptrain.engine.api import make_private
 
     x, y = counterexample_data(n, mu)
     r = math.sqrt(mu * mu + 1)

@@ -353,7 +353,7 @@ def render(results: dict[str, Any]) -> Report:
         "grid's C does not apply). Once with the paper's quantile tail (100/eps) ln n = "
         f"{math.ceil(100 / EPSILON * math.log(n))} and once with `quantile_tail = n/2` (tau = a private median; "
         "why: observations);\n"
-        "- **non-private reference**: `dptrain.engine.make_private(noise_multiplier=0, non_private=True)`: the same clipped (S)GD "
+        "- **non-private reference**: `dptrain.engine.api.make_private(noise_multiplier=0, non_private=True)`: the same clipped (S)GD "
         "without noise, not private (tuned on the first tuning seed only, with kappa also in "
         f"{{{', '.join(f'{k:g}' for k in NONPRIVATE_EXTRA_KAPPAS)}}}: without noise nothing limits the step).",
         f"Grid, the same for every method: normalized learning rate kappa in {{{kappas}}} (plain SGD with lr = "

@@ -6,7 +6,7 @@ not test it (docs/reproduction/modelmix/modelmix.md: its ModelMix rows are certi
 Here each method gets the SAME certified budget, on Fashion-MNIST (55,000 training examples; 5,000 more held out
 for choosing the learning rate; the 10,000-image test set for the accuracies), with two models: Tramer & Boneh's CNN
 on ScatterNet features ("Differentially Private Learning Needs Better Features (or Much More Data)",
-:func:`dptrain.scatternet.scatter_cnn_fmnist`) and their CNN on pixels (``cnn28``). Target epsilon 1, 3 and 8 at
+:func:`dptrain.models.scatternet.scatter_cnn_fmnist`) and their CNN on pixels (``cnn28``). Target epsilon 1, 3 and 8 at
 delta 1e-5, Poisson sampling at q = 0.01 (expected batch 550), 1000 steps (10 epochs), clip norm C = 1, plain SGD:
 
 - **dpsgd**: DP-SGD, flat clipping, its noise calibrated by pld to the target;
@@ -193,7 +193,7 @@ def load(cfg: dict, quick: bool) -> dict[str, tuple]:
     import torch
 
     if quick:
-        from dptrain.data import load_dataset
+        from dptrain.data.loaders import load_dataset
 
         split = load_dataset("synthetic", **cfg["data_options"])
         base = (split.train.x, split.train.y, split.test.x, split.test.y)
@@ -222,10 +222,10 @@ def _classes(y, y_test) -> int:
 
 def build(name: str, x, num_classes: int):
     if name == "scatternet_cnn":
-        from dptrain.scatternet import scatter_cnn_fmnist
+        from dptrain.models.scatternet import scatter_cnn_fmnist
 
         return scatter_cnn_fmnist(num_classes)
-    from dptrain.models import build_model
+    from dptrain.models.builders import build_model
 
     return build_model(name, tuple(x.shape[1:]), num_classes)
 
@@ -239,7 +239,7 @@ def train_private(method: str, data: tuple, setting: dict, lr: float, seed: int,
     import torch
 
     from dptrain.accounting import epsilon
-    from dptrain.engine import make_private
+    from dptrain.engine.api import make_private
 
     x, y, *_, y_test = data
     start = time.perf_counter()

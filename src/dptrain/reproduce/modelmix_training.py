@@ -1,7 +1,7 @@
 """Training experiments of the ModelMix reproduction (Xiao, Wan & Devadas, "Differentially Private Deep Learning with
 ModelMix"): Table I's Fashion-MNIST row and the same-noise curves of Fig. 2, on ScatterNet features with the CNN of
 Tramer & Boneh, "Differentially Private Learning Needs Better Features (or Much More Data)"
-(:mod:`dptrain.scatternet`).
+(:mod:`dptrain.models.scatternet`).
 
 Each experiment returns plain JSON-able data; the ModelMix report (:mod:`dptrain.reproduce.modelmix`) renders it.
 
@@ -55,7 +55,7 @@ import torch.nn.functional as F
 
 from dptrain.accounting import epsilon as ledger_epsilon
 from dptrain.errors import AccountingError, ConfigError
-from dptrain.scatternet import DEFAULT_CACHE_DIR
+from dptrain.models.scatternet import DEFAULT_CACHE_DIR
 
 __all__ = [
     "DELTA",
@@ -118,9 +118,9 @@ def features(quick: bool, cache_dir: str | os.PathLike = DEFAULT_CACHE_DIR, prog
     """(x_train, y_train, x_test, y_test): Fashion-MNIST's ScatterNet features (J = 2), kept per process. Full: the
     whole data set, cached in ``cache_dir``. Quick: the first QUICK["n_train"] training and QUICK["n_test"] test
     images of a fixed permutation (generator seed 0), computed directly (seconds, no cache). The images come
-    from :func:`dptrain.data.load_fashion_mnist` (a DataError when they are not installed)."""
-    from dptrain.data import load_fashion_mnist
-    from dptrain.scatternet import cached_fashion_mnist_features, scatter_features
+    from :func:`dptrain.data.loaders.load_fashion_mnist` (a DataError when they are not installed)."""
+    from dptrain.data.loaders import load_fashion_mnist
+    from dptrain.models.scatternet import cached_fashion_mnist_features, scatter_features
 
     key = (bool(quick), str(cache_dir))
     if key not in _FEATURES:
@@ -205,8 +205,8 @@ def _trainer(
     steps: "certified" by the tightest certifying accountant (:func:`make_private_with_epsilon`, ``auto``),
     "paper_method" (ModelMix only) by the paper's method (:func:`_paper_method_noise`); else
     ``noise_multiplier`` is used."""
-    from dptrain.engine import make_private, make_private_with_epsilon
-    from dptrain.scatternet import scatter_cnn_fmnist
+    from dptrain.engine.api import make_private, make_private_with_epsilon
+    from dptrain.models.scatternet import scatter_cnn_fmnist
 
     if calibration not in CALIBRATIONS or (calibration == "paper_method" and method != "modelmix"):
         raise ConfigError(
@@ -267,7 +267,7 @@ def _paper_method_noise(target: float, ledger_for_sigma) -> float:
 
 def _non_private_run(x, y, x_test, y_test, seed: int, epochs: int | None) -> dict[str, Any]:
     """One seeded run of Table I's non-private baseline (:func:`non_private_sgd`; ``epochs``: None for the recipe's)."""
-    from dptrain.scatternet import scatter_cnn_fmnist
+    from dptrain.models.scatternet import scatter_cnn_fmnist
 
     t0 = time.perf_counter()
     recipe = dict(TABLE1["non_private"])

@@ -12,7 +12,7 @@ from dptrain.accounting import dpsgd_ledger, epsilon
 from dptrain.accounting.gdp import gdp_epsilon, mu_uniform_clt
 from dptrain.accounting.proactive import dp_calculator_simple, plan_proactive
 from dptrain.errors import AccountingError
-from dptrain.planner import plan_from_sigma
+from dptrain.proactive.planner import plan_from_sigma
 from dptrain.reproduce.proactive_setup import (
     OWN_SETTINGS,
     PAPER_TABLES,

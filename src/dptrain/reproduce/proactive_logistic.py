@@ -14,9 +14,9 @@ import torch
 
 from dptrain.accounting import epsilon
 from dptrain.accounting.proactive import dp_calculator_simple
-from dptrain.engine import make_private
+from dptrain.engine.api import make_private
 from dptrain.errors import AccountingError
-from dptrain.planner import plan_from_sigma
+from dptrain.proactive.planner import plan_from_sigma
 from dptrain.reproduce import fashion_mnist
 from dptrain.reproduce.proactive_setup import (
     EXPERIMENT,
@@ -44,7 +44,7 @@ def _step_size_factor(s: float, beta: float):
 
 
 def _logistic(seed: int) -> torch.nn.Module:
-    from dptrain.models import build_model
+    from dptrain.models.builders import build_model
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -219,7 +219,7 @@ def utility_graph_data(scale: Scale) -> dict[str, Any]:
     """Section (d): the utility graph (Sec. 3.3) of the section (c) task, w* trained by the engine with clipping
     C, no noise, Poisson batches of the certified s_max, the same schedule and K = kN. Returns
     ``UtilityGraph.to_dict()`` with the batch size ``s`` and the largest sigma of the 10% rule per C."""
-    from dptrain.utility_graph import accuracy_evaluator, noise_free_trainer, utility_graph
+    from dptrain.proactive.utility_graph import accuracy_evaluator, noise_free_trainer, utility_graph
 
     n, k = scale.n, scale.k
     s = plan_from_sigma(EXPERIMENT["sigma"], n, k)["s_max"]

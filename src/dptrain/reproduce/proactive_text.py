@@ -308,8 +308,8 @@ def _draw_accuracy(exp: dict[str, Any]):
 
 
 def graph_from_data(d: dict[str, Any]):
-    """The :class:`~dptrain.utility_graph.UtilityGraph` of :func:`utility_graph_data`'s output (or of its JSON)."""
-    from dptrain.utility_graph import UtilityGraph
+    """The :class:`~dptrain.proactive.utility_graph.UtilityGraph` of :func:`utility_graph_data`'s output (or of its JSON)."""
+    from dptrain.proactive.utility_graph import UtilityGraph
 
     clips = [float(c) for c in d["clips"]]
     return UtilityGraph(

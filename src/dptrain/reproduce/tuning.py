@@ -55,7 +55,7 @@ def _common_practice(raw: dict, epsilon: float, seed: int, trials: int, work: Pa
     from dptrain.accounting import all_reports, tightest
     from dptrain.accounting.ledger import Ledger
     from dptrain.config import config_from_dict
-    from dptrain.run import run_training
+    from dptrain.runs.run import run_training
     from dptrain.tuning.space import draw, parse_space, with_values
 
     cfg = config_from_dict({**raw, "tune": {"space": SPACE}})
@@ -80,8 +80,8 @@ def _common_practice(raw: dict, epsilon: float, seed: int, trials: int, work: Pa
 
 def one(epsilon: float, seed: int, trials: int, quick: bool, work: Path) -> list[dict]:
     from dptrain.config import config_from_dict
-    from dptrain.run import run_training
-    from dptrain.rundir import RunDirectory
+    from dptrain.runs.run import run_training
+    from dptrain.runs.rundir import RunDirectory
     from dptrain.tuning.search import run_search
 
     raw = base_config(epsilon, seed, quick)

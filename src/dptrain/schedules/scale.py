@@ -1,6 +1,6 @@
 """The scale of a training run's noise schedule: the smallest c such that steps with sigma_t = c s_t meet a budget.
 
-The engine (:func:`dptrain.engine.make_private_with_epsilon` with a ``noise_schedule``) asks this module. The generic
+The engine (:func:`dptrain.engine.api.make_private_with_epsilon` with a ``noise_schedule``) asks this module. The generic
 calibration (:func:`dptrain.accounting.calibrate`) would be correct but slow here: a decaying schedule has up to T
 distinct noise levels, and each accountant call on such a ledger costs ~60 ms per level (rdp) or ~0.4 s (pld). So:
 

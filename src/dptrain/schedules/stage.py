@@ -1,5 +1,5 @@
 """The ``[schedule]`` section's stage of a DP-SGD job: the noise schedule's shape s_t for the planned steps, which the
-engine turns into sigma_t = c s_t (:class:`dptrain.engine.PrivateTrainer`, ``noise_schedule``), and the summary
+engine turns into sigma_t = c s_t (:class:`dptrain.engine.trainer.PrivateTrainer`, ``noise_schedule``), and the summary
 entry that says what it was. No torch (the engine does the drawing)."""
 
 from __future__ import annotations

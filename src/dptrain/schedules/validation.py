@@ -38,7 +38,7 @@ DEFAULTS = {"factor": 0.8, "patience": 1, "min_delta": 0.0, "initial": 1.5, "flo
 
 @dataclass
 class ValidationNoise:
-    """Adaptive noise for the engine (:class:`dptrain.engine.PrivateTrainer`, ``noise_controller``)."""
+    """Adaptive noise for the engine (:class:`dptrain.engine.trainer.PrivateTrainer`, ``noise_controller``)."""
 
     filter: PrivacyFilter
     initial: float

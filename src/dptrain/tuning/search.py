@@ -42,7 +42,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from dptrain import run as run_module
 from dptrain.accounting import epsilon as ledger_epsilon
 from dptrain.accounting.standard import _SMALL_ORDERS as SMALL_ORDERS
 from dptrain.accounting.standard import RDP_ORDERS
@@ -53,12 +52,13 @@ from dptrain.accounting.tuning import (
     trial_noise_for_search,
     with_score_release,
 )
-from dptrain.batches import call_model
 from dptrain.config import RunConfig, config_to_toml
+from dptrain.data.batches import call_model
 from dptrain.errors import ConfigError, DPTrainError, RunDirectoryError
-from dptrain.losses import logits_of
-from dptrain.randomness import Randomness
-from dptrain.rundir import CONFIG, LEDGER, SUMMARY, RunDirectory
+from dptrain.models.losses import logits_of
+from dptrain.randomness.generators import Randomness
+from dptrain.runs import run as run_module
+from dptrain.runs.rundir import CONFIG, LEDGER, SUMMARY, RunDirectory
 from dptrain.tuning.space import Dimension, draw, parse_space, with_values
 
 STATE = "search.pt"
@@ -214,7 +214,7 @@ class Search:
         """The trial's released score: the test accuracy (public validation), or (correct held-out predictions +
         N(0, score_noise^2)) / (expected held-out count), a release of sensitivity 1 that its ledger records."""
         if self.tune.validation_is_public:
-            from dptrain.evaluation import accuracy, evaluation_source
+            from dptrain.engine.evaluation import accuracy, evaluation_source
 
             return accuracy(model, evaluation_source(self.data.test.x, self.data.test.y), device)
         held = self.held_out(trial).nonzero().squeeze(1)

@@ -1,0 +1,626 @@
+"""Your own training loop, made private: you keep the forward pass, the loss and ``optimizer.step()``; dptrain draws the
+batches, forms the per-example gradients of your per-example losses, clips them, adds the noise once per logical batch
+and records the release.
+
+    loop = dptrain.make_private_loop(model, optimizer, data, target_epsilon=3.0, target_delta=1e-5, epochs=3,
+                                     batch_size=256, max_grad_norm=1.0, max_physical_batch_size=64)
+    for inputs, labels in loop.batches(epochs=3):
+        losses = loss_fn(model(inputs), labels)      # one loss per example
+        loop.backward(losses)                        # on the logical batch's last chunk: p.grad = the private gradient
+        optimizer.step()                             # does nothing on the other chunks (loop.step_skipped)
+        optimizer.zero_grad()
+
+The loop is built on a :class:`dptrain.engine.trainer.PrivateTrainer` (``loop.trainer``): the model probe, the gradient check,
+the secret streams, the sampler, the clipping rule, the noise, the ledger, the budget and the checkpoints are the
+trainer's, and one logical batch is the trainer's step cut where your code runs: the same batch, the same clipped
+sum chunk by chunk, the same ``privatize`` (noise once, ``.grad``, the ledger event, the count). With the same seed,
+data and loss, a loop and ``trainer.train`` take bit-identical steps (``tests/test_private_loop.py``).
+
+What your code may do and what is refused, in one line (:class:`LoopError`), is in docs/training_loop.md. A logical
+batch is atomic as far as a loop can be: an error (or Ctrl-C) in your code before its last chunk's ``backward``
+releases nothing and rolls the streams back; SIGINT/SIGTERM arriving between the release and your
+``optimizer.step()`` wait for the step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import types
+import weakref
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from dptrain.data.batches import as_source, loader_batch_size
+from dptrain.engine.api import _check_options, make_private, make_private_with_epsilon
+from dptrain.engine.interrupts import deferred_signals
+from dptrain.engine.trainer import PrivateTrainer, optimizer_step
+from dptrain.errors import ConfigError, DPTrainError, ModelError
+from dptrain.stages.clipping import ClipStats, clipped_sum
+from dptrain.stages.devices import to_device
+from dptrain.stages.precision import autocast_of
+
+
+class LoopError(DPTrainError, RuntimeError):
+    """A private loop was used in a way it cannot account for (nothing of the logical batch was released)."""
+
+
+def _tensors(value) -> list[torch.Tensor]:
+    """The tensors of a model's arguments or outputs (a tensor, or tuples/lists/dicts/ModelOutputs holding some)."""
+    if torch.is_tensor(value):
+        return [value]
+    if isinstance(value, Mapping):
+        value = list(value.values())
+    if isinstance(value, tuple | list):
+        return [t for v in value for t in _tensors(v)]
+    return []
+
+
+def _reaches(tensor: torch.Tensor, targets: list[torch.Tensor]) -> bool:
+    """Whether ``tensor``'s autograd graph goes through one of ``targets`` (a walk of its graph from the top: the model's
+    outputs are a few nodes below a loss)."""
+    goal = {t.grad_fn for t in targets if t.grad_fn is not None}
+    seen, todo = set(), [tensor.grad_fn]
+    while todo:
+        fn = todo.pop()
+        if fn is None or fn in seen:
+            continue
+        if fn in goal:
+            return True
+        seen.add(fn)
+        todo.extend(f for f, _ in fn.next_functions)
+    return False
+
+
+def _hand_out(batch):
+    """The chunk as handed to the loop body: every floating tensor a fresh leaf that requires grad (the same storage), so
+    that whatever is computed from the examples' values is visible in autograd's graph (an ``extra`` term is checked
+    against them). Returns (the chunk, its tensors, its floating tensors)."""
+    handed, floats = [], []
+
+    def hand(t):
+        if not torch.is_tensor(t):
+            return t
+        if t.dtype.is_floating_point or t.dtype.is_complex:
+            t = t.detach().requires_grad_()
+            floats.append(t)
+        handed.append(t)
+        return t
+
+    def walk(v):
+        if isinstance(v, Mapping):
+            return {k: walk(x) for k, x in v.items()}
+        if isinstance(v, tuple | list):
+            return (list if isinstance(v, list) else tuple)(walk(x) for x in v)
+        return hand(v)
+
+    return walk(batch), handed, floats
+
+
+def _same_examples(t: torch.Tensor, handed: list[torch.Tensor]) -> bool:
+    """``t`` is a tensor of the chunk: one of them, a view of one (same storage), or a copy with the same values (a cast
+    or a move to another device)."""
+    for h in handed:
+        if t is h or (t.device == h.device and t.untyped_storage().data_ptr() == h.untyped_storage().data_ptr()):
+            return True
+    for h in handed:
+        if t.shape == h.shape and torch.equal(t.detach(), h.detach().to(t.device, t.dtype)):
+            return True
+    return False
+
+
+@dataclass
+class _Chunk:
+    """A physical chunk handed to the loop body, from its yield to its ``backward``."""
+
+    last: bool
+    size: int
+    handed: list[torch.Tensor]
+    floats: list[torch.Tensor]
+    recording: contextlib.ExitStack
+    outputs: list[torch.Tensor] = field(default_factory=list)  # the model's outputs on the chunk
+    layer_outputs: list[torch.Tensor] = field(default_factory=list)  # outputs of the modules with parameters
+    calls: int = 0
+    done: bool = False  # backpropagated
+
+
+@dataclass
+class _Batch:
+    """A logical batch, from its draw to the optimizer step after its release."""
+
+    saved: dict
+    chunks: int = 0
+    summed: dict | None = None
+    stats: ClipStats = field(default_factory=lambda: ClipStats(0, 0, 0.0))
+    extra: dict | None = None
+    released: bool = False
+    stepped: bool = False
+
+
+class PrivateLoop:
+    """A user's own training loop over a :class:`~dptrain.engine.trainer.PrivateTrainer` (make one with
+    :func:`make_private_loop`): :meth:`batches` hands out the secret batches chunk by chunk, :meth:`backward` takes
+    each chunk's per-example losses, and the optimizer's ``step()`` applies the private gradient once per logical
+    batch (it does nothing on the other chunks: :attr:`step_skipped`)."""
+
+    def __init__(self, trainer: PrivateTrainer):
+        if trainer.group is not None:
+            raise ConfigError("make_private_loop does not run data parallel (torchrun): train with make_private")
+        if trainer.compiled:
+            raise ModelError(
+                "make_private_loop needs the model itself, not torch.compile's wrapper: pass the model you call in "
+                "your loop (per-example gradients read its modules' forward passes)"
+            )
+        recording = getattr(trainer.grad_sampler, "recording", None)
+        if recording is None:
+            raise ModelError(
+                f"the per-example gradient backend {trainer.grad_sampler.name!r} recomputes the forward pass itself: a "
+                "loop of your own needs grad_sampler='auto' or 'layerwise' (or train with make_private)"
+            )
+        with recording(0):  # (the automatic backend refuses here a model that needs torch.func whole)
+            pass
+        other = getattr(trainer.optimizer.step, "_dptrain_loop", None)
+        if other is not None and not other._closed:  # (a loop made again on the same optimizer, e.g. in a notebook)
+            if other._batch is not None:
+                raise LoopError("this optimizer belongs to another private loop in a logical batch: close that loop first")
+            other.close()
+        self.trainer = trainer
+        self.model, self.optimizer = trainer.model, trainer.optimizer
+        #: True when the last ``optimizer.step()`` did nothing: it came after a chunk that is not its logical batch's
+        #: last (the gradient of a logical batch is released with its last chunk), as Opacus' BatchMemoryManager does.
+        self.step_skipped = False
+        self._sampler, self._size = trainer.sampler, self._data_size()
+        self._gen: weakref.ref | None = None  # the iteration in progress (weak: a loop body's error drops and ends it)
+        self._batch: _Batch | None = None
+        self._chunk: _Chunk | None = None
+        self._held: contextlib.ExitStack | None = None  # signals held from a release to its optimizer step
+        self._foreign = False  # a backward pass of the user's own accumulated into the parameters' .grad
+        self._closed = False
+        model = self.model
+        self._handles = [
+            model.register_forward_pre_hook(self._model_called, with_kwargs=True),
+            model.register_forward_hook(self._model_returned),
+        ]
+        self._handles += [
+            m.register_forward_hook(self._layer_returned)
+            for m in model.modules()
+            if any(p.requires_grad for p in m.parameters(recurse=False))
+        ]
+        self._handles += [p.register_post_accumulate_grad_hook(self._accumulated) for p in trainer.params.values()]
+        self._install_step()
+        trainer.step = self._trainer_step  # (the trainer's own steps would call the loop's optimizer step)
+
+    def _trainer_step(self):
+        raise LoopError(
+            "this trainer belongs to a private loop: train in your loop (loop.batches), or close the loop and use "
+            "make_private"
+        )
+
+    # -- what the loop body calls --------------------------------------------------------------------------------
+    def batches(self, steps: int | None = None, epochs: float | None = None) -> Iterator:
+        """The chunks of up to ``steps`` logical batches (or ``epochs`` passes' worth), each ``(inputs, labels)`` on
+        the trainer's device, never a logical batch the budget does not allow. A logical batch larger than
+        ``max_physical_batch_size`` comes in several chunks (:attr:`is_last_chunk`); an empty Poisson batch as one chunk
+        of no example. Starting a new iteration ends an unfinished one (nothing of its logical batch is released)."""
+        total = self.trainer.steps_for(steps, epochs)
+        self._check_open()
+        self._end_iteration()
+        gen = self._iterate(total)
+        self._gen = weakref.ref(gen)
+        return gen
+
+    def backward(self, losses: torch.Tensor, extra: torch.Tensor | None = None) -> None:
+        """The per-example gradients of ``losses`` (one per example of the chunk, from the model's forward pass on the
+        chunk in this loop body), clipped and added to the logical batch's sum; on its last chunk the sum is noised once,
+        divided by the expected batch size and set as every parameter's ``.grad`` (the release, recorded in the
+        ledger). ``extra``: a scalar term of the loss that depends on the parameters only (a weight regularizer): its
+        gradient, averaged over the logical batch's chunks, is added to the private gradient (post-processing). A term
+        computed from the chunk's examples is refused."""
+        chunk, batch = self._chunk, self._batch
+        if chunk is None or batch is None:
+            raise LoopError(
+                "loop.backward(losses) takes the losses of a chunk that loop.batches() handed out, inside its loop body"
+            )
+        if chunk.done:
+            self._refuse("loop.backward() was called twice on one chunk: each chunk is backpropagated once")
+        try:
+            self._check_foreign()
+            chunk.recording.close()  # the chunk's forward pass is what was recorded up to here
+            self._check_losses(chunk, losses)
+            extra_grads = None if extra is None else self._extra_gradients(chunk, extra)
+            self._check_per_example(chunk, losses)
+            grads = self.trainer.grad_sampler.from_losses(losses)
+            summed, stats, _ = clipped_sum([(grads, losses.detach())], self.trainer.clipping, self.trainer.params)
+            if batch.summed is None:
+                batch.summed = summed
+            else:  # (the additions clipping.clipped_sum makes over a trainer's chunks, in the same order)
+                batch.summed = {n: t + summed[n] for n, t in batch.summed.items()}
+            batch.stats = batch.stats.merge(stats)
+            if extra_grads is not None:
+                acc = batch.extra or {}
+                batch.extra = {**acc, **{n: acc[n] + g if n in acc else g for n, g in extra_grads.items()}}
+            chunk.done = True
+            chunk.handed = chunk.floats = chunk.outputs = chunk.layer_outputs = []  # (the chunk's activations, freed)
+            if chunk.last:
+                self._release(batch)
+        except BaseException:
+            self._abandon()
+            raise
+
+    @property
+    def is_last_chunk(self) -> bool:
+        """Whether the chunk the loop body holds is its logical batch's last (its backward releases the gradient)."""
+        return self._chunk is not None and self._chunk.last
+
+    # -- the run --------------------------------------------------------------------------------------------------
+    @property
+    def ledger(self):
+        return self.trainer.ledger
+
+    @property
+    def steps(self) -> int:
+        """Logical batches released so far (optimizer steps)."""
+        return self.trainer.steps
+
+    def epsilon(self, delta: float | None = None, accountant: str | None = None):
+        """Privacy spent so far (:meth:`dptrain.engine.trainer.PrivateTrainer.epsilon`)."""
+        return self.trainer.epsilon(delta, accountant)
+
+    def evaluate(self, x, y=None, batch_size: int = 1024) -> float:
+        """Accuracy on held-out data (:meth:`dptrain.engine.trainer.PrivateTrainer.evaluate`); not inside a logical batch."""
+        self._check_between_steps("evaluate()")
+        return self.trainer.evaluate(x, y, batch_size)
+
+    def state_dict(self) -> dict:
+        """The trainer's checkpoint (SECRET: it holds the generators' states), between logical batches only."""
+        self._check_between_steps("state_dict()")
+        return self.trainer.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self._check_between_steps("load_state_dict()")
+        self.trainer.load_state_dict(state)
+
+    def close(self) -> None:
+        """End the loop: an unfinished logical batch is abandoned (nothing released), the hooks are removed and the
+        optimizer's ``step`` is its own again."""
+        if self._closed:
+            return
+        self._end_iteration()
+        self._abandon()
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        if self.optimizer.__dict__.get("step") is self._step:
+            if self._previous_step is None:
+                del self.optimizer.__dict__["step"]
+            else:
+                self.optimizer.step = self._previous_step
+        self._closed = True  # (a step wrapped again since, by an LR scheduler made later, now passes through)
+        self.trainer.__dict__.pop("step", None)
+        self.trainer.close()
+
+    def __enter__(self) -> PrivateLoop:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- logical batches ------------------------------------------------------------------------------------------
+    def _iterate(self, total: int):
+        trainer = self.trainer
+        allowed = trainer.allowed_steps()
+        end = trainer.steps + total if allowed is None else min(trainer.steps + total, allowed)
+        try:
+            while trainer.steps < end and trainer.can_step():
+                yield from self._logical_batch()
+        finally:
+            self._abandon()
+
+    def _logical_batch(self):
+        trainer = self.trainer
+        self._check_sampling()
+        trainer.check_allowed()
+        batch = self._batch = _Batch(self._snapshot())
+        self._foreign, self.step_skipped = False, False
+        try:
+            if not self.model.training:  # (evaluate() left it in eval mode; as the trainer's step)
+                self.model.train()
+            with deferred_signals():
+                idx = trainer.sampler.sample(trainer.randomness.stream("sampling"), trainer.steps)
+            chunks = list(idx.split(trainer.max_physical_batch_size)) if len(idx) else [idx]
+            batch.chunks = len(chunks)
+            for k, c in enumerate(chunks):
+                (inputs, labels), handed, floats = _hand_out(to_device(trainer.data.batch(c), trainer.device))
+                recording = contextlib.ExitStack()
+                recording.enter_context(trainer.grad_sampler.recording(len(c)))
+                recording.enter_context(autocast_of(trainer.grad_sampler))
+                chunk = self._chunk = _Chunk(k == len(chunks) - 1, len(c), handed, floats, recording)
+                yield inputs, labels
+                if self._batch is not batch:
+                    raise LoopError(
+                        "this logical batch ended after an error (nothing of it was released unless its last chunk was "
+                        "backpropagated): start the iteration again with loop.batches()"
+                    )
+                self._check_foreign()
+                if not chunk.done:
+                    self._refuse(
+                        "the loop body ended without loop.backward(losses) on the chunk it was handed: every chunk "
+                        "is backpropagated once"
+                    )
+            if not batch.stepped:
+                raise LoopError(
+                    "a logical batch was released (loop.backward on its last chunk) but optimizer.step() was not called: "
+                    "call it once per logical batch, after loop.backward"
+                )
+        finally:
+            self._abandon()
+
+    def _release(self, batch: _Batch) -> None:
+        """The logical batch's release (the trainer's privatize), signals held until the optimizer step."""
+        self._held = contextlib.ExitStack()
+        self._held.enter_context(deferred_signals())
+        self.trainer.privatize(batch.summed, batch.stats)
+        batch.released = True
+        if batch.extra:  # post-processing of the release: the mean over the chunks of the extra terms' gradients
+            for n, g in batch.extra.items():
+                p = self.trainer.params[n]
+                p.grad.add_((g / batch.chunks).to(p.grad.dtype))
+
+    def _optimizer_step(self, previous, args, kwargs):
+        if self._closed:
+            return previous(*args, **kwargs)
+        chunk, batch = self._chunk, self._batch
+        if chunk is None or batch is None:
+            raise LoopError(
+                "optimizer.step() outside a loop body of loop.batches(): the optimizer applies private gradients only "
+                "(close the loop with loop.close() to use it otherwise)"
+            )
+        self._check_foreign()
+        if not chunk.done:
+            self._refuse("optimizer.step() without loop.backward(losses) on the chunk: backpropagate it first")
+        if not chunk.last:
+            self.step_skipped = True  # (the logical batch's gradient is released with its last chunk)
+            return None
+        if batch.stepped:
+            raise LoopError("optimizer.step() was called twice for one logical batch: one step per release")
+        try:
+            result = optimizer_step(previous, self.trainer.steps, *args, **kwargs)
+            batch.stepped = True
+            self.step_skipped = False
+        finally:
+            held, self._held = self._held, None
+            if held is not None:
+                held.close()  # (a signal held since the release is delivered here, after the update)
+        self.trainer.check_weights()
+        return result
+
+    def _install_step(self) -> None:
+        """The optimizer's ``step`` as the loop's: an instance attribute bound to the optimizer (as torch's LR schedulers
+        wrap it), so that the user's own reference to the optimizer works and a scheduler made later wraps it in turn."""
+        opt = self.optimizer
+        self._previous_step = opt.__dict__.get("step")
+        previous = opt.step
+        loop = self
+
+        def step(optimizer, *args, **kwargs):
+            return loop._optimizer_step(previous, args, kwargs)
+
+        step._dptrain_loop = self  # (copied onto an LR scheduler's wrapper of it by functools.wraps)
+        if getattr(previous, "_wrapped_by_lr_sched", False):  # (a scheduler made before: its wrapper still runs inside)
+            step._wrapped_by_lr_sched = True
+        self._step = types.MethodType(step, opt)
+        opt.step = self._step
+
+    # -- checks ---------------------------------------------------------------------------------------------------
+    def _model_called(self, module, args, kwargs):
+        chunk = self._chunk
+        if chunk is None or chunk.done:
+            return None
+        if not torch.is_grad_enabled():  # (the layerwise recording would hold outputs that have no gradient)
+            self._refuse(
+                "the model was called under torch.no_grad (or inference_mode) on a chunk before its loop.backward: make "
+                "such a call after loop.backward(losses)"
+            )
+        tensors = _tensors(args) + _tensors(kwargs)
+        ours = [_same_examples(t, chunk.handed) for t in tensors]
+        foreign = chunk.size > 1 and any(
+            not mine and t.dim() and t.shape[0] == chunk.size for t, mine in zip(tensors, ours, strict=True)
+        )
+        if not any(ours) or foreign:
+            self._refuse(
+                "the model was called on a batch the loop did not hand out: call it on the chunk's own inputs (transform "
+                "examples in the Dataset or the DataLoader's collate_fn, which dptrain reads example by example)"
+            )
+        chunk.calls += 1
+        return None
+
+    def _model_returned(self, module, args, output):
+        chunk = self._chunk
+        if chunk is not None and not chunk.done:
+            chunk.outputs += [t for t in _tensors(output) if t.requires_grad]
+
+    def _layer_returned(self, module, args, output):
+        chunk = self._chunk
+        if chunk is not None and not chunk.done:
+            chunk.layer_outputs += [t for t in _tensors(output) if t.requires_grad]
+
+    def _accumulated(self, param) -> None:
+        if self._batch is not None and not self._batch.stepped:
+            self._foreign = True
+
+    def _check_foreign(self) -> None:
+        if self._foreign:
+            if self._batch is not None and self._batch.released:  # (what was added to the private gradient is dropped)
+                for p in self.trainer.params.values():
+                    p.grad = None
+            self._refuse(
+                "a backward pass of your own (loss.backward()) wrote into the parameters' .grad during a logical "
+                "batch: only loop.backward(losses) may (a non-private term goes to loop.backward(losses, extra=term))"
+            )
+
+    def _check_losses(self, chunk: _Chunk, losses) -> None:
+        if not torch.is_tensor(losses) or losses.dim() != 1 or losses.shape[0] != chunk.size:
+            self._refuse(
+                "loop.backward(losses) takes one loss per example of the chunk the loop handed out (a 1-D tensor as "
+                "long as its labels), not a mean or a batch of another length"
+            )
+        if not chunk.calls:
+            self._refuse(
+                "the model was not called on the chunk in this loop body: loop.backward(losses) takes losses computed "
+                "from the model's forward pass on the chunk the loop handed out"
+            )
+        if losses.grad_fn is None or not _reaches(losses, chunk.outputs):
+            self._refuse(
+                "the losses do not come from the model's outputs on the chunk the loop handed out (computed from "
+                "another forward pass, detached, or under torch.no_grad)"
+            )
+
+    def _check_per_example(self, chunk: _Chunk, losses: torch.Tensor) -> None:
+        """Refuse losses that mix examples through the model's outputs: the losses of examples 1.. must not depend on
+        example 0's outputs (a loss over the batch: minus its mean, a softmax across examples). Mixing that bypasses
+        autograd (a detached batch statistic) cannot be seen here."""
+        n = chunk.size
+        outs = [o for o in chunk.outputs if o.dim() and o.shape[0] == n]
+        if n < 2 or not outs:
+            return
+        grads = torch.autograd.grad(losses[1:].sum(), outs, retain_graph=True, allow_unused=True)
+        # (a non-finite output is the release's NonFiniteError, not a mixing loss: its rows count as 0 here)
+        rows = [g[0].nan_to_num(0.0, 0.0, 0.0).abs().sum(dtype=torch.float64) for g in grads if g is not None]
+        if rows and torch.stack(rows).sum().item() != 0:
+            self._refuse(
+                "the losses mix examples: one example's outputs move the loss of others (a loss over the batch, such "
+                "as minus its mean); loop.backward takes one loss per example, each from its own example's outputs"
+            )
+
+    def _extra_gradients(self, chunk: _Chunk, extra) -> dict[str, torch.Tensor]:
+        if not torch.is_tensor(extra) or extra.numel() != 1 or not extra.requires_grad:
+            self._refuse(
+                "extra must be a scalar tensor computed from the trainable parameters (e.g. a weight regularizer)"
+            )
+        params = self.trainer.params
+        data = [t for t in chunk.floats + chunk.layer_outputs + chunk.outputs if t.requires_grad]
+        grads = torch.autograd.grad(
+            extra.reshape(()), [*params.values(), *data], allow_unused=True, retain_graph=True
+        )
+        if any(g is not None for g in grads[len(params) :]):
+            self._refuse(
+                "extra depends on the chunk's examples (its inputs or the model's activations on them): it would "
+                "release their gradient without clipping or noise; only terms of the parameters alone may be extra"
+            )
+        return {n: g for n, g in zip(params, grads[: len(params)], strict=True) if g is not None}
+
+    def _check_sampling(self) -> None:
+        sampler = self.trainer.sampler
+        if sampler is not self._sampler or sampler.dataset_size != self._size or self._data_size() != self._size:
+            raise LoopError(
+                "the sampling changed since the loop was made (its sampler, or the size of the training data): the "
+                "sampling rate the ledger records would not be the one used; make a new loop"
+            )
+
+    def _data_size(self) -> int:
+        data = self.trainer.data
+        return len(getattr(data, "dataset", data))
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise LoopError("this loop is closed: make a new one with make_private_loop")
+
+    def _check_between_steps(self, what: str) -> None:
+        if self._batch is not None and not self._batch.stepped:
+            raise LoopError(f"{what} inside a logical batch: call it between optimizer steps")
+
+    # -- atomicity --------------------------------------------------------------------------------------------------
+    def _end_iteration(self) -> None:
+        gen = self._gen() if self._gen is not None else None
+        self._gen = None
+        if gen is not None:
+            gen.close()
+
+    def _snapshot(self) -> dict:
+        trainer = self.trainer
+        return {
+            "streams": {p: trainer.randomness.stream(p).get_state() for p in ("sampling", "noise", "mixing")},
+            "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state(trainer.device) if trainer.device.type == "cuda" else None,
+        }
+
+    def _refuse(self, message: str):
+        self._abandon()
+        raise LoopError(message)
+
+    def _abandon(self) -> None:
+        """End the logical batch in progress: unreleased, its streams are rolled back (torch's generator too, as the
+        trainer's step does), so that nothing of it happened; released, it stays released (and counted)."""
+        chunk, batch, held = self._chunk, self._batch, self._held
+        self._chunk = self._batch = self._held = None
+        if chunk is not None:
+            chunk.recording.close()
+        if batch is not None and not batch.released:
+            trainer = self.trainer
+            for p, state in batch.saved["streams"].items():
+                trainer.randomness.stream(p).set_state(state)
+            torch.set_rng_state(batch.saved["torch"])
+            if batch.saved["cuda"] is not None:
+                torch.cuda.set_rng_state(batch.saved["cuda"], trainer.device)
+            for p in trainer.params.values():
+                p.grad = None
+        if held is not None:
+            held.close()
+
+
+def make_private_loop(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    data,
+    *,
+    noise_multiplier: float | None = None,
+    target_epsilon: float | None = None,
+    target_delta: float | None = None,
+    epochs: float | None = None,
+    steps: int | None = None,
+    max_grad_norm: float = 1.0,
+    batch_size: float | None = None,
+    max_physical_batch_size: int | None = None,
+    **options,
+) -> PrivateLoop:
+    """A private loop (:class:`PrivateLoop`) for your own training code: ``noise_multiplier`` fixed
+    (:func:`dptrain.engine.api.make_private`; ``delta=`` among the options), or calibrated to ``target_epsilon`` at
+    ``target_delta`` for ``epochs`` (or ``steps``), which the loop then never exceeds
+    (:func:`dptrain.engine.api.make_private_with_epsilon`). ``data``: what the trainer takes, or a ``DataLoader`` (its
+    dataset and collate_fn; its batch_size when ``batch_size`` is None). ``batch_size`` is the expected logical
+    batch size (Poisson), cut into chunks of at most ``max_physical_batch_size`` examples. The other options are
+    the trainer's (``loss_fn``: the per-example loss the model probe checks, best the one your loop computes)."""
+    if (noise_multiplier is None) == (target_epsilon is None):
+        raise ConfigError("make_private_loop takes exactly one of noise_multiplier or target_epsilon")
+    taken = ("noise_multiplier", "max_grad_norm", "batch_size", "max_physical_batch_size")
+    _check_options(options, "make_private_loop", taken + (("delta",) if target_epsilon is not None else ()))
+    if batch_size is None:
+        batch_size = loader_batch_size(data)
+    source = as_source(data, options.get("label_key", "labels"))  # (a DataLoader says here that its sampler goes)
+    if noise_multiplier is not None:
+        if target_delta is not None or epochs is not None or steps is not None:
+            raise ConfigError(
+                "target_delta, epochs and steps go with target_epsilon; with a noise_multiplier, delta= sets delta"
+            )
+        trainer = make_private(
+            model, optimizer, source, noise_multiplier=noise_multiplier, max_grad_norm=max_grad_norm,
+            batch_size=batch_size, max_physical_batch_size=max_physical_batch_size, **options,
+        )
+    else:
+        if target_delta is None:
+            raise ConfigError("make_private_loop with target_epsilon needs target_delta (and epochs or steps)")
+        trainer = make_private_with_epsilon(
+            model, optimizer, source, target_epsilon=target_epsilon, target_delta=target_delta, epochs=epochs,
+            steps=steps, max_grad_norm=max_grad_norm, batch_size=batch_size,
+            max_physical_batch_size=max_physical_batch_size, **options,
+        )
+    try:
+        return PrivateLoop(trainer)
+    except BaseException:
+        trainer.close()
+        raise
+
+
+__all__ = ["LoopError", "PrivateLoop", "make_private_loop"]

@@ -1,0 +1,513 @@
+"""The DP-SGD engine: one private step is a fixed sequence of stages.
+
+    batch selection -> per-example gradients (physical chunks) -> clipping -> noise -> optimizer step
+                                                     |
+                                   one ledger event per noisy release
+
+The optimizer sees only the privatized (noisy, normalized) gradient, so any torch optimizer (SGD,
+momentum, Adam, ...) is post-processing. The engine never computes epsilon itself: it records
+events in its ledger and asks an accountant.
+
+A step is atomic: SIGINT/SIGTERM wait until it ends (:mod:`dptrain.engine.interrupts`), and an exception before the
+release is recorded rolls the random streams back, so a retried or resumed step is the step an uninterrupted
+run would have taken. Sampling and noise come from the run's secret streams (:mod:`dptrain.randomness.generators`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from dptrain.accounting import (
+    AUTO,
+    Ledger,
+    check_accountant,
+    check_noise_multiplier,
+    steps_for_epochs,
+)
+from dptrain.accounting.checks import check_delta, check_delta_for_size
+from dptrain.accounting.ledger import training_steps
+from dptrain.data.batches import as_source, loader_batch_size
+from dptrain.engine import distributed
+from dptrain.engine.checkpoint import Checkpointing
+from dptrain.engine.evaluation import accuracy, evaluation_source
+from dptrain.engine.interrupts import deferred_signals
+from dptrain.engine.privacy_side import PrivacySide
+from dptrain.errors import AccountingError, BudgetExhausted, ConfigError, NonFiniteError
+from dptrain.models.builders import check_private_compatible
+from dptrain.models.losses import default_loss
+from dptrain.preflight import checks as preflight
+from dptrain.preflight.buffers import check_buffer_updates
+from dptrain.randomness.generators import Randomness
+from dptrain.stages.batch_selection import REPLACE_ONE_SCHEMES, BatchSampler, make_sampler
+from dptrain.stages.clipping import Clipping, ClipStats, clipped_sum, make_clipping
+from dptrain.stages.devices import resolve_device, to_device
+from dptrain.stages.noise import add_gaussian_noise, check_noise_schedule
+from dptrain.stages.per_example import (
+    LossFn,
+    PerExampleGrads,
+    make_grad_sampler,
+    trainable_parameters,
+)
+from dptrain.stages.precision import PRECISIONS, MixedPrecision, check_precision
+
+
+@dataclass
+class StepResult:
+    step: int  # number of steps released so far (this one included)
+    #: Only with ``report_not_private=True``: statistics of the private batch (its realized size, mean loss, clip
+    #: statistics). They are NOT private: keep them out of anything you share.
+    not_private: dict | None = None
+
+
+@dataclass
+class Budget:
+    """A target (epsilon, delta) that the run must never exceed."""
+
+    epsilon: float
+    delta: float
+
+
+#: Release policies: every iterate is released (DP-SGD), or only the last one (projected noisy SGD).
+RELEASES = ("every_iterate", "last_iterate")
+
+
+def _all_finite(tensors) -> bool:
+    """Whether every element of every tensor is finite, read back in one synchronization: a float64 sum per tensor is
+    NaN or inf exactly when an element is (float32 or narrower values cannot overflow it); a float64 tensor is summed
+    times zero (0 per finite element, NaN per NaN or inf), which cannot overflow either."""
+    sums = [(t * 0 if t.dtype == torch.float64 else t).sum(dtype=torch.float64) for t in tensors]
+    # (the sum of those float64 sums cannot overflow either: NaN or inf exactly when one of them is)
+    return not sums or math.isfinite(torch.stack(sums).sum().item())
+
+
+def optimizer_step(step, number: int, *args, **kwargs):
+    """Call the optimizer's ``step``; an overflow of the parameters' dtype (e.g. a learning rate of 1e39) is a
+    one-line NonFiniteError naming the step ``number``, not torch's RuntimeError."""
+    try:
+        return step(*args, **kwargs)
+    except RuntimeError as e:
+        if "overflow" not in str(e):
+            raise
+        raise NonFiniteError(
+            f"training diverged at step {number}: the optimizer step overflows the model's dtype; lower the "
+            "learning rate"
+        ) from None
+
+
+class PrivateTrainer(Checkpointing, PrivacySide):
+    """A private training run: model, optimizer and data wrapped with DP-SGD and a privacy ledger.
+
+    Create one with :func:`make_private` or :func:`make_private_with_epsilon`.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        data,
+        *,
+        noise_multiplier: float,
+        max_grad_norm: float = 1.0,
+        batch_size: float | None = None,
+        sampling: str = "poisson",
+        delta: float = 1e-5,
+        accountant: str = AUTO,
+        clipping: str | Clipping = "flat",
+        linf_p: int | None = None,
+        loss_fn: LossFn | None = None,
+        max_physical_batch_size: int | None = None,
+        grad_sampler="auto",
+        seed: int | None = None,
+        secure_noise: bool = False,
+        randomness: Randomness | None = None,
+        budget: Budget | None = None,
+        ledger: Ledger | None = None,
+        sample_sizes=None,
+        check_independence: bool = True,
+        check_gradients: bool = True,
+        report_not_private: bool = False,
+        non_private: bool = False,
+        release_facts: dict | None = None,
+        release: str = "every_iterate",
+        label_key: str = "labels",
+        buffer_updates: str = "refuse",
+        mixed_precision: str | None = None,
+        device="auto",
+        group=None,
+        noise_schedule=None,
+        noise_controller=None,
+    ):
+        #: True when the model was torch.compile'd: its per-example passes run the eager modules it wraps
+        self.compiled = preflight.eager(model) is not model
+        model = preflight.eager(model)
+        check_private_compatible(model)
+        #: where the model, the per-example gradients, clipping, the noise and the update live
+        self.device = resolve_device(device)
+        #: a data-parallel run's group (:mod:`dptrain.engine.distributed`; default: the one this process joined)
+        self.group = group if group is not None else distributed.current()
+        model.to(self.device)
+        self.non_private = bool(non_private)
+        if self.non_private:  # a baseline: the same stages without the noise, no ledger, no guarantee
+            if noise_multiplier != 0 or budget is not None:
+                raise ConfigError("a non_private baseline takes noise_multiplier=0 and no budget")
+            self._noise_multiplier = 0.0
+        else:
+            self._noise_multiplier = check_noise_multiplier(noise_multiplier, "noise_multiplier")
+        self.delta = check_delta(delta, "delta")
+        self.accountant = check_accountant(accountant)
+        if budget is not None:
+            check_delta(budget.delta, "budget delta")
+        if max_physical_batch_size is not None and max_physical_batch_size < 1:
+            raise ConfigError(f"training.max_physical_batch_size must be >= 1, got {max_physical_batch_size}")
+        self.model, self.optimizer, self.budget = model, optimizer, budget
+        #: the training examples (:mod:`dptrain.data.batches`): tensors in memory or a map-style Dataset
+        if batch_size is None:  # a DataLoader's own batch size, as the expected logical batch
+            batch_size = loader_batch_size(data)
+        self.data = as_source(data, label_key)
+        self.sampler: BatchSampler = make_sampler(sampling, len(self.data), batch_size, sample_sizes)
+        self.clipping: Clipping = (
+            make_clipping(clipping, max_grad_norm, linf_p) if isinstance(clipping, str) else clipping
+        )
+        #: one loss per example; default: cross-entropy on the model's logits (causal-LM shifted for a causal language
+        #: model: :func:`dptrain.models.losses.default_loss`)
+        self.loss_fn = loss_fn = loss_fn if loss_fn is not None else default_loss(model)
+        self.grad_sampler = (
+            make_grad_sampler(model, loss_fn, grad_sampler) if isinstance(grad_sampler, str) else grad_sampler
+        )
+        #: None, "bf16" or "fp16": the per-example passes under autocast, norms/clipping/noise in float32
+        self.mixed_precision = check_precision(mixed_precision)
+        if self.mixed_precision is not None:
+            self.grad_sampler = MixedPrecision(self.grad_sampler, PRECISIONS[self.mixed_precision], self.device)
+        self.params = trainable_parameters(model)
+        preflight.check_trainable(self.params)
+        self._check_optimizer()
+        preflight.check_labels(model, self.data, loss_fn, self.device, own_backend=isinstance(grad_sampler, str))
+        check_delta_for_size(self.delta, len(self.data), "delta")
+        if budget is not None:
+            check_delta_for_size(budget.delta, len(self.data), "budget delta")
+        self.independence_checked = bool(check_independence)
+        #: Buffers a training-mode forward writes from the batch, kept only with buffer_updates="not_private" (the run
+        #: is then labelled not private: they are released unnoised with the model).
+        self.not_private_buffers: list[str] = []
+        #: the check of the backend's per-example gradients on real examples (:mod:`dptrain.preflight.gradient_check`): the
+        #: backend it settled on and its cost; None when skipped (check_gradients=False)
+        self.gradient_check = None
+        self.max_physical_batch_size, self.not_private_buffers, self.gradient_check = preflight.probe_model(
+            self,
+            max_physical_batch_size,
+            self.independence_checked,
+            check_buffer_updates(buffer_updates),
+            # (a backend object of the caller's, e.g. a GLM's closed form, need not use loss_fn: nothing to compare)
+            check_gradients=bool(check_gradients) and isinstance(grad_sampler, str),
+        )
+        self.randomness = randomness if randomness is not None else Randomness(seed, secure=secure_noise)
+        bind = getattr(optimizer, "bind_randomness", None)
+        if bind is not None:  # an update stage that draws secret randomness (ModelMix's mixing weights)
+            bind(self.randomness)
+        self.report_not_private = bool(report_not_private)
+        #: The noise stage, (sums, std, stream) -> noisy sums; None: :func:`dptrain.stages.noise.add_gaussian_noise`. Only an
+        #: audit's deliberately injected bug replaces it (:mod:`dptrain.auditing.bugs`), never a training run.
+        self.noise_stage: Callable | None = None
+        #: The per-example gradient stage: indices of a logical batch -> (gradients, losses) per physical chunk.
+        self.per_example: Callable[[torch.Tensor], Iterator[tuple[PerExampleGrads, torch.Tensor]]] = (
+            self._tensor_chunks
+        )
+        if release not in RELEASES:
+            raise ConfigError(f"release must be one of {', '.join(RELEASES)}, got {release!r}")
+        #: every_iterate (DP-SGD: every model after a step is a release) or last_iterate (only the final model is;
+        #: the run must not evaluate, log or share an intermediate one).
+        self.release = release
+        #: Facts recorded with every step; default: DP-SGD's (sampling scheme, rate, data set size, clip norm).
+        self.release_facts = release_facts
+        neighboring = "replace_one" if self.sampler.scheme in REPLACE_ONE_SCHEMES else "add_or_remove_one"
+        self.ledger = ledger if ledger is not None else Ledger(neighboring=neighboring)
+        self.ledger.private = self.private
+        self.steps = training_steps(self.ledger)
+        self._allowed_steps: int | None = None
+        #: The noise schedule's shape (None: constant noise): step t (from 0) adds noise of multiplier
+        #: noise_multiplier x noise_schedule[t] (Dynamic Noise Influence; :mod:`dptrain.schedules`). It also
+        #: bounds the run: a schedule of T steps allows T steps.
+        self.noise_schedule = check_noise_schedule(noise_schedule)
+        if self.noise_schedule is not None:
+            if self.non_private:
+                raise ConfigError("a non_private baseline adds no noise: it takes no noise_schedule")
+            if release_facts is not None:
+                raise ConfigError(
+                    "a noise schedule is a stage of DP-SGD steps; this run records its own release facts "
+                    f"({release_facts.get('mechanism', 'custom')}), whose analysis assumes one noise multiplier"
+                )
+        #: Adaptive noise (None: none): an object choosing each step's sigma from what the run released so far
+        #: (:class:`dptrain.schedules.validation.ValidationNoise`) under a privacy filter, which stops the run
+        #: before the budget would be passed; its ``facts`` are recorded beside every step.
+        self.noise_controller = noise_controller
+        if noise_controller is not None:
+            from dptrain.schedules.validation import check_controller
+
+            check_controller(noise_controller, self, budget=budget, release_facts=release_facts)
+            self.accountant = "filter"
+
+    def _check_optimizer(self) -> None:
+        in_opt = {id(p) for g in self.optimizer.param_groups for p in g["params"]}
+        missing = [n for n, p in self.params.items() if id(p) not in in_opt]
+        if missing:
+            raise ConfigError(
+                f"the optimizer does not hold these trainable parameters of the model: {missing[:3]}"
+            )
+
+    # -- the run's numbers --------------------------------------------------------------------------------
+    @property
+    def noise_multiplier(self) -> float:
+        """sigma: fixed when the trainer is made (the ledger and any budget depend on it); with a noise schedule its
+        scale c (sigma_t = c s_t); with adaptive noise the next step's."""
+        if self.noise_controller is not None:
+            return self.noise_controller.sigma
+        return self._noise_multiplier
+
+    @noise_multiplier.setter
+    def noise_multiplier(self, value: float) -> None:
+        raise ConfigError(
+            "the noise multiplier is fixed when the trainer is made (its budget and ledger depend on it); make a "
+            "new trainer with make_private(noise_multiplier=...) or make_private_with_epsilon(...)"
+        )
+
+    @property
+    def sampling_rate(self) -> float:
+        return self.sampler.expected_batch_size / self.sampler.dataset_size
+
+    @property
+    def expected_epochs(self) -> float:
+        """Expected passes over the data so far: sum of the steps' sampling rates."""
+        if self.sampler.max_steps is None:
+            return self.steps * self.sampler.expected_batch_size / self.sampler.dataset_size
+        return (
+            sum(self.sampler.expected_batch_size_at(i) for i in range(self.steps)) / self.sampler.dataset_size
+        )
+
+    def steps_for(self, steps: int | None = None, epochs: float | None = None) -> int:
+        """Steps for ``steps`` or ``epochs`` (:func:`dptrain.accounting.steps_for_epochs`), capped by a finite
+        batch-size schedule."""
+        if (steps is None) == (epochs is None):
+            raise ConfigError("give exactly one of steps or epochs")
+        if steps is None:
+            steps = steps_for_epochs(epochs, self.sampling_rate)
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+            raise ConfigError(f"steps must be an integer >= 0, got {steps!r}")
+        if self.max_steps is not None:
+            steps = min(steps, self.max_steps)
+        return steps
+
+    @property
+    def max_steps(self) -> int | None:
+        """The most steps the run can take whatever its budget: a finite batch-size schedule's or a noise schedule's
+        length (None: unbounded)."""
+        bounds = [n for n in (self.sampler.max_steps, self.noise_schedule and len(self.noise_schedule)) if n]
+        return min(bounds) if bounds else None
+
+    def noise_multiplier_at(self, step: int, scale: float | None = None) -> float:
+        """sigma of step number ``step`` (from 0): the run's noise multiplier (or ``scale``), times the noise
+        schedule's s_step when there is one."""
+        if self.noise_controller is not None:  # chosen adaptively: known for the next step only
+            if step != self.steps:
+                raise AccountingError(
+                    "the noise of this run is chosen adaptively (validation schedule): only the next step's is known"
+                )
+            return self.noise_controller.sigma
+        c = self._noise_multiplier if scale is None else scale
+        if self.noise_schedule is None:
+            return c
+        if not 0 <= step < len(self.noise_schedule):
+            raise BudgetExhausted(
+                f"the noise schedule has {len(self.noise_schedule)} steps; step {step + 1} is beyond it"
+            )
+        return c * self.noise_schedule[step]
+
+    # -- training -----------------------------------------------------------------------------------------
+    def check_allowed(self) -> None:
+        """BudgetExhausted unless the run may take one more step (its budget, its privacy filter)."""
+        allowed = self.allowed_steps()
+        if allowed is not None and self.steps >= allowed:
+            raise BudgetExhausted(
+                f"the budget epsilon={self.budget.epsilon} at delta={self.budget.delta} allows {allowed} steps, "
+                "all of them taken"
+            )
+        controller = self.noise_controller
+        if controller is not None and not controller.allows(self.ledger, self.release_event()[0]):
+            raise BudgetExhausted(
+                f"the privacy filter stops the run: one more step at noise multiplier {controller.sigma:.6g} would "
+                f"pass its budget (epsilon={controller.filter.epsilon:g} at delta={controller.filter.delta:g})"
+            )
+
+    def step(self) -> StepResult:
+        """Draw a batch, privatize its gradient, record the release and update the model (atomically). A model in eval
+        mode (after :meth:`evaluate`) is put back in training mode; a submodule set to eval inside a training model is
+        left as it is."""
+        self.check_allowed()
+        with deferred_signals(), self._rolled_back_on_error():
+            if not self.model.training:  # (evaluate() left it in eval mode)
+                self.model.train()
+            idx = self.sampler.sample(self.randomness.stream("sampling"), self.steps)
+            summed, stats, loss_sum = self._clipped_sum(idx)
+            self.privatize(summed, stats)
+            optimizer_step(self.optimizer.step, self.steps)
+            for p in self.params.values():  # (the gradients this step set: the optimizer's zero_grad, less its overhead)
+                p.grad = None
+        self.check_weights()
+        result = StepResult(self.steps)
+        if self.report_not_private:
+            n = len(idx)
+            result.not_private = {
+                "batch_size": n,
+                "train_loss": loss_sum / n if n else None,
+                "clipped_fraction": stats.clipped / n if n else None,
+                "mean_grad_norm": stats.norm_sum / n if n else None,
+                "non_finite_gradients": stats.non_finite,
+            }
+        return result
+
+    def privatize(self, summed: dict[str, torch.Tensor], stats) -> None:
+        """The release of step ``self.steps + 1``: the sum of the logical batch's clipped per-example gradients
+        ``summed`` (by parameter name) noised once, divided by the expected batch size and set as every parameter's
+        ``.grad``, the event recorded in the ledger and the step counted, together. Refuses (NonFiniteError) a batch
+        with a non-finite loss or gradient (``stats.non_finite``) or a noise that overflows the dtype, before anything
+        is released. Call it inside :meth:`_rolled_back_on_error` (the step's streams roll back on an error before)."""
+        if stats.non_finite:
+            raise NonFiniteError(
+                f"the loss or the per-example gradients of step {self.steps + 1} are not finite (NaN or inf): "
+                "check the data and the loss function; nothing of this step was released (the moment a run "
+                "stops depends on the data: start a fresh run once fixed)"
+            )
+        std = self.noise_multiplier_at(self.steps) * self.clipping.sensitivity
+        dtype_max = min(torch.finfo(p.dtype).max for p in self.params.values())
+        if not std < dtype_max / 64:
+            raise NonFiniteError(
+                f"the noisy gradient of step {self.steps + 1} is not finite: noise std sigma x C = {std:.4g} "
+                "overflows the model's dtype; lower privacy.max_grad_norm"
+            )
+        # (a sum that overflows despite the clip bound leaves non-finite weights: caught after the update)
+        scale = 1.0 / self.sampler.expected_batch_size_at(self.steps)
+        if self.non_private:
+            grads = {n: s * scale for n, s in summed.items()}
+        else:  # the noisy sums are fresh tensors: scaled in place, in one call
+            grads = (self.noise_stage or add_gaussian_noise)(summed, std, self.randomness.stream("noise"))
+            torch._foreach_mul_(list(grads.values()), scale)
+        for n, p in self.params.items():
+            p.grad = grads[n].to(p.dtype)
+        # The release happens here: record it, count it and apply it together.
+        self._committed = True
+        if not self.non_private:
+            self.ledger.record(*self.release_event())
+        self.steps += 1
+
+    def check_weights(self) -> None:
+        """NonFiniteError if an update left a weight NaN or infinite (never a silent NaN model)."""
+        if not _all_finite(self.params.values()):
+            raise NonFiniteError(
+                f"training diverged at step {self.steps}: the model's weights are no longer finite (NaN or inf) "
+                "after the optimizer step; lower the learning rate"
+            )
+
+    @contextlib.contextmanager
+    def _rolled_back_on_error(self):
+        """Until the release is committed, an exception restores the streams (and torch's global generator, which
+        dropout uses), so that trying the step again draws the same batch and noise: nothing was released."""
+        saved = {p: self.randomness.stream(p).get_state() for p in ("sampling", "noise", "mixing")}
+        torch_state = torch.get_rng_state()
+        cuda_state = torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None
+        self._committed = False
+        try:
+            yield
+        except BaseException:
+            if not self._committed:
+                for p, state in saved.items():
+                    self.randomness.stream(p).set_state(state)
+                torch.set_rng_state(torch_state)
+                if cuda_state is not None:
+                    torch.cuda.set_rng_state(cuda_state, self.device)
+                for p in self.params.values():
+                    p.grad = None
+            raise
+
+    def _tensor_chunks(self, idx: torch.Tensor):
+        for chunk in idx.split(self.max_physical_batch_size) if len(idx) else ():
+            inputs, labels = to_device(self.data.batch(chunk), self.device)
+            with preflight.loss_errors_named():
+                yield self.grad_sampler(inputs, labels)
+
+    def _clipped_sum(self, idx: torch.Tensor):
+        if self.group is None:
+            return clipped_sum(self.per_example(idx), self.clipping, self.params, self.report_not_private)
+        # Data parallel (dptrain.engine.distributed): rank r clips the chunks r, r + N, ...; every rank adds all the chunk
+        # sums in chunk order, the additions one process makes.
+        g = self.group
+        chunks = list(idx.split(self.max_physical_batch_size)) if len(idx) else []
+        mine = []
+        for c in range(g.rank, len(chunks), g.world):
+            s, stats, loss = clipped_sum(self.per_example(chunks[c]), self.clipping, self.params, self.report_not_private)
+            mine.append((c, {n: t.cpu() for n, t in s.items()}, stats, loss))
+        summed = {n: torch.zeros_like(p, memory_format=torch.contiguous_format) for n, p in self.params.items()}
+        stats, loss_sum = ClipStats(0, 0, 0.0), 0.0
+        for _, s, chunk_stats, loss in sorted(distributed.gather(g, mine), key=lambda item: item[0]):
+            for n in summed:
+                summed[n] += s[n].to(summed[n].device)
+            stats, loss_sum = stats.merge(chunk_stats), loss_sum + loss
+        return summed, stats, loss_sum
+
+    def train(
+        self,
+        steps: int | None = None,
+        epochs: float | None = None,
+        callback: Callable[[StepResult], None] | None = None,
+    ) -> list[StepResult]:
+        """Take ``steps`` steps (or ``epochs`` passes' worth), stopping early if the budget runs out."""
+        results = []
+        for result in self.iter_steps(self.steps_for(steps, epochs)):
+            results.append(result)
+            if callback is not None:
+                callback(result)
+        return results
+
+    def iter_steps(self, steps: int) -> Iterator[StepResult]:
+        """Yield up to ``steps`` more steps; never one the budget (or the privacy filter) does not allow."""
+        allowed = self.allowed_steps()
+        end = self.steps + steps if allowed is None else min(self.steps + steps, allowed)
+        while self.steps < end and self.can_step():
+            yield self.step()
+
+    def can_step(self) -> bool:
+        """Whether the run may take one more step: within its budget, its schedule and its privacy filter."""
+        allowed = self.allowed_steps()
+        if allowed is not None and self.steps >= allowed:
+            return False
+        if self.max_steps is not None and self.steps >= self.max_steps:
+            return False
+        return self.noise_controller is None or self.noise_controller.allows(self.ledger, self.release_event()[0])
+
+    def observe_validation(self, value: float) -> None:
+        """A validation result for adaptive noise (higher is better). It must come from public data, or its use be
+        accounted (docs/schedules.md); without adaptive noise it is ignored."""
+        if self.noise_controller is not None:
+            self.noise_controller.observe(value)
+
+    @torch.no_grad()
+    def evaluate(self, x, y=None, batch_size: int = 1024) -> float:
+        """Accuracy on held-out data (not private data: evaluation on the training set would leak). ``x``, ``y``: the
+        structures training takes (a tensor, a tuple or dict of tensors, with labels ``y``; or a Dataset or
+        DataLoader with ``y`` None). Classification accuracy, or token accuracy over labelled tokens for [B, T, K]
+        scores (shifted for a causal language model)."""
+        return accuracy(self.model, evaluation_source(x, y), self.device, batch_size, self.loss_fn)
+
+    def close(self) -> None:
+        self.grad_sampler.close()
+
+
+__all__ = [
+    "Budget",
+    "PrivateTrainer",
+    "StepResult",
+]

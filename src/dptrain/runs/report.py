@@ -1,0 +1,111 @@
+"""The privacy/utility report ``dptrain train`` prints at the end of a run: one table read from its summary."""
+
+from __future__ import annotations
+
+
+def format_report(summary: dict) -> str:
+    """The privacy/utility report printed at the end of ``dptrain train``."""
+    private = summary.get("private", True)
+    cert = "" if summary["certified"] else "  (approximation, not certified)" if private else "  (NOT private)"
+    target = "" if summary["target_epsilon"] is None else f" (target {summary['target_epsilon']:g})"
+    others = ", ".join(
+        f"{k} {v['epsilon']:.4f}" + ("" if v["certified"] else " (approx.)")
+        for k, v in summary.get("accountants", {}).items()
+        if "epsilon" in v and k != summary["accountant"]
+    )
+    rows = [
+        ("privacy", f"epsilon = {summary['epsilon']:.4f}{target} at delta = {summary['delta']:g}{cert}"),
+        ("accountant", summary["accountant"] + (f" (others: {others})" if others else "")),
+        *([_last_iterate_row(summary)] if "epsilon_last_iterate" in summary else []),
+        *([("NOT private", "; ".join(summary["not_private_because"]))] if not private else []),
+        *(("note", note) for note in summary.get("notes", [])),
+        ("test accuracy", _accuracy_text(summary)),
+        *([_preprocessing_row(summary)] if "preprocessing" in summary else []),
+        ("steps", f"{summary['steps']} of {summary['planned_steps']} ({summary['epochs']:.2f} epochs)"),
+        (
+            "noise multiplier" if "noise_std" not in summary else "noise std (on averaged gradient)",
+            f"{summary.get('noise_std', summary['noise_multiplier']):.4f}",
+        )
+        if "noise_schedule" not in summary
+        else _schedule_row(summary["noise_schedule"]),
+        (
+            "sampling rate",
+            f"{summary['sampling_rate']:.6g} ({summary['sampling']}, expected batch {summary['batch_size']})",
+        ),
+        ("clip norm", f"{summary['max_grad_norm']:g}")
+        if "lipschitz" not in summary
+        else (
+            "Lipschitz / diameter",
+            f"L = {summary['lipschitz']:.4g}, D = {summary['diameter']:g}",
+        ),
+        ("randomness", summary["randomness"]),
+        ("data", summary["dataset"]),
+        ("model", summary["model"] + _checked(summary.get("gradient_check"))),
+        ("wall time", f"{summary['wall_time_s']:.1f} s"),
+        ("outputs", summary["out"]),
+    ]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def _accuracy_text(summary: dict) -> str:
+    accuracy = summary["test_accuracy"]
+    if accuracy is not None:
+        return f"{accuracy:.4f}"
+    if not summary.get("test_is_public", True):
+        logged = summary.get("not_private", {}).get("test_accuracy")
+        if logged is not None:
+            return f"{logged:.4f} (NOT private: the test split is cut from the private training data)"
+        return (
+            "not written: the test split is cut from the private training data (data.test_is_public = true declares "
+            "it public; training.log_not_private = true writes it labelled not private)"
+        )
+    return "not released yet (last iterate only)"
+
+
+def _last_iterate_row(summary: dict) -> tuple[str, str]:
+    if summary["accountant"] == "last_iterate":
+        return (
+            "composition",
+            f"epsilon = {summary['epsilon_composition']:.4f} if every step were charged (rdp)",
+        )
+    why = "certified (deterministic batches)" if summary["last_iterate_certified"] else "NOT certified"
+    return (
+        "last iterate",
+        f"epsilon = {summary['epsilon_last_iterate']:.4f} by the paper's bound (burn-in {summary['burn_in_steps']} "
+        f"steps): {why}, see docs/last_iterate.md",
+    )
+
+
+def _schedule_row(schedule: dict) -> tuple[str, str]:
+    s = schedule
+    return (
+        "noise schedule",
+        f"{s['kind']}: sigma {s['first']:.4g} at the first step, {s['last']:.4g} at the last (range {s['min']:.4g} to "
+        f"{s['max']:.4g}, {s['levels']} levels; "
+        + (s["calibration"] if s["kind"] == "validation" else f"scale: {s['calibration']}")
+        + ")",
+    )
+
+
+def _preprocessing_row(summary: dict) -> tuple[str, str]:
+    pre = summary["preprocessing"]
+    text = f"{pre['kind']}, features normalized to C_F = {pre['feature_norm']:g}"
+    if pre.get("noise_multiplier") is not None:
+        text += f", private mean sigma_F = {pre['noise_multiplier']:.4g}"
+    if pre.get("eps_f") is not None:
+        text += f" (eps_F = {pre['eps_f']:g})"
+    if pre.get("tau") is not None:
+        text += f", tau = {pre['tau']:.4g}"
+    raw = summary.get("test_accuracy_raw_model")
+    if raw is not None:
+        text += f"; model.pt on raw examples: test accuracy {raw:.4f}"
+    return "preprocessing", text
+
+
+def _checked(check: dict | None) -> str:
+    """How the per-example gradients were verified on the model before training (dptrain.preflight.gradient_check)."""
+    if check is None:
+        return ""
+    moved = f"; moved to torch.func: {', '.join(check['moved_to_func'])}" if check["moved_to_func"] else ""
+    return f"; checked against single-example passes on {check['examples']} examples in {check['seconds']:.2f} s{moved}"

@@ -1,0 +1,103 @@
+"""What a resume may change: a run's configuration is frozen when it starts.
+
+The config a run starts with is kept, with its SHA-256, in every checkpoint (``private/``). ``dptrain train --resume``
+reads ``config.toml`` again and refuses, in one line listing the keys, any change that could change what the run
+releases or certifies (delta, the budget, the noise, the data, the model, the batch size, the learning rate, ...);
+only :data:`RESUME_MAY_CHANGE` may differ. What the run's stages released before training (a private mean) is kept in
+the checkpoint too, so that a file lost in a crash comes back and an edited one is refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from dptrain.config import RunConfig, changed_keys, config_from_toml, load_config
+from dptrain.errors import ConfigError, DataError
+from dptrain.runs.rundir import CONFIG, RunDirectory
+
+
+def config_hash(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+#: Config keys a resume may change: they cannot change what the run releases or certifies (how often the public test
+#: set is evaluated, how a logical batch is cut into physical chunks) or, for the step count, only within the budget
+#: the run started with (:func:`check_step_change`).
+RESUME_MAY_CHANGE = ("training.eval_every", "training.max_physical_batch_size", "training.epochs", "training.steps")
+STEP_KEYS = ("training.epochs", "training.steps")
+
+
+def frozen_config(state: dict) -> RunConfig | None:
+    """The config a checkpoint's run started with (None for a checkpoint written before dptrain kept it); its hash is
+    checked, so a damaged copy is refused rather than trusted."""
+    text = state.get("config")
+    if text is None:
+        return None
+    if not isinstance(text, str) or config_hash(text) != state.get("config_sha256"):
+        raise DataError("the checkpoint's copy of the run's config does not match its hash: the checkpoint is damaged")
+    return config_from_toml(text)
+
+
+def resumed_config(rd: RunDirectory, state: dict) -> tuple[RunConfig, list[str]]:
+    """The config a resume runs with, and the keys it changed: ``config.toml`` as it is now, which may differ from the
+    config the run started with (kept in the checkpoint) only in :data:`RESUME_MAY_CHANGE`; any other change is
+    refused with one line listing the changed keys. A deleted ``config.toml`` is written back from the checkpoint."""
+    path = rd / CONFIG
+    frozen = frozen_config(state)
+    if frozen is None:  # a checkpoint from before configs were frozen: config.toml is all there is
+        return load_config(path), []
+    if not path.exists():
+        rd.write_text(CONFIG, state["config"])
+        return frozen, []
+    try:
+        now = load_config(path)
+    except ConfigError as e:
+        raise ConfigError(
+            f"{path} was edited since the run started and is no longer valid ({e}); restore it (the run's config is "
+            "kept in its checkpoint) to resume"
+        ) from None
+    changed = changed_keys(frozen, now)
+    refused = [k for k in changed if k not in RESUME_MAY_CHANGE]
+    if refused:
+        raise ConfigError(
+            f"{path} changed since the run started ({', '.join(refused)}): a resume may not change what the run "
+            f"releases or certifies; restore {'that key' if len(refused) == 1 else 'those keys'} or start a new run "
+            f"(a resume may change only {', '.join(RESUME_MAY_CHANGE)})"
+        )
+    return now, changed
+
+
+def check_step_change(trainer, changed: list[str]) -> None:
+    """More (or fewer) steps on resume only within the budget the run started with: a target epsilon the trainer
+    enforces, with a constant noise multiplier (a noise schedule or a batch-size schedule is planned for its length)."""
+    if not any(k in STEP_KEYS for k in changed):
+        return
+    t = trainer
+    if t.budget is None or t.noise_schedule is not None or t.noise_controller is not None or t.sampler.max_steps:
+        raise ConfigError(
+            "training.epochs/training.steps may change on resume only for a run with a privacy budget "
+            "(privacy.target_epsilon) and a constant noise multiplier: here it would change what the run certifies; "
+            "restore them or start a new run"
+        )
+
+
+def released_files(rd: RunDirectory, state: dict) -> dict[str, Any]:
+    """What the run's stages released before training (a private mean, ...), as the checkpoint keeps it: a file lost
+    in a crash before it was written is written back; a file that differs from the checkpoint's copy was edited."""
+    kept = state.get("released_content")
+    if kept is None:  # an older checkpoint: the files are the only copy
+        return {name: rd.read_json(name) for name in state.get("released", [])}
+    for name, content in kept.items():
+        on_disk = rd.read_json(name)
+        if on_disk is None and not (rd / name).exists():
+            rd.write_json(name, content)
+        elif on_disk != content:
+            raise DataError(
+                f"{rd / name} does not match the run's checkpoint (edited, or from another run): restore or delete it "
+                "to resume"
+            )
+    return dict(kept)
+
+
+__all__ = ["RESUME_MAY_CHANGE", "check_step_change", "config_hash", "frozen_config", "released_files", "resumed_config"]

@@ -1,0 +1,602 @@
+"""Per-example gradients: the gradient of each example's loss with respect to every trainable parameter.
+
+Two backends compute the same thing (``tests/test_per_example.py`` checks both against a loop of
+single-example backward passes):
+
+- ``func``: torch.func (``functional_call`` + ``vmap`` + ``grad``). Works for any model whose output
+  for one example does not depend on the others. The general path.
+- ``layerwise``: forward hooks record each layer's input and output; one backward pass asks autograd
+  only for the gradients of the layer *outputs* (so it never computes the batch-summed weight
+  gradient it would throw away), and each layer's per-example weight gradient is formed from its
+  input and output gradient: an outer product for Linear (on [B, in] or sequences [B, T, in]), a grouped
+  convolution backward for Conv1d/Conv2d, torch's fused GroupNorm kernels on the batch seen as one example for
+  GroupNorm, the normalized input for LayerNorm/RMSNorm, the looked-up ids for Embedding. About twice as fast as
+  ``func`` on the small CNNs of the DP literature. A module with parameters but no rule (attention, PReLU, a custom
+  layer) is differentiated per example by torch.func on its own, from its recorded inputs and output gradient: the
+  fallback is per module, not for the whole model.
+
+``make_grad_sampler(model, loss_fn, "auto")`` uses ``layerwise`` with that per-module fallback, and ``func`` for the
+whole model only when a module cannot be differentiated on its own; ``"layerwise"`` is strict (rules only).
+A loss function takes (outputs, targets) and returns one loss per example (shape [B]).
+
+A backend returns a :class:`PerExampleGrads`: clipping rules ask it for per-example squared norms and
+for weighted sums sum_i f_i g_i, and only materialize the [B, ...] tensors when they need them. For a
+Linear layer on [B, in] inputs the layerwise backend never materializes: ||g_i||^2 = ||delta_i||^2 ||a_i||^2
+("ghost" norms, Goodfellow 2015; Li et al. 2022) and sum_i f_i g_i = (f * delta)^T a is one matmul
+(the book-keeping trick of Bu et al. 2023). On sequences it keeps the factors too (the Gram form over positions)
+where that is cheaper, decided per layer from its shapes (:func:`ghost_pays`), and an Embedding never builds a
+[B, vocabulary, dim] tensor unless asked to materialize.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call, grad, vmap
+
+from dptrain.data.batches import batch_len, call_model, take, unsqueezed
+from dptrain.errors import ConfigError, ModelError
+from dptrain.models.losses import cross_entropy_per_example  # noqa: F401  (the default classification loss, re-exported)
+from dptrain.stages.gradient_factors import (
+    PerExampleGrads,
+    _EmbeddingFactors,
+    _LinearFactors,
+    shared,
+)
+from dptrain.stages.precision import LOW, upcast
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+GRAD_SAMPLERS = ("auto", "func", "layerwise", "loop")
+
+
+def trainable_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
+    return {name: p for name, p in model.named_parameters() if p.requires_grad}
+
+
+class FuncGradSampler:
+    """Per-example gradients with torch.func: vmap over examples of grad of the single-example loss."""
+
+    name = "func"
+
+    def __init__(self, model: nn.Module, loss_fn: LossFn):
+        self.model = model
+
+        def loss_one(params, buffers, x, y):
+            one = unsqueezed(x)
+            if isinstance(one, dict):
+                out = functional_call(model, (params, buffers), (), one)
+            else:
+                out = functional_call(model, (params, buffers), tuple(one) if isinstance(one, tuple | list) else (one,))
+            loss = loss_fn(out, y.unsqueeze(0)).reshape(())
+            return loss, loss.detach()
+
+        # randomness="different": dropout masks differ per example, as in ordinary training.
+        self._per_example = vmap(
+            grad(loss_one, has_aux=True), in_dims=(None, None, 0, 0), randomness="different"
+        )
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> tuple[PerExampleGrads, torch.Tensor]:
+        params = {n: p.detach() for n, p in trainable_parameters(self.model).items()}
+        buffers = dict(self.model.named_buffers())
+        try:
+            grads, losses = self._per_example(params, buffers, x, y)
+        except RuntimeError as e:  # e.g. transformers' masking code branches on a tensor's value, which vmap cannot
+            if "vmap" not in str(e) and "functorch" not in str(e):
+                raise
+            raise FallbackError(
+                "torch.func cannot differentiate this model per example: vmap fails where the model branches on a "
+                "tensor's value (data-dependent control flow, as in transformers' attention-mask code); use "
+                "grad_sampler='auto' or 'loop'"
+            ) from None
+        return PerExampleGrads(grads), losses
+
+    def close(self) -> None:
+        pass
+
+
+class LoopGradSampler:
+    """Per-example gradients by a loop of single-example backward passes: exact for any model (data-dependent control
+    flow included), and slow; the last resort of the automatic backend."""
+
+    name = "loop"
+
+    def __init__(self, model: nn.Module, loss_fn: LossFn):
+        self.model, self.loss_fn = model, loss_fn
+
+    def __call__(self, x, y) -> tuple[PerExampleGrads, torch.Tensor]:
+        params = trainable_parameters(self.model)
+        n = batch_len(y)
+        grads = {name: p.new_zeros((n, *p.shape)) for name, p in params.items()}
+        losses = []
+        for i in range(n):
+            idx = torch.tensor([i], device=y.device)
+            with torch.enable_grad():
+                loss = self.loss_fn(call_model(self.model, take(x, idx)), y[i : i + 1]).reshape(())
+                parts = torch.autograd.grad(loss, list(params.values()), allow_unused=True)
+            for (name, _), g in zip(params.items(), parts, strict=True):
+                if g is not None:
+                    grads[name][i] = g
+            losses.append(loss.detach())
+        return PerExampleGrads(grads), torch.stack(losses) if losses else y.new_zeros(0, dtype=torch.float32)
+
+    def close(self) -> None:
+        pass
+
+
+# --- layerwise backend --------------------------------------------------------------------------------------
+
+
+#: Examples per grouped convolution in :func:`_conv_weight_per_example`: one call over a whole chunk slows down with
+#: its size (cnn28's conv2 at 1024 examples: 31 ms in one call, 10.6 ms in calls of 128; the same at 256 or fewer).
+CONV_GROUPS_PER_CALL = 128
+
+
+#: Input channels below which :func:`_conv_weight_per_example` forms the per-example weight gradients by one forward
+#: convolution (:func:`_conv_weight_by_forward`) rather than a grouped convolution backward. oneDNN's grouped kernels
+#: are slow for channel counts that are not multiples of 8. ``python benchmarks/micro.py conv`` on this project's CPU
+#: (2026-11-25; 128 examples of 32x32, 3x3 kernels, 16 output channels): the forward form 1.8 / 3.9 / 8.4 ms for
+#: 1 / 3 / 6 input channels against 4.6 / 11.0 / 14.5 ms grouped, and from 8 channels on it loses (10.6 against
+#: 2.2 ms). The first layer of an image model is the case.
+CONV_FORWARD_BELOW_CHANNELS = 8
+
+
+def _conv_weight_by_forward(conv: nn.Conv2d, a: torch.Tensor, go: torch.Tensor) -> torch.Tensor:
+    """Per-example Conv2d weight gradients (groups = 1) as one forward convolution: example b's gradient
+    g_b[o, i, u, v] = sum_{y, x} go_b[o, y, x] a_b[i, s y + d u - p, s x + d v - p] is the correlation of the input
+    channels (as a batch of C_in images with the B examples as channels) with each example's output gradient as a
+    filter (B groups of C_out filters), the layer's stride s becoming the dilation and its dilation d the stride;
+    its first k x k outputs are the gradient (Rochette, Manoel & Tramel 2019, "Efficient per-example gradient
+    computations in convolutional neural networks")."""
+    b, c_in, c_out = a.shape[0], a.shape[1], go.shape[1]
+    kh, kw = conv.weight.shape[2:]
+    out = F.conv2d(
+        a.transpose(0, 1),
+        go.reshape(b * c_out, 1, *go.shape[2:]),
+        None,
+        stride=tuple(conv.dilation),
+        padding=tuple(conv.padding),
+        dilation=tuple(conv.stride),
+        groups=b,
+    )
+    return out[:, :, :kh, :kw].reshape(c_in, b, c_out, kh, kw).permute(1, 2, 0, 3, 4).contiguous()
+
+
+def _conv_weight_per_example(conv: nn.Conv2d, a: torch.Tensor, go: torch.Tensor) -> torch.Tensor:
+    """Per-example Conv2d weight gradients: by one forward convolution for layers with few input channels
+    (CONV_FORWARD_BELOW_CHANNELS), else as grouped-convolution weight gradients (examples as groups), at most
+    CONV_GROUPS_PER_CALL examples per call."""
+    b = a.shape[0]
+    if conv.groups == 1 and a.shape[1] < CONV_FORWARD_BELOW_CHANNELS and b:
+        return _conv_weight_by_forward(conv, a, go)
+    if b > CONV_GROUPS_PER_CALL:
+        out = a.new_empty((b, *conv.weight.shape))
+        for i in range(0, b, CONV_GROUPS_PER_CALL):
+            j = min(b, i + CONV_GROUPS_PER_CALL)
+            out[i:j] = _conv_weight_per_example(conv, a[i:j], go[i:j])
+        return out
+    w = conv.weight
+    _, gw, _ = torch.ops.aten.convolution_backward(
+        go.reshape(1, b * go.shape[1], *go.shape[2:]),
+        a.reshape(1, b * a.shape[1], *a.shape[2:]),
+        w.new_empty((b * w.shape[0], *w.shape[1:])),  # only its shape is read when just grad_weight is asked
+        None,
+        list(conv.stride),
+        list(conv.padding),
+        list(conv.dilation),
+        False,
+        [0, 0],
+        b * conv.groups,
+        [False, True, False],
+    )
+    return gw.reshape(b, *w.shape)
+
+
+def ghost_pays(positions: int, fan_in: int, fan_out: int) -> bool:
+    """Whether a layer's per-example gradient norm is cheaper from the Gram form over its T positions (about
+    T^2 (in + out) per example) than from the materialized in x out gradient (T in out to form, in out to keep).
+    Decided per layer from its shapes: ghost norms pay for long-vocabulary or wide layers on short sequences, not
+    for convolutions over many positions (issue measurements: cnn28's conv1 would be 13x slower)."""
+    return positions * positions * (fan_in + fan_out) < positions * fan_in * fan_out
+
+
+def _linear(m: nn.Linear, a: torch.Tensor, go: torch.Tensor) -> dict[str, torch.Tensor | _LinearFactors]:
+    if a.dim() == 2:
+        out = {"weight": _LinearFactors(go, a)}
+        bias = go
+    else:  # [B, ..., features]: sum over the middle dimensions of each example
+        a3, go3 = a.flatten(1, -2), go.flatten(1, -2)
+        if ghost_pays(a3.shape[1], a3.shape[2], go3.shape[2]):
+            out = {"weight": _LinearFactors(go3, a3)}
+        else:
+            out = {"weight": torch.einsum("bto,bti->boi", go3, a3)}
+        bias = go3.sum(1)
+    if m.bias is not None:
+        out["bias"] = bias
+    return out
+
+
+def _embedding(m: nn.Embedding, ids: torch.Tensor, go: torch.Tensor) -> dict[str, _EmbeddingFactors]:
+    b = ids.shape[0]
+    ids, go = ids.reshape(b, -1), go.reshape(b, -1, go.shape[-1])
+    if m.padding_idx is not None:  # torch leaves the padding row's gradient at zero
+        go = go * (ids != m.padding_idx)[..., None]
+    return {"weight": _EmbeddingFactors(ids, go, m.num_embeddings)}
+
+
+def _conv1d(m: nn.Conv1d, a: torch.Tensor, go: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Conv1d as a Conv2d of height 1 (the same grouped-convolution weight gradient)."""
+    out = {"weight": _conv_weight_per_example(_Conv1dAs2d(m), a[:, :, None, :], go[:, :, None, :])[:, :, :, 0, :]}
+    if m.bias is not None:
+        out["bias"] = go.sum(2)
+    return out
+
+
+class _Conv1dAs2d:
+    """The attributes of a Conv2d that _conv_weight_per_example reads, for a Conv1d."""
+
+    def __init__(self, m: nn.Conv1d):
+        self.weight = m.weight[:, :, None, :]
+        self.stride, self.padding, self.dilation = (1, *m.stride), (0, *m.padding), (1, *m.dilation)
+        self.groups = m.groups
+
+
+def _rms_norm(m: nn.RMSNorm, a: torch.Tensor, go: torch.Tensor) -> dict[str, torch.Tensor]:
+    xhat = F.rms_norm(a, m.normalized_shape, None, m.eps)
+    dims = tuple(range(1, a.dim() - len(m.normalized_shape)))
+    return {"weight": (go * xhat).sum(dims) if dims else go * xhat}
+
+
+def _conv2d(m: nn.Conv2d, a: torch.Tensor, go: torch.Tensor) -> dict[str, torch.Tensor]:
+    out = {"weight": _conv_weight_per_example(m, a, go)}
+    if m.bias is not None:
+        out["bias"] = go.sum((2, 3))
+    return out
+
+
+def _group_norm(m: nn.GroupNorm, a: torch.Tensor, go: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per-example GroupNorm gradients: weight sum_hw go * xhat and bias sum_hw go for every (example, channel), by
+    torch's own fused GroupNorm kernels applied to the batch seen as ONE example of B x C channels in B x G groups.
+    GroupNorm normalizes each group of each example on its own, so that view normalizes exactly as the layer did, and
+    its "batch" weight and bias gradients are the per-example ones: one fused forward (for the means and inverse
+    deviations; its normalized output is dropped) and one fused backward forming both sums, instead of the normalized
+    input, its product with the output gradient and two reductions. The weight gradient is formed as torch forms the
+    batch gradient, rstd (sum go a - mean sum go), with the same rounding (for inputs whose mean is large against
+    their spread it cancels as torch's own gradient does; ``tests/test_per_example.py`` bounds it)."""
+    b, c = a.shape[:2]
+    hw = a[0, 0].numel()
+    groups = b * m.num_groups
+    x, g = a.reshape(1, b * c, hw), go.reshape(1, b * c, hw)
+    _, mean, rstd = torch.ops.aten.native_group_norm(x, None, None, 1, b * c, hw, groups, m.eps)
+    # (the weight only enters the input gradient, which is not asked for; the kernel wants one of the right size)
+    ones = a.new_ones(b * c)
+    _, weight, bias = torch.ops.aten.native_group_norm_backward(
+        g, x, mean, rstd, ones, 1, b * c, hw, groups, [False, True, True]
+    )
+    return {"weight": weight.reshape(b, c), "bias": bias.reshape(b, c)}
+
+
+def _layer_norm(m: nn.LayerNorm, a: torch.Tensor, go: torch.Tensor) -> dict[str, torch.Tensor]:
+    xhat = F.layer_norm(a, m.normalized_shape, None, None, m.eps)
+    dims = tuple(range(1, a.dim() - len(m.normalized_shape)))
+    out = {"weight": (go * xhat).sum(dims) if dims else go * xhat}
+    if m.bias is not None:
+        out["bias"] = go.sum(dims) if dims else go
+    return out
+
+
+def _layerwise_rule(m: nn.Module):
+    """The per-example rule for a module, or None if the layerwise backend cannot handle it."""
+    if type(m) is nn.Linear:
+        return _linear
+    if type(m) is nn.Conv2d and m.padding_mode == "zeros" and not isinstance(m.padding, str):
+        return _conv2d
+    if type(m) is nn.GroupNorm and m.affine:
+        return _group_norm
+    if type(m) is nn.LayerNorm and m.elementwise_affine:
+        return _layer_norm
+    if type(m) is nn.Embedding and m.max_norm is None and not m.sparse:
+        return _embedding  # (padding_idx: its row's output gradient is zero already, the rule needs no mask)
+    if type(m) is nn.Conv1d and m.padding_mode == "zeros" and not isinstance(m.padding, str):
+        return _conv1d
+    if type(m) is nn.RMSNorm and m.elementwise_affine:
+        return _rms_norm
+    return None
+
+
+class FallbackError(ModelError):
+    """A module without a layerwise rule could not be differentiated per example on its own."""
+
+
+def _per_module(
+    m: nn.Module, args: tuple, kwargs: dict, gos: list, recorded: list
+) -> dict[str, torch.Tensor]:
+    """Per-example gradients of every parameter of module ``m`` (and its submodules) with torch.func, for that
+    module only: vmap over the examples of grad of <m(args_i), output gradient_i>. Tensor arguments (positional or
+    keyword) whose first dimension is the batch's are split by example, the others passed whole to every example.
+    That split is a guess for keyword tensors (a shared mask whose first dimension happens to equal the batch size
+    would be split), so the per-example outputs are checked against the ``recorded`` batch outputs: a mismatch is
+    a FallbackError (the whole model then goes to torch.func), never a wrong gradient."""
+    params = {n: p.detach() for n, p in m.named_parameters() if p.requires_grad}
+    buffers = dict(m.named_buffers())
+    b = int(recorded[0].shape[0]) if recorded else 0
+    is_batched = lambda v: torch.is_tensor(v) and v.dim() > 0 and v.shape[0] == b  # noqa: E731
+    where = [i for i, a in enumerate(args) if is_batched(a)]
+    keys = [k for k, v in kwargs.items() if is_batched(v)]
+    split = (tuple(args[i] for i in where), {k: kwargs[k] for k in keys})
+
+    def inner(params, tensors, gos_i):
+        positional, keyword = tensors
+        full, named = list(args), dict(kwargs)
+        for i, t in zip(where, positional, strict=True):
+            full[i] = t.unsqueeze(0)
+        for k in keys:
+            named[k] = keyword[k].unsqueeze(0)
+        outs = _tensors(functional_call(m, (params, buffers), tuple(full), named))
+        loss = sum((o * g.unsqueeze(0)).sum() for o, g in zip(outs, gos_i, strict=True))
+        return loss, [o.detach().squeeze(0) for o in outs]
+
+    try:
+        with warnings.catch_warnings():  # torch.func has no batching rule for some fused kernels (CPU attention)
+            warnings.filterwarnings("ignore", message="There is a performance drop because we have not yet")
+            grads, outs = vmap(grad(inner, has_aux=True), in_dims=(None, 0, 0), randomness="error")(params, split, gos)
+    except (RuntimeError, ValueError) as e:
+        raise FallbackError(
+            f"per-example gradients of {type(m).__name__} through torch.func failed ({' '.join(str(e).split())[:200]})"
+        ) from None
+    if len(outs) != len(recorded) or not all(
+        o.shape == r.shape and torch.allclose(upcast(o), upcast(r.detach()), **_tolerance(r))
+        for o, r in zip(outs, recorded, strict=True)
+    ):
+        raise FallbackError(
+            f"{type(m).__name__} computed example by example does not reproduce its batch output (an argument was split "
+            "or shared wrongly)"
+        )
+    return grads
+
+
+def _tolerance(t: torch.Tensor) -> dict:
+    """How close a module's output recomputed example by example must be to its batch output: float rounding, or
+    bfloat16's (autocast) for a low-precision output."""
+    return {"rtol": 3e-2, "atol": 1e-3} if t.dtype in LOW else {"rtol": 1e-4, "atol": 1e-6}
+
+
+def _tensors(out) -> list[torch.Tensor]:
+    """The tensors of a module's output (a tensor, or a tuple/list/dict holding some)."""
+    if torch.is_tensor(out):
+        return [out]
+    if isinstance(out, dict):
+        out = list(out.values())
+    if isinstance(out, tuple | list):
+        return [o for o in out if torch.is_tensor(o)]
+    return []
+
+
+def layerwise_supported(model: nn.Module) -> bool:
+    """True when every trainable parameter belongs directly to a layer the layerwise backend handles."""
+    for m in model.modules():
+        own = [p for p in m.parameters(recurse=False) if p.requires_grad]
+        if own and _layerwise_rule(m) is None:
+            return False
+    return True
+
+
+class InplaceOutputError(ModelError):
+    """A recorded layer output was overwritten in place during the forward pass."""
+
+
+class LayerwiseGradSampler:
+    """Per-example gradients from recorded layer inputs and output gradients (see module docstring)."""
+
+    name = "layerwise"
+
+    def __init__(self, model: nn.Module, loss_fn: LossFn, fallback: bool = True, to_func: frozenset = frozenset()):
+        """``to_func``: modules differentiated by torch.func (per module) even where a rule exists (the gradient
+        check found their rule's gradients wrong on this model)."""
+        if not fallback and not layerwise_supported(model):
+            raise ModelError(
+                "the layerwise backend has rules for Linear, Conv1d, Conv2d, Embedding, GroupNorm, LayerNorm and "
+                "RMSNorm parameters; other modules need fallback=True (torch.func for that module only)"
+            )
+        self.model, self.loss_fn = model, loss_fn
+        self._layers: dict[nn.Module, tuple[str, Callable]] = {}
+        self._to_func = to_func
+        #: modules without a rule: differentiated per example by torch.func, each on its own (their whole subtree)
+        self._fallback: dict[nn.Module, str] = {}
+        covered: set[int] = set()
+        for prefix, m in model.named_modules():
+            if id(m) in covered or not any(p.requires_grad for p in m.parameters(recurse=False)):
+                continue
+            rule = None if m in to_func else _layerwise_rule(m)
+            if rule is not None:
+                self._layers[m] = (prefix, rule)
+            else:
+                self._fallback[m] = prefix
+                covered.update(id(sub) for sub in m.modules())
+        # a module with a rule inside a fallback subtree is covered by the fallback
+        self._layers = {m: v for m, v in self._layers.items() if not any(m in f.modules() for f in self._fallback)}
+        self._records: dict[nn.Module, list] | None = None
+        self._recorded: dict[nn.Module, list] | None = None
+        self._batch = 0
+        #: the trainable parameters when the hooks were placed (the engine's, too: it fixes them when it is made)
+        self._params = trainable_parameters(model)
+        #: a parameter's name in the model by identity: a tied parameter (GPT-2's token embedding, also its output
+        #: layer's weight) is reached from several modules under several names, and every use adds to its gradient
+        self._names = {id(p): n for n, p in self._params.items()}
+        self._handles = [m.register_forward_hook(self._record) for m in self._layers]
+        self._handles += [m.register_forward_hook(self._record_call, with_kwargs=True) for m in self._fallback]
+
+    def _record(self, module, inputs, output):
+        if self._records is None or not (torch.is_tensor(output) and output.requires_grad):
+            return None  # (not recording, or a forward under no_grad: nothing to differentiate)
+        a, b = inputs[0].detach(), self._batch
+        if b > 1 and a.dim() and a.shape[0] == 1 and torch.is_tensor(output) and output.dim() and output.shape[0] == 1:
+            # A layer applied to an input shared by the whole batch (Hugging Face's position_ids of shape [1, T]): its
+            # output is broadcast against the batch later, where autograd would sum the examples' output gradients.
+            # The layer's output expanded to the batch (a view of the same values) gives each example its own.
+            output, a = output.expand(b, *output.shape[1:]), a.expand(b, *a.shape[1:])
+            self._records.setdefault(module, []).append((a, output, output._version))
+            return output
+        self._records.setdefault(module, []).append((a, output, output._version))
+        return None
+
+    def _record_call(self, module, args, kwargs, output) -> None:
+        if self._records is not None and any(t.requires_grad for t in _tensors(output)):
+            args = tuple(a.detach() if torch.is_tensor(a) else a for a in args)
+            self._records.setdefault(module, []).append((args, dict(kwargs), _tensors(output)))
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> tuple[PerExampleGrads, torch.Tensor]:
+        with self.recording(batch_len(y)):
+            with torch.enable_grad():
+                losses = self.loss_fn(call_model(self.model, x), y)
+        return self.from_losses(losses), losses.detach()
+
+    @contextlib.contextmanager
+    def recording(self, batch: int):
+        """Record the layers' inputs and outputs of the forward pass(es) run inside (``batch`` examples), for
+        :meth:`from_losses`. A caller's own training loop runs its forward pass inside it."""
+        self._records, self._batch = {}, int(batch)
+        try:
+            yield
+        finally:
+            self._recorded, self._records = self._records, None
+
+    def from_losses(self, losses: torch.Tensor) -> PerExampleGrads:
+        """The per-example gradients of ``losses`` (one per example, computed from the forward pass recorded by the
+        last :meth:`recording`): one backward pass to the recorded layer outputs, then each layer's rule. The records
+        are used once."""
+        records, self._recorded = self._recorded, None
+        if records is None:
+            raise ModelError("per-example gradients need the forward pass recorded first (and use it once)")
+        calls = [(m, a, out) for m, recs in records.items() if m in self._layers for a, out, _ in recs]
+        fallbacks = [rec for m, recs in records.items() if m in self._fallback for rec in [(m, *r) for r in recs]]
+        if any(out._version != v for m, recs in records.items() if m in self._layers for _, out, v in recs):
+            raise InplaceOutputError(
+                "a layer's output is modified in place (e.g. ReLU(inplace=True)), which the layerwise "
+                "per-example gradient backend cannot see through; use grad_sampler='func'"
+            )
+        n = self._batch
+        if losses.shape != (n,):
+            raise ModelError(
+                f"the loss function must return one loss per example (shape [{n}]), got shape {list(losses.shape)}"
+            )
+        outs = [out for _, _, out in calls]
+        fb_outs = [o for _, _, _, fouts in fallbacks for o in fouts if o.requires_grad]
+        everything = outs + fb_outs
+        grads_all = torch.autograd.grad(losses.sum(), everything, allow_unused=True) if everything else []
+        grads_out, fb_grads = list(grads_all[: len(outs)]), dict(zip(map(id, fb_outs), grads_all[len(outs) :], strict=True))
+        per_example: dict = {}
+
+        def add(m: nn.Module, pname: str, g) -> None:
+            """Every use of a parameter adds to its gradient: a layer called twice, a weight tied to another layer's."""
+            key = self._names.get(id(m.get_parameter(pname)))
+            if key is not None:  # (a frozen parameter has no gradient to report)
+                per_example[key] = shared(per_example[key], g) if key in per_example else g
+
+        for m, args, kwargs, fouts in fallbacks:
+            gos = [fb_grads.get(id(o)) for o in fouts]
+            gos = [torch.zeros_like(o) if g is None else g.detach() for o, g in zip(fouts, gos, strict=True)]
+            for pname, g in _per_module(m, args, kwargs, gos, fouts).items():
+                add(m, pname, g)
+        for (m, a, out), go in zip(calls, grads_out, strict=True):
+            if go is None:
+                go = torch.zeros_like(out)
+            _, rule = self._layers[m]
+            with torch.autocast(a.device.type, enabled=False):  # (mixed precision: formed in float32)
+                for pname, g in rule(m, upcast(a), upcast(go.detach())).items():
+                    add(m, pname, g)
+        result = {}
+        for name, p in self._params.items():  # parameters the forward pass did not use: zero
+            result[name] = (
+                per_example[name] if name in per_example else p.new_zeros((n, *p.shape))
+            )
+        return PerExampleGrads(result)
+
+    def close(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+
+class AutoGradSampler:
+    """``layerwise``: its rules where a module has one, torch.func for each other module on its own (per module,
+    not for the whole model); switches to ``func`` for the whole model for good if a layer output turns out to be
+    modified in place or a module cannot be differentiated on its own (which only a forward pass reveals)."""
+
+    def __init__(self, model: nn.Module, loss_fn: LossFn):
+        self.model, self.loss_fn = model, loss_fn
+        self.backend = LayerwiseGradSampler(model, loss_fn)
+
+    @property
+    def name(self) -> str:
+        if isinstance(self.backend, LayerwiseGradSampler) and self.backend._fallback:
+            return "layerwise+func"
+        return self.backend.name
+
+    def __call__(self, x, y):
+        while True:
+            try:
+                return self.backend(x, y)
+            except (InplaceOutputError, FallbackError):
+                if isinstance(self.backend, LoopGradSampler):
+                    raise
+                self._next()
+
+    def _next(self) -> None:
+        """The next backend of the ladder: layerwise -> torch.func for the whole model -> a loop of single examples."""
+        self.backend.close()
+        nxt = FuncGradSampler if isinstance(self.backend, LayerwiseGradSampler) else LoopGradSampler
+        self.backend = nxt(self.model, self.loss_fn)
+
+    def recording(self, batch: int):
+        """The layerwise backend's recording of a caller's forward pass (:meth:`LayerwiseGradSampler.recording`);
+        a model that needs torch.func for the whole of it cannot be differentiated from a caller's forward pass."""
+        if not isinstance(self.backend, LayerwiseGradSampler):
+            raise ModelError(
+                "this model's per-example gradients need torch.func for the whole model, which recomputes the forward "
+                "pass itself: train it with the trainer's own step (make_private) instead of your own loop"
+            )
+        return self.backend.recording(batch)
+
+    def from_losses(self, losses: torch.Tensor) -> PerExampleGrads:
+        return self.backend.from_losses(losses)
+
+    def move_to_func(self, names: list[str]) -> bool:
+        """Differentiate the parameters ``names`` another way (their gradients were found wrong): the modules owning
+        them by torch.func, per module; if they were so already, the whole model by torch.func. False when the whole
+        model already is (nothing left to try)."""
+        backend = self.backend
+        if isinstance(backend, LoopGradSampler):
+            return False
+        if isinstance(backend, LayerwiseGradSampler):
+            wanted = {id(p) for n, p in backend._params.items() if n in names}
+            owners = {m for m in backend._layers if any(id(p) in wanted for p in m.parameters(recurse=False))}
+            if owners:
+                backend.close()
+                self.backend = LayerwiseGradSampler(
+                    self.model, self.loss_fn, to_func=frozenset(owners | backend._to_func)
+                )
+                return True
+        self._next()
+        return True
+
+    def close(self) -> None:
+        self.backend.close()
+
+
+def make_grad_sampler(model: nn.Module, loss_fn: LossFn, backend: str = "auto"):
+    if backend not in GRAD_SAMPLERS:
+        raise ConfigError(
+            f"unknown per-example gradient backend {backend!r}; accepted: {', '.join(GRAD_SAMPLERS)}"
+        )
+    if backend == "auto":
+        return AutoGradSampler(model, loss_fn)
+    if backend == "layerwise":
+        return LayerwiseGradSampler(model, loss_fn, fallback=False)
+    if backend == "loop":
+        return LoopGradSampler(model, loss_fn)
+    return FuncGradSampler(model, loss_fn)
