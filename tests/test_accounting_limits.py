@@ -122,7 +122,7 @@ def test_calibration_treats_the_refusal_as_infinite_epsilon():
 
 
 def test_ordinary_ledgers_keep_the_1e_4_interval_and_their_numbers():
-    # README: pld for Abadi et al.'s MNIST setting is 2.3817 at the interval 1e-4.
+    # docs/cli.md: pld for Abadi et al.'s MNIST setting is 2.3817 at the interval 1e-4.
     report = epsilon(dpsgd_ledger(1.1, 0.0042666666666666667, 14062), DELTA, "pld")
     assert report.epsilon == pytest.approx(2.3817, abs=5e-5)
     assert report.details["discretization"] == PLD_INTERVAL

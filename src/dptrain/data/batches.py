@@ -1,7 +1,7 @@
 """Training examples of any structure, in memory or read through a ``torch.utils.data.Dataset``.
 
 An example's *inputs* are a tensor, a tuple/list of tensors, or a dict of tensors (a pytree); its label is one
-tensor. Conventions (README, "Data of any shape"):
+tensor. Conventions (docs/python_api.md, "Data of any shape"):
 
 - a batch of tuple inputs is passed to the model as positional arguments, a dict batch as keyword arguments;
 - a map-style Dataset item is ``(inputs..., label)`` (a tuple or list whose last element is the label) or a dict

@@ -4,7 +4,7 @@ Fashion-MNIST, the default CNN (configs/default.toml: cnn28, one epoch, expected
 epsilon 1 and 3 at delta 1e-5, several seeds:
 
 - **default**: the untuned default config, calibrated to the whole budget (its defaults were themselves chosen by
-  looking at test accuracy: not private, README says so);
+  looking at test accuracy: not private, docs/cli.md says so);
 - **tune**: ``dptrain tune`` with a geometric number of trials of mean 10 over the learning rate and the clip norm, the
   whole search calibrated to the same budget (Papernot & Steinke, "Hyperparameter Tuning with Renyi Differential
   Privacy", ICLR 2022): each trial gets more noise, and scores itself on a noisy held-out tenth of the training data;
@@ -143,7 +143,7 @@ def findings(data: dict[str, Any]) -> list[str]:
         )
     if lines:
         lines.append(
-            "- The default's own hyperparameters were chosen by looking at test accuracy (README): its row is the "
+            "- The default's own hyperparameters were chosen by looking at test accuracy (docs/cli.md): its row is the "
             "best case of an uncounted search, which a certified search has to beat with part of the budget."
         )
     return lines

@@ -5,7 +5,7 @@ chunk (138 MB for ResNet-20 at 128 examples), the grouped-convolution outputs, t
 malloc returns large freed blocks to the operating system (``munmap``, or trimming the top of the heap), so the
 next step takes them back page by page: 70,000 page faults per ResNet-20 step of 128 fixed-size examples, where the
 non-private step of the same benchmark run took none, and 7,200 per cnn28 step of 256. On this project's 2-core machine that churn
-was most of dptrain's overhead over non-private training with fixed-size batches (README, Performance); with
+was most of dptrain's overhead over non-private training with fixed-size batches (docs/performance.md); with
 Poisson batches, whose sizes vary, fewer of the faults go away.
 
 :func:`keep_freed_memory` sets two malloc parameters (``mallopt``): blocks up to 32 MiB come from the heap rather

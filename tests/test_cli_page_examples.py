@@ -1,15 +1,15 @@
-"""README.md's "Command line" section against the code: its examples print what the README says they print.
+"""The command-line reference (docs/cli.md) against the code: its examples print what the page says they print.
 
 The "Examples:" block lists commands (``$ dptrain ...``) each followed by its expected output. Every example runs
 in-process through :func:`dptrain.cli.main`:
 
-- ``account``, ``calibrate``, ``schedule`` and the one-line error: output compared with the README's (JSON as
+- ``account``, ``calibrate``, ``schedule`` and the one-line error: output compared with the page's (JSON as
   parsed objects, floats to 1e-9 relative; text lines exactly; a line ``...`` stands for any lines, and ``...``
   inside a line for any text);
-- ``audit``: run as written plus ``--set seed=0`` (deterministic; the README's run used secret randomness), and
+- ``audit``: run as written plus ``--set seed=0`` (deterministic; the page's run used secret randomness), and
   compared the same way with the lower bound masked in both (it depends on the randomness; the certified epsilon,
   the labels and the verdict do not);
-- ``train``: the README shows no output; checked for exit code 0 and the summary it writes (into a temporary
+- ``train``: the page shows no output; checked for exit code 0 and the summary it writes (into a temporary
   directory).
 
 Also checked: the synopsis (every flag and listed choice exists) and the Gaussian calibration quoted in the prose.
@@ -29,15 +29,13 @@ import pytest
 from dptrain.cli import build_parser, main
 
 REPO = Path(__file__).resolve().parents[1]
-README = REPO / "README.md"
+CLI_PAGE = REPO / "docs" / "cli.md"
 ELLIPSIS = "..."
 
 
 def command_line_section() -> str:
-    text = README.read_text()
-    start = text.index("\n## Command line\n")
-    end = text.find("\n## ", start + 1)
-    return text[start : end if end >= 0 else len(text)]
+    text = CLI_PAGE.read_text()
+    return text[: text.index("\n## ")]
 
 
 def fenced_blocks(text: str) -> list[tuple[int, list[str]]]:
@@ -48,7 +46,7 @@ def fenced_blocks(text: str) -> list[tuple[int, list[str]]]:
 @dataclass
 class Example:
     argv: list[str]
-    expected: list[str]  # the output lines the README shows under the command
+    expected: list[str]  # the output lines the page shows under the command
 
     @property
     def command(self) -> str:
@@ -70,10 +68,10 @@ def readme_examples() -> list[Example]:
     for line in lines:
         if line.startswith("$ "):
             words = shlex.split(line[2:])
-            assert words[0] == "dptrain", f"README example does not run dptrain: {line}"
+            assert words[0] == "dptrain", f"docs/cli.md example does not run dptrain: {line}"
             examples.append(Example(words[1:], []))
         else:
-            assert examples, f"README output line before any command: {line}"
+            assert examples, f"docs/cli.md output line before any command: {line}"
             examples[-1].expected.append(line)
     return examples
 
@@ -81,7 +79,7 @@ def readme_examples() -> list[Example]:
 EXAMPLES = readme_examples()
 
 
-# --- comparing output with the README ---------------------------------------------------------------------------
+# --- comparing output with docs/cli.md ---------------------------------------------------------------------------
 
 
 def same_json(expected, actual, rel: float = 1e-9) -> bool:
@@ -162,9 +160,9 @@ def test_the_readme_has_the_examples_this_test_expects():
     assert commands.count("account") >= 2 and "calibrate" in commands and "audit" in commands
     assert sum(e.is_error for e in EXAMPLES) >= 1
     for e in EXAMPLES:  # a new kind of example needs a decision here: compare it, or say why not
-        assert e.is_error or e.command in (*COMPARED, "audit", "train"), f"unhandled README example: {e}"
+        assert e.is_error or e.command in (*COMPARED, "audit", "train"), f"unhandled docs/cli.md example: {e}"
         if e.command in COMPARED:
-            assert e.expected, f"README example without output: {e}"
+            assert e.expected, f"docs/cli.md example without output: {e}"
 
 
 @pytest.mark.parametrize("example", [e for e in EXAMPLES if e.command in COMPARED], ids=str)
@@ -172,7 +170,7 @@ def test_account_and_calibrate_print_the_readme_numbers(example, capsys):
     code, out, err = run_cli(example.argv, capsys)
     assert code == 0 and err == []
     assert same_output(example.expected, out), (
-        f"{example}\nREADME:\n" + "\n".join(example.expected) + ("\nprinted:\n" + "\n".join(out))
+        f"{example}\ndocs/cli.md:\n" + "\n".join(example.expected) + ("\nprinted:\n" + "\n".join(out))
     )
     # ... and the comparison is sharp enough to notice a README number changed by 0.1%.
     for i, line in enumerate(example.expected):
@@ -193,7 +191,7 @@ def test_the_error_example_prints_the_readme_line(example, capsys, tmp_path, mon
 def test_the_audit_example_prints_the_readme_certificate(example, capsys, tmp_path, monkeypatch):
     # The README's run drew secret randomness, so its lower bound cannot be reproduced: this run is seeded
     # (deterministic) and the lower bound is masked in both outputs. The certified epsilon depends on the config
-    # only and must be the README's.
+    # only and must be the page's.
     monkeypatch.chdir(tmp_path)
     code, out, _ = run_cli([*in_repo(example.argv), "--set", "seed=0"], capsys)
     assert code == 0
