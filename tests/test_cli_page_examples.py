@@ -172,7 +172,7 @@ def test_account_and_calibrate_print_the_readme_numbers(example, capsys):
     assert same_output(example.expected, out), (
         f"{example}\ndocs/cli.md:\n" + "\n".join(example.expected) + ("\nprinted:\n" + "\n".join(out))
     )
-    # ... and the comparison is sharp enough to notice a README number changed by 0.1%.
+    # ... and the comparison is sharp enough to notice a docs/cli.md number changed by 0.1%.
     for i, line in enumerate(example.expected):
         changed = perturbed(line)
         if changed is not None:
@@ -189,7 +189,7 @@ def test_the_error_example_prints_the_readme_line(example, capsys, tmp_path, mon
 
 @pytest.mark.parametrize("example", [e for e in EXAMPLES if e.command == "audit"], ids=str)
 def test_the_audit_example_prints_the_readme_certificate(example, capsys, tmp_path, monkeypatch):
-    # The README's run drew secret randomness, so its lower bound cannot be reproduced: this run is seeded
+    # The page's run drew secret randomness, so its lower bound cannot be reproduced: this run is seeded
     # (deterministic) and the lower bound is masked in both outputs. The certified epsilon depends on the config
     # only and must be the page's.
     monkeypatch.chdir(tmp_path)
@@ -209,7 +209,7 @@ def test_the_audit_example_prints_the_readme_certificate(example, capsys, tmp_pa
 
 @pytest.mark.parametrize("example", [e for e in EXAMPLES if e.command == "train" and not e.is_error], ids=str)
 def test_the_train_example_runs(example, capsys, tmp_path, monkeypatch):
-    # The README shows no output for it (the summary holds the wall time and secret-randomness numbers): it must
+    # The page shows no output for it (the summary holds the wall time and secret-randomness numbers): it must
     # run (a few seconds on synthetic data) and write its summary, here under a temporary directory.
     monkeypatch.chdir(tmp_path)
     argv = in_repo(example.argv)
@@ -243,7 +243,7 @@ def test_every_flag_and_choice_in_the_synopsis_exists():
         sub = commands[name]
         flags = {s: a for a in sub._actions for s in a.option_strings}
         for flag in re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", rest):
-            assert flag in flags, f"README synopsis: dptrain {name} has no {flag}"
+            assert flag in flags, f"docs/cli.md synopsis: dptrain {name} has no {flag}"
         for flag, listed in re.findall(r"(--[a-z][a-z-]*) ([\w-]+(?:\|[\w-]+)+)", rest):
             action = flags[flag]
             accepted = (
@@ -251,7 +251,7 @@ def test_every_flag_and_choice_in_the_synopsis_exists():
                 if action.choices is not None
                 else [m.split(":")[0] for m in action.metavar.split("|")]
             )
-            assert set(listed.split("|")) <= set(accepted), f"README synopsis: dptrain {name} {flag} {listed}"
+            assert set(listed.split("|")) <= set(accepted), f"docs/cli.md synopsis: dptrain {name} {flag} {listed}"
         if name == "reproduce":
             listed = rest.split()[0].split("|")
             positional = next(a for a in sub._actions if a.dest == "name")
@@ -264,7 +264,7 @@ def test_the_gaussian_calibration_quoted_in_the_prose(capsys):
         r"`dptrain ([^`]+)` prints `\"(\w+)\": ([\d.]+)\.\.\.` \(the classical formula would need ([\d.]+)\)",
         prose,
     )
-    assert m, "README: the --mechanism gaussian sentence changed; update this test"
+    assert m, "docs/cli.md: the --mechanism gaussian sentence changed; update this test"
     argv, key, prefix, classical = shlex.split(m.group(1)), m.group(2), m.group(3), float(m.group(4))
     code, out, _ = run_cli(argv, capsys)
     data = json.loads(out[0])
