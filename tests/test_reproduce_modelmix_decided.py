@@ -12,6 +12,7 @@ import pytest
 from dptrain.accounting import dpsgd_ledger, epsilon
 from dptrain.errors import ConfigError
 from dptrain.reproduce import REPRODUCTIONS, run_reproduction
+from dptrain.reproduce import equal_privacy
 from dptrain.reproduce import modelmix_decided as decided
 
 KEYS = {
@@ -121,7 +122,7 @@ def _fake(monkeypatch, calls, fail_at=None):
         },
     }
     setting["modelmix"] = {**setting["modelmix"], "tau_over_lr": 0.1, "accountant": "modelmix"}
-    monkeypatch.setattr(decided, "load", lambda cfg, quick: {m: ([0] * 10,) for m in cfg["models"]})
+    monkeypatch.setattr(decided, "load_data", lambda cfg, quick: {m: ([0] * 10,) for m in cfg["models"]})
     monkeypatch.setattr(decided, "choose_setting", lambda target, cfg, n: setting)
 
     def train(*args):
@@ -139,7 +140,7 @@ def _fake(monkeypatch, calls, fail_at=None):
         }
 
     monkeypatch.setattr(decided, "train_private", train)
-    monkeypatch.setattr(decided, "train_non_private", train)
+    monkeypatch.setattr(equal_privacy, "train_non_private", train)
 
 
 def test_an_interrupted_run_goes_on_where_it_stopped(tmp_path, monkeypatch):
@@ -214,8 +215,8 @@ def test_a_best_rate_at_the_end_of_the_grid_is_looked_beyond(tmp_path, peak, ext
         calls.append((lr, seed))
         return {"validation_accuracy": -abs(math.log2(lr / peak)), "test_accuracy": seed / 10}
 
-    runs = decided._Runs(tmp_path / "p.json", quick=True)
-    cell = decided._cell(runs, "m", 1.0, "dpsgd", 2, (0.5, 1.0, 2.0), train, extend)
+    runs = equal_privacy.Runs(tmp_path / "p.json", quick=True)
+    cell = equal_privacy.lr_cell(runs, "m", 1.0, "dpsgd", 2, (0.5, 1.0, 2.0), train, extend)
     assert sorted(lr for lr, s in calls if s == 0) == tried and len(calls) == len(set(calls))
     assert cell["learning_rate"] == kept and [lr for lr, s in calls if s > 0] == [kept]
     assert cell["at_reach"] is at_reach and sorted(float(r) for r in cell["grid"]) == tried

@@ -47,7 +47,6 @@ and 60-95 s with cnn28 (modelmix and same_variance, with L2 + L-infinity clippin
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import statistics
 import time
@@ -56,6 +55,16 @@ from pathlib import Path
 from typing import Any
 
 from dptrain.errors import AccountingError, ConfigError
+from dptrain.reproduce.equal_privacy import (
+    Runs,
+    build,
+    classes,
+    load_data,
+    lr_cell,
+    non_private_row,
+    parse_options,
+    scored,
+)
 
 __all__ = [
     "DELTA",
@@ -187,49 +196,6 @@ def choose_setting(target: float, cfg: dict, n_train: int) -> dict[str, Any]:
 # --- data and models ----------------------------------------------------------------------------------------
 
 
-def load(cfg: dict, quick: bool) -> dict[str, tuple]:
-    """model name -> (x_train, y_train, x_val, y_val, x_test, y_test). The validation examples are a fixed part of
-    the training set (generator seed 0), the same for both models; they are never trained on."""
-    import torch
-
-    if quick:
-        from dptrain.data.loaders import load_dataset
-
-        split = load_dataset("synthetic", **cfg["data_options"])
-        base = (split.train.x, split.train.y, split.test.x, split.test.y)
-        sets = dict.fromkeys(cfg["models"], base)
-    else:
-        from dptrain.reproduce import fashion_mnist
-        from dptrain.reproduce.modelmix_training import features
-
-        images = fashion_mnist()
-        sets = {
-            "scatternet_cnn": features(False),
-            "cnn28": (images.train.x, images.train.y, images.test.x, images.test.y),
-        }
-    out = {}
-    for name in cfg["models"]:
-        x, y, x_test, y_test = sets[name]
-        perm = torch.randperm(len(x), generator=torch.Generator().manual_seed(0))
-        val, train = perm[: cfg["validation"]], perm[cfg["validation"] :]
-        out[name] = (x[train], y[train], x[val], y[val], x_test, y_test)
-    return out
-
-
-def _classes(y, y_test) -> int:
-    return int(max(int(y.max()), int(y_test.max()))) + 1
-
-
-def build(name: str, x, num_classes: int):
-    if name == "scatternet_cnn":
-        from dptrain.models.scatternet import scatter_cnn_fmnist
-
-        return scatter_cnn_fmnist(num_classes)
-    from dptrain.models.builders import build_model
-
-    return build_model(name, tuple(x.shape[1:]), num_classes)
-
-
 # --- one run ------------------------------------------------------------------------------------------------
 
 
@@ -244,7 +210,7 @@ def train_private(method: str, data: tuple, setting: dict, lr: float, seed: int,
     x, y, *_, y_test = data
     start = time.perf_counter()
     torch.manual_seed(seed)
-    model = build(cfg["model"], x, _classes(y, y_test))
+    model = build(cfg["model"], x, classes(y, y_test))
     s = setting[method]
     options = {
         "max_grad_norm": setting["max_grad_norm"],
@@ -269,102 +235,15 @@ def train_private(method: str, data: tuple, setting: dict, lr: float, seed: int,
         certified = epsilon(trainer.ledger, DELTA, s["accountant"]).epsilon
     finally:
         trainer.close()
-    return _scored(model, data, certified, start)
-
-
-def _scored(model, data: tuple, certified: float | None, start: float) -> dict[str, Any]:
-    """One run's record: its accuracy on the held-out and the test examples, its certificate, its time."""
-    from dptrain.reproduce.modelmix_training import evaluate
-
-    _, _, x_val, y_val, x_test, y_test = data
-    return {
-        "validation_accuracy": evaluate(model, x_val, y_val)[0],
-        "test_accuracy": evaluate(model, x_test, y_test)[0],
-        "certified_epsilon": certified,
-        "seconds": time.perf_counter() - start,
-    }
-
-
-def train_non_private(data: tuple, lr: float, seed: int, cfg: dict) -> dict[str, Any]:
-    """One seeded non-private run of the recipe :func:`dptrain.reproduce.modelmix_training.non_private_sgd`."""
-    import torch
-
-    from dptrain.reproduce.modelmix_training import non_private_sgd
-
-    x, y, *_, y_test = data
-    recipe = cfg["non_private"]
-    start = time.perf_counter()
-    torch.manual_seed(seed)
-    model = build(cfg["model"], x, _classes(y, y_test))
-    non_private_sgd(model, x, y, lr, seed, **{k: recipe[k] for k in ("batch_size", "epochs", "momentum")})
-    return _scored(model, data, None, start)
+    return scored(model, data, certified, start)
 
 
 # --- the experiment -----------------------------------------------------------------------------------------
 
 
-def _key(model: str, target: float | None, method: str, lr: float, seed: int) -> str:
-    return f"{model}|{target}|{method}|{lr:g}|{seed}"
-
-
-class _Runs:
-    """Finished runs, kept in ``path`` after each one (an interrupted reproduction goes on where it stopped: every run
-    is seeded, so a run re-done gives the same numbers)."""
-
-    def __init__(self, path: Path, quick: bool):
-        self.path = path
-        saved = json.loads(path.read_text()) if path.exists() else {}
-        fresh = saved.get("quick") != quick
-        self.settings: dict[str, dict] = {} if fresh else saved.get("settings", {})
-        self.runs: dict[str, dict] = {} if fresh else saved.get("runs", {})
-        self.quick = quick
-
-    def save(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.write_text(json.dumps({"quick": self.quick, "settings": self.settings, "runs": self.runs}))
-
-    def get(self, key: str, compute) -> dict:
-        if key not in self.runs:
-            self.runs[key] = compute()
-            self.save()
-        return self.runs[key]
-
-
-def _cell(
-    runs: _Runs, model: str, target: float | None, method: str, seeds: int, grid, train, extend: int = 0
-) -> dict:
-    """Seed 0 at every learning rate of ``grid``; the best on the held-out examples (ties: the smaller rate) trains
-    seeds 1.. too. While the best is the smallest (largest) rate tried, the rate half (twice) that is tried too, up to
-    ``extend`` times each way: the rate kept is then inside the rates tried, or the reach is disclosed. The row's
-    accuracies are the test accuracies of every seed at the rate kept."""
-    grid, low, high = sorted(grid), min(grid) / 2**extend, max(grid) * 2**extend
-    first: dict[float, dict] = {}
-    while True:
-        for r in grid:
-            if r not in first:
-                first[r] = runs.get(_key(model, target, method, r, 0), lambda r=r: train(r, 0))
-        lr = max(grid, key=lambda r: (first[r]["validation_accuracy"], -r))
-        if lr == grid[0] and lr / 2 >= low * (1 - 1e-9):
-            grid.insert(0, lr / 2)
-        elif lr == grid[-1] and lr * 2 <= high * (1 + 1e-9):
-            grid.append(lr * 2)
-        else:
-            break
-    done = [first[lr]] + [
-        runs.get(_key(model, target, method, lr, s), lambda s=s: train(lr, s)) for s in range(1, seeds)
-    ]
-    return {
-        "learning_rate": lr,
-        "runs": done,
-        "grid": {f"{r:g}": first[r]["validation_accuracy"] for r in grid},
-        # the best rate is the end of the reach: a better one may lie beyond what was tried
-        "at_reach": len(grid) > 1 and lr in (grid[0], grid[-1]),
-    }
-
-
 def experiment(cfg: dict, quick: bool, epsilons: tuple, seeds: int, partial: Path) -> dict[str, Any]:
-    runs = _Runs(partial, quick)
-    data = load(cfg, quick)
+    runs = Runs(partial, quick)
+    data = load_data(cfg, quick)
     rows, cells = [], []
     dataset = "synthetic" if quick else "fashion_mnist"
     for model in cfg["models"]:
@@ -378,7 +257,7 @@ def experiment(cfg: dict, quick: bool, epsilons: tuple, seeds: int, partial: Pat
                 runs.save()
             setting = runs.settings[key]
             for method in PRIVATE:
-                cell = _cell(
+                cell = lr_cell(
                     runs,
                     model,
                     target,
@@ -407,53 +286,11 @@ def experiment(cfg: dict, quick: bool, epsilons: tuple, seeds: int, partial: Pat
                     }
                 )
                 cells.append({"model": model, "target_epsilon": target, "method": method, **cell})
-        cell = _cell(
-            runs,
-            model,
-            None,
-            "non_private",
-            seeds,
-            cfg["non_private"]["learning_rates"],
-            lambda lr, seed, d=d, c=run_cfg: train_non_private(d, lr, seed, c),
-            cfg["grid_extension"],
-        )
-        accuracies = [r["test_accuracy"] for r in cell["runs"]]
-        rows.append(
-            {
-                "dataset": dataset,
-                "model": model,
-                "target_epsilon": None,
-                "method": "non_private",
-                "accuracy_median": statistics.median(accuracies),
-                "accuracies": accuracies,
-                "seeds": list(range(seeds)),
-                "certified_epsilon": None,
-                "accountant": None,
-                "noise_multiplier": 0.0,
-                "tau_over_lr": None,
-                "linf_p": None,
-            }
-        )
-        cells.append({"model": model, "target_epsilon": None, "method": "non_private", **cell})
+        row, cell = non_private_row(runs, model, d, cfg, seeds, dataset)
+        rows.append({**row, "tau_over_lr": None, "linf_p": None})
+        cells.append(cell)
     settings = [s for k, s in runs.settings.items() if float(k.split("|")[1]) in epsilons]
     return {"rows": rows, "cells": cells, "settings": settings}
-
-
-def _parse(epsilons, seeds) -> tuple[tuple[float, ...] | None, int | None]:
-    if isinstance(epsilons, str):
-        try:
-            epsilons = tuple(float(e) for e in epsilons.split(","))
-        except ValueError:
-            raise ConfigError(f"--epsilons takes comma-separated numbers, got {epsilons!r}") from None
-    if epsilons is not None:
-        epsilons = tuple(epsilons)
-        if not epsilons or not all(
-            isinstance(e, int | float) and math.isfinite(e) and e > 0 for e in epsilons
-        ):
-            raise ConfigError(f"--epsilons takes positive numbers, got {epsilons!r}")
-    if seeds is not None and (isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1):
-        raise ConfigError(f"--seeds takes a number of seeds >= 1, got {seeds!r}")
-    return epsilons, seeds
 
 
 def run(out_dir: str | Path, quick: bool = False, seeds: int | None = None, epsilons=None, models=None) -> Path:
@@ -463,7 +300,7 @@ def run(out_dir: str | Path, quick: bool = False, seeds: int | None = None, epsi
     from dptrain.reproduce import single_thread
     from dptrain.reproduce.modelmix_decided_text import render
 
-    epsilons, seeds = _parse(epsilons, seeds)
+    epsilons, seeds = parse_options(epsilons, seeds)
     cfg = QUICK if quick else FULL
     if models is not None:
         chosen = tuple(m.strip() for m in models.split(",")) if isinstance(models, str) else tuple(models)

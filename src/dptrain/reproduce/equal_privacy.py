@@ -1,0 +1,200 @@
+"""Methods compared at equal certified privacy: the harness shared by the experiments that decide whether a method
+buys accuracy over DP-SGD (``dptrain reproduce modelmix-decided``, ``dptrain reproduce bandmf``, ...).
+
+- the data: Fashion-MNIST's training images with a fixed held-out part for choosing hyperparameters (never trained
+  on), the test set used once for the accuracies; a synthetic mixture in quick mode;
+- the models: Tramer & Boneh's CNN on ScatterNet features and their CNN on pixels ("Differentially Private Learning
+  Needs Better Features (or Much More Data)");
+- the learning-rate rule (:func:`lr_cell`): seed 0 at every rate of a grid, the best on the held-out examples kept and
+  seeds 1.. trained at it; while the best is at an end of the rates tried, the grid is extended, up to a reach;
+- a cache of finished runs (:class:`Runs`): every run is seeded, so an interrupted experiment goes on where it
+  stopped and a run re-done gives the same numbers;
+- the non-private ceiling (a real recipe: :func:`dptrain.reproduce.modelmix_training.non_private_sgd`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from dptrain.errors import ConfigError
+
+
+def load_data(cfg: dict, quick: bool) -> dict[str, tuple]:
+    """model name -> (x_train, y_train, x_val, y_val, x_test, y_test). The validation examples are a fixed part of
+    the training set (generator seed 0), the same for both models; they are never trained on."""
+    import torch
+
+    if quick:
+        from dptrain.data.loaders import load_dataset
+
+        split = load_dataset("synthetic", **cfg["data_options"])
+        base = (split.train.x, split.train.y, split.test.x, split.test.y)
+        sets = dict.fromkeys(cfg["models"], base)
+    else:
+        from dptrain.reproduce import fashion_mnist
+        from dptrain.reproduce.modelmix_training import features
+
+        images = fashion_mnist()
+        sets = {
+            "scatternet_cnn": features(False),
+            "cnn28": (images.train.x, images.train.y, images.test.x, images.test.y),
+        }
+    out = {}
+    for name in cfg["models"]:
+        x, y, x_test, y_test = sets[name]
+        perm = torch.randperm(len(x), generator=torch.Generator().manual_seed(0))
+        val, train = perm[: cfg["validation"]], perm[cfg["validation"] :]
+        out[name] = (x[train], y[train], x[val], y[val], x_test, y_test)
+    return out
+
+
+def classes(y, y_test) -> int:
+    return int(max(int(y.max()), int(y_test.max()))) + 1
+
+
+def build(name: str, x, num_classes: int):
+    if name == "scatternet_cnn":
+        from dptrain.models.scatternet import scatter_cnn_fmnist
+
+        return scatter_cnn_fmnist(num_classes)
+    from dptrain.models.builders import build_model
+
+    return build_model(name, tuple(x.shape[1:]), num_classes)
+
+
+def scored(model, data: tuple, certified: float | None, start: float) -> dict[str, Any]:
+    """One run's record: its accuracy on the held-out and the test examples, its certificate, its time."""
+    from dptrain.reproduce.modelmix_training import evaluate
+
+    _, _, x_val, y_val, x_test, y_test = data
+    return {
+        "validation_accuracy": evaluate(model, x_val, y_val)[0],
+        "test_accuracy": evaluate(model, x_test, y_test)[0],
+        "certified_epsilon": certified,
+        "seconds": time.perf_counter() - start,
+    }
+
+
+def train_non_private(data: tuple, lr: float, seed: int, cfg: dict) -> dict[str, Any]:
+    """One seeded non-private run of the recipe :func:`dptrain.reproduce.modelmix_training.non_private_sgd`."""
+    import torch
+
+    from dptrain.reproduce.modelmix_training import non_private_sgd
+
+    x, y, *_, y_test = data
+    recipe = cfg["non_private"]
+    start = time.perf_counter()
+    torch.manual_seed(seed)
+    model = build(cfg["model"], x, classes(y, y_test))
+    non_private_sgd(model, x, y, lr, seed, **{k: recipe[k] for k in ("batch_size", "epochs", "momentum")})
+    return scored(model, data, None, start)
+
+
+def run_key(model: str, target: float | None, method: str, lr: float, seed: int) -> str:
+    return f"{model}|{target}|{method}|{lr:g}|{seed}"
+
+
+class Runs:
+    """Finished runs, kept in ``path`` after each one (an interrupted reproduction goes on where it stopped: every run
+    is seeded, so a run re-done gives the same numbers)."""
+
+    def __init__(self, path: Path, quick: bool):
+        self.path = path
+        saved = json.loads(path.read_text()) if path.exists() else {}
+        fresh = saved.get("quick") != quick
+        self.settings: dict[str, dict] = {} if fresh else saved.get("settings", {})
+        self.runs: dict[str, dict] = {} if fresh else saved.get("runs", {})
+        self.quick = quick
+
+    def save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text(json.dumps({"quick": self.quick, "settings": self.settings, "runs": self.runs}))
+
+    def get(self, key: str, compute) -> dict:
+        if key not in self.runs:
+            self.runs[key] = compute()
+            self.save()
+        return self.runs[key]
+
+
+def lr_cell(
+    runs: Runs, model: str, target: float | None, method: str, seeds: int, grid, train, extend: int = 0
+) -> dict:
+    """Seed 0 at every learning rate of ``grid``; the best on the held-out examples (ties: the smaller rate) trains
+    seeds 1.. too. While the best is the smallest (largest) rate tried, the rate half (twice) that is tried too, up to
+    ``extend`` times each way: the rate kept is then inside the rates tried, or the reach is disclosed. The row's
+    accuracies are the test accuracies of every seed at the rate kept."""
+    grid, low, high = sorted(grid), min(grid) / 2**extend, max(grid) * 2**extend
+    first: dict[float, dict] = {}
+    while True:
+        for r in grid:
+            if r not in first:
+                first[r] = runs.get(run_key(model, target, method, r, 0), lambda r=r: train(r, 0))
+        lr = max(grid, key=lambda r: (first[r]["validation_accuracy"], -r))
+        if lr == grid[0] and lr / 2 >= low * (1 - 1e-9):
+            grid.insert(0, lr / 2)
+        elif lr == grid[-1] and lr * 2 <= high * (1 + 1e-9):
+            grid.append(lr * 2)
+        else:
+            break
+    done = [first[lr]] + [
+        runs.get(run_key(model, target, method, lr, s), lambda s=s: train(lr, s)) for s in range(1, seeds)
+    ]
+    return {
+        "learning_rate": lr,
+        "runs": done,
+        "grid": {f"{r:g}": first[r]["validation_accuracy"] for r in grid},
+        # the best rate is the end of the reach: a better one may lie beyond what was tried
+        "at_reach": len(grid) > 1 and lr in (grid[0], grid[-1]),
+    }
+
+
+def parse_options(epsilons, seeds) -> tuple[tuple[float, ...] | None, int | None]:
+    if isinstance(epsilons, str):
+        try:
+            epsilons = tuple(float(e) for e in epsilons.split(","))
+        except ValueError:
+            raise ConfigError(f"--epsilons takes comma-separated numbers, got {epsilons!r}") from None
+    if epsilons is not None:
+        epsilons = tuple(epsilons)
+        if not epsilons or not all(
+            isinstance(e, int | float) and math.isfinite(e) and e > 0 for e in epsilons
+        ):
+            raise ConfigError(f"--epsilons takes positive numbers, got {epsilons!r}")
+    if seeds is not None and (isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1):
+        raise ConfigError(f"--seeds takes a number of seeds >= 1, got {seeds!r}")
+    return epsilons, seeds
+
+
+def non_private_row(runs: Runs, model: str, data: tuple, cfg: dict, seeds: int, dataset: str) -> tuple[dict, dict]:
+    """The non-private ceiling of ``model``: its row (the JSON schema of the private rows, no certificate) and its
+    learning-rate cell."""
+    cell = lr_cell(
+        runs,
+        model,
+        None,
+        "non_private",
+        seeds,
+        cfg["non_private"]["learning_rates"],
+        lambda lr, seed: train_non_private(data, lr, seed, {**cfg, "model": model}),
+        cfg["grid_extension"],
+    )
+    accuracies = [r["test_accuracy"] for r in cell["runs"]]
+    row = {
+        "dataset": dataset,
+        "model": model,
+        "target_epsilon": None,
+        "method": "non_private",
+        "accuracy_median": statistics.median(accuracies),
+        "accuracies": accuracies,
+        "seeds": list(range(seeds)),
+        "certified_epsilon": None,
+        "accountant": None,
+        "noise_multiplier": 0.0,
+    }
+    return row, {"model": model, "target_epsilon": None, "method": "non_private", **cell}
