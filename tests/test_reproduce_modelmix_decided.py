@@ -11,8 +11,7 @@ import pytest
 
 from dptrain.accounting import dpsgd_ledger, epsilon
 from dptrain.errors import ConfigError
-from dptrain.reproduce import REPRODUCTIONS, run_reproduction
-from dptrain.reproduce import equal_privacy
+from dptrain.reproduce import REPRODUCTIONS, equal_privacy, run_reproduction
 from dptrain.reproduce import modelmix_decided as decided
 
 KEYS = {
