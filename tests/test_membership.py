@@ -27,6 +27,7 @@ from dptrain.accounting.membership import (
     tpr_bound,
 )
 from dptrain.accounting.tuning import TrialCount
+from dptrain.cli import main
 
 FPR_GRID = np.array([0.001, 0.01, 0.05, 0.1, 0.3, 0.6])
 DEFAULT_RUN = (0.5869, 256 / 60000, 234)  # the default job: z, q, steps (delta 1e-5)
@@ -203,3 +204,33 @@ def test_a_seeded_run_is_not_certified():
     ledger.private = False
     result = membership_inference(ledger, 1e-5)
     assert result["certified"] is False and "not private" in result["note"]
+
+
+# --- the command line ----------------------------------------------------------------------------------------------
+
+ACCOUNT = ["account", "--noise-multiplier", "0.5869", "--sampling-rate", str(256 / 60000), "--steps", "234"]
+
+
+def test_account_prints_the_attackers_bound(capsys, tmp_path):
+    assert main([*ACCOUNT, "--delta", "1e-5", "--json"]) == 0
+    mi = json.loads(capsys.readouterr().out)["membership_inference"]
+    assert mi["tpr_at_fpr_1pct"] == pytest.approx(0.0253, abs=1e-4) and mi["mu_gdp"] is None
+    assert mi["tpr_at_fpr_10pct"] == pytest.approx(0.158, abs=1e-4) and mi["accountant"] == "pld"
+    assert main([*ACCOUNT, "--delta", "1e-5", "--accountant", "all", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["membership_inference"] == mi
+    png = tmp_path / "attacker.png"
+    assert main([*ACCOUNT, "--delta", "1e-5", "--attacker-plot", str(png)]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if "membership-inference" in line]
+    assert len(lines) == 1 and "TPR <= 2.53% at FPR 1%, <= 15.8% at FPR 10%" in lines[0]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_account_gives_mu_for_full_batches_and_no_number_for_a_search(capsys):
+    full = ["account", "--noise-multiplier", "2", "--sampling-rate", "1", "--sampling", "full", "--steps", "4"]
+    assert main([*full, "--delta", "1e-5", "--json"]) == 0
+    mi = json.loads(capsys.readouterr().out)["membership_inference"]
+    assert mi["mu_gdp"] == pytest.approx(1.0) and mi["accountant"] == "gdp"
+    assert mi["tpr_at_fpr_1pct"] == pytest.approx(gaussian_tpr(0.01, 1.0), rel=1e-9)
+    assert main([*ACCOUNT, "--delta", "1e-5", "--tuning-mean", "10", "--json"]) == 0
+    mi = json.loads(capsys.readouterr().out)["membership_inference"]
+    assert mi["tpr_at_fpr_1pct"] is None and "hyperparameter search" in mi["no_profile"]
