@@ -223,6 +223,9 @@ def test_account_prints_the_attackers_bound(capsys, tmp_path):
     lines = [line for line in capsys.readouterr().out.splitlines() if "membership-inference" in line]
     assert len(lines) == 1 and "TPR <= 2.53% at FPR 1%, <= 15.8% at FPR 10%" in lines[0]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main([*ACCOUNT, "--delta", "1e-5", "--attacker-plot", str(tmp_path / "no" / "a.png")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("dptrain: error: --attacker-plot: cannot write")
 
 
 def test_account_gives_mu_for_full_batches_and_no_number_for_a_search(capsys):

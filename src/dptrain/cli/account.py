@@ -195,8 +195,12 @@ def draw_attacker_curve(result: dict, path: str, settings: str = "") -> None:
     axes[0].legend(loc="lower right", fontsize=8)
     fig.suptitle(f"The best membership-inference attacker: TPR at each FPR\n{settings}", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        fig.savefig(path, dpi=110)
+    except OSError as e:
+        raise ConfigError(f"--attacker-plot: cannot write {path}: {e.strerror or e}") from None
+    finally:
+        plt.close(fig)
 
 
 def _search(args: argparse.Namespace, trial, trials) -> int:
