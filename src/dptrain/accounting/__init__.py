@@ -37,6 +37,7 @@ from dptrain.accounting.calibration import (
     max_releases,
 )
 from dptrain.accounting.ledger import Ledger, LedgerEntry, dpsgd_ledger, gaussian_step_event, step_facts
+from dptrain.accounting.membership import membership_inference
 from dptrain.accounting.run_numbers import RunNumbers, steps_for_epochs
 from dptrain.accounting.tuning import TrialCount, search_ledger, search_report, trial_noise_for_search
 
@@ -65,6 +66,7 @@ __all__ = [
     "gaussian_step_event",
     "get_accountant",
     "max_releases",
+    "membership_inference",
     "register_accountant",
     "search_ledger",
     "search_report",

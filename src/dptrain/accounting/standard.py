@@ -283,6 +283,14 @@ class PldAccountant:
         return PldAccountant(max(self.value_discretization_interval, PLD_SEARCH_INTERVAL))
 
     def report(self, ledger: Ledger, delta: float) -> PrivacyReport:
+        composed, interval = self.composed(ledger)
+        eps = finite_epsilon(composed.get_epsilon_for_delta(delta), self.name)
+        return PrivacyReport(eps, delta, self.name, True, {"discretization": interval})
+
+    def composed(self, ledger: Ledger) -> tuple[PLD, float]:
+        """The ledger's composed PLD (both orderings, pessimistic) and the interval it was composed at: the privacy
+        profile this accountant certifies, delta(eps) = ``composed.get_delta_for_epsilon(eps)`` for every eps (what
+        :mod:`dptrain.accounting.membership` reads). Refuses what :meth:`report` refuses."""
         refuse_search(ledger, self.name)  # dp_accounting's PLDs have no RepeatAndSelectDpEvent
         check_noise(ledger, self.name)
         releases = _pld_releases(ledger)
@@ -290,7 +298,7 @@ class PldAccountant:
         while True:
             composed, excess = _compose_pld(releases, interval, ledger.neighboring)
             if composed is not None:
-                break
+                return composed, interval
             interval *= 2 ** math.ceil(math.log2(excess))
             if interval > PLD_MAX_INTERVAL:
                 raise AccountingError(
@@ -298,8 +306,6 @@ class PldAccountant:
                     f"the discretization interval {PLD_MAX_INTERVAL:g} would need more than {PLD_MAX_POINTS} "
                     "points); use rdp"
                 )
-        eps = finite_epsilon(composed.get_epsilon_for_delta(delta), self.name)
-        return PrivacyReport(eps, delta, self.name, True, {"discretization": interval})
 
 
 def _pld_releases(ledger: Ledger) -> list[tuple[float, float | None, int]]:

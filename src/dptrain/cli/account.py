@@ -15,6 +15,11 @@ from dptrain.errors import ConfigError
 # dp_accounting and scipy (dptrain.accounting) are imported when the command runs: building the parser stays light.
 
 NAME = "account"
+#: Why ``--accountant last_iterate`` gives no membership-inference bound.
+LAST_ITERATE_NO_PROFILE = (
+    "the last_iterate accountant certifies epsilon at one delta for the last iterate; the pld accountant's privacy "
+    "profile of both orderings, which this bound reads, is not computed from these flags"
+)
 HELP = "epsilon spent by DP-SGD (or projected noisy SGD) with given parameters"
 
 
@@ -44,6 +49,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     common.add_modelmix(parser)
     common.add_tuning(parser)
+    parser.add_argument(
+        "--attacker-plot",
+        metavar="PATH",
+        help="also draw the membership-inference attacker's bound (TPR against FPR) to this PNG",
+    )
     common.add_json(parser)
 
 
@@ -74,9 +84,10 @@ def run(args: argparse.Namespace) -> int:
     else:
         names, reports, refusals = [args.accountant], [epsilon(ledger, args.delta, args.accountant)], {}
     best = tightest({r.accountant: r for r in reports})
+    attacker = _attacker(args, ledger)
     if args.json:
         if len(names) == 1:
-            print(json.dumps(reports[0].to_dict()))
+            print(json.dumps({**reports[0].to_dict(), "membership_inference": _attacker_json(attacker)}))
         else:
             print(
                 json.dumps(
@@ -86,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
                         "accountant": best.accountant if best else None,
                         "all": [r.to_dict() for r in reports],
                         "refused": refusals,
+                        "membership_inference": _attacker_json(attacker),
                     }
                 )
             )
@@ -106,7 +118,89 @@ def run(args: argparse.Namespace) -> int:
             )
     for name, why in refusals.items():
         print(f"{name:>4}: refused: {why}")
+    print(_attacker_line(attacker))
     return 0
+
+
+def _attacker(args: argparse.Namespace, ledger, reason: str | None = None) -> dict:
+    """The bound on a membership-inference attacker (:func:`dptrain.accounting.membership.membership_inference`; no
+    number where ``reason`` says there is no profile), drawn to ``--attacker-plot`` when given."""
+    from dptrain.accounting.membership import membership_inference, no_profile
+
+    plot = getattr(args, "attacker_plot", None)
+    result = no_profile(reason, args.delta) if reason else membership_inference(ledger, args.delta, curve=bool(plot))
+    if plot:
+        if result["tpr_at_fpr_1pct"] is None:
+            raise ConfigError(f"--attacker-plot: there is no bound to draw ({result['no_profile']})")
+        draw_attacker_curve(result, plot, _settings(args))
+    return result
+
+
+def _attacker_json(result: dict) -> dict:
+    from dptrain.accounting.membership import compact
+
+    return compact(result)
+
+
+def _attacker_line(result: dict) -> str:
+    from dptrain.accounting.membership import summary_line
+
+    return summary_line(result)
+
+
+def _settings(args: argparse.Namespace) -> str:
+    steps = f"{args.steps} steps" if getattr(args, "steps", None) is not None else ""
+    if getattr(args, "noise_multiplier", None) is None:
+        return steps
+    return (
+        f"noise multiplier {args.noise_multiplier:g}, {args.sampling} sampling at rate {args.sampling_rate:.4g}, "
+        f"{steps}, delta {args.delta:g}"
+    )
+
+
+def draw_attacker_curve(result: dict, path: str, settings: str = "") -> None:
+    """Draw ``result`` (:func:`~dptrain.accounting.membership.membership_inference` with ``curve=True``) to a PNG at
+    ``path``: the best attacker's TPR against its FPR (the tight bound from the privacy profile), the reading of the
+    one (epsilon, delta) pair alone and the diagonal (guessing), on linear axes and on log-log axes (small FPRs)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    curve = result["curve"]
+    fpr, tight, pair = curve["fpr"], curve["tpr"], curve["tpr_epsilon_delta"]
+    how = f"mu-GDP, mu = {result['mu_gdp']:.3g}" if result["accountant"] == "gdp" else "pld privacy profile"
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.6))
+    for ax, log in zip(axes, (False, True), strict=True):
+        pair_label = f"(epsilon, delta) = ({result['epsilon']:.3g}, {result['delta']:g}) alone"
+        ax.plot(fpr, pair, color="tab:orange", label=pair_label)
+        ax.plot(fpr, tight, color="tab:blue", label=f"tight bound ({how})")
+        ax.plot([1e-5, 1], [1e-5, 1], color="gray", linestyle=":", label="guessing (TPR = FPR)")
+        for key, a in (("tpr_at_fpr_1pct", 0.01), ("tpr_at_fpr_10pct", 0.10)):
+            ax.plot([a], [result[key]], "o", color="tab:blue")
+            if log:
+                label = f"TPR {100 * result[key]:.3g}% at FPR {a:.0%}"
+                ax.annotate(label, (a, result[key]), textcoords="offset points", xytext=(6, -12))
+        if log:
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ax.set_xlim(1e-5, 1)
+            ax.set_ylim(1e-5, 1.05)
+        else:
+            ax.set_xlim(0, 1)
+            ax.set_ylim(0, 1.02)
+        ax.set_xlabel("false-positive rate (FPR)")
+        ax.set_ylabel("true-positive rate (TPR)")
+        ax.grid(alpha=0.3)
+    axes[0].legend(loc="lower right", fontsize=8)
+    fig.suptitle(f"The best membership-inference attacker: TPR at each FPR\n{settings}", fontsize=10)
+    fig.tight_layout()
+    try:
+        fig.savefig(path, dpi=110)
+    except OSError as e:
+        raise ConfigError(f"--attacker-plot: cannot write {path}: {e.strerror or e}") from None
+    finally:
+        plt.close(fig)
 
 
 def _search(args: argparse.Namespace, trial, trials) -> int:
@@ -135,8 +229,9 @@ def _search(args: argparse.Namespace, trial, trials) -> int:
     }
     if args.accountant == "all":
         out["refused"] = refusals
+    attacker = _attacker(args, search)
     if args.json:
-        print(json.dumps(out))
+        print(json.dumps({**out, "membership_inference": _attacker_json(attacker)}))
         return 0
     print(
         f"{'search':>12}: epsilon = {best.epsilon:.6g} at delta = {args.delta:g}  ({best.accountant}; the best of a "
@@ -145,6 +240,7 @@ def _search(args: argparse.Namespace, trial, trials) -> int:
     print(f"{'single run':>12}: epsilon = {single.epsilon:.6g}  ({single.accountant}; one trial alone)")
     for name, why in refusals.items():
         print(f"{name:>12}: refused: {why}")
+    print(_attacker_line(attacker))
     return 0
 
 
@@ -201,8 +297,9 @@ def _last_iterate(args: argparse.Namespace) -> int:
         check(args.rdp_order > 1, "--rdp-order", "a number > 1", args.rdp_order)
         at = rdp_bound(st, args.rdp_order)
         out.update(rdp_order=args.rdp_order, rdp=at.rdp, rdp_composition=at.composition)
+    attacker = _attacker(args, None, LAST_ITERATE_NO_PROFILE)
     if args.json:
-        print(json.dumps(out))
+        print(json.dumps({**out, "membership_inference": _attacker_json(attacker)}))
         return 0
     burn = (
         "none (decaying steps keep growing)"
@@ -220,4 +317,5 @@ def _last_iterate(args: argparse.Namespace) -> int:
         print(
             f"   RDP at order {args.rdp_order:g}: {out['rdp']:.6g} (composition {out['rdp_composition']:.6g})"
         )
+    print(_attacker_line(attacker))
     return 0
