@@ -16,6 +16,7 @@ def format_report(summary: dict) -> str:
     rows = [
         ("privacy", f"epsilon = {summary['epsilon']:.4f}{target} at delta = {summary['delta']:g}{cert}"),
         ("accountant", summary["accountant"] + (f" (others: {others})" if others else "")),
+        *([("attacker", _attacker_text(summary["membership_inference"]))] if "membership_inference" in summary else []),
         *([_last_iterate_row(summary)] if "epsilon_last_iterate" in summary else []),
         *([("NOT private", "; ".join(summary["not_private_because"]))] if not private else []),
         *(("note", note) for note in summary.get("notes", [])),
@@ -46,6 +47,17 @@ def format_report(summary: dict) -> str:
     ]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def _attacker_text(bound: dict) -> str:
+    """The membership-inference bound in words (docs/privacy.md, "What a budget means to an attacker")."""
+    if bound.get("tpr_at_fpr_1pct") is None:
+        return f"no bound on a membership-inference attacker ({bound.get('no_profile')})"
+    how = f"mu-GDP, mu = {bound['mu_gdp']:.3g}" if bound.get("mu_gdp") is not None else bound["accountant"]
+    return (
+        f"membership inference: TPR <= {100 * bound['tpr_at_fpr_1pct']:.3g}% at FPR 1%, "
+        f"<= {100 * bound['tpr_at_fpr_10pct']:.3g}% at FPR 10% ({how})"
+    )
 
 
 def _accuracy_text(summary: dict) -> str:

@@ -30,6 +30,7 @@ from torch import nn
 from dptrain.engine import distributed
 from dptrain.accounting import AUTO, Ledger, RunNumbers, all_reports, tightest
 from dptrain.accounting.ledger import ledger_noise_multiplier, training_steps
+from dptrain.accounting.membership import compact, membership_inference
 from dptrain.config import (
     ALGORITHMS,
     SECTIONS,
@@ -591,6 +592,15 @@ def accountant_table(ledger: Ledger, delta: float) -> dict:
     return table
 
 
+def attacker_bound(ledger: Ledger, delta: float) -> dict:
+    """The bound on any membership-inference attacker against the run (:mod:`dptrain.accounting.membership`): the
+    highest true-positive rate at a false-positive rate of 1% and 10%, or why there is none."""
+    try:
+        return compact(membership_inference(ledger, delta))
+    except AccountingError as e:  # e.g. a ledger with no release yet
+        return {"tpr_at_fpr_1pct": None, "tpr_at_fpr_10pct": None, "no_profile": str(e)}
+
+
 def _summary(job: Job, rd: RunDirectory, final: dict | None, wall: float, finished: bool) -> dict:
     """One summary format for every algorithm (its extras are added by the loop)."""
     t, cfg = job.trainer, job.cfg
@@ -604,6 +614,7 @@ def _summary(job: Job, rd: RunDirectory, final: dict | None, wall: float, finish
         **({"not_private_because": t.not_private_reasons} if not t.private else {}),
         "accountant_choice": "auto: the tightest certified" if cfg.privacy.accountant == AUTO else "config",
         "accountants": accountant_table(t.ledger, report.delta),
+        "membership_inference": attacker_bound(t.ledger, report.delta),
         "test_accuracy": final["accuracy"] if final is not None else None,
         "test_is_public": job.test_is_public,
         "steps": t.steps,
