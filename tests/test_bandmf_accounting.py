@@ -11,6 +11,7 @@ import pytest
 
 from dptrain.accounting import (
     Ledger,
+    TrialCount,
     accountant_names,
     bandmf_ledger,
     bandmf_sensitivity,
@@ -24,6 +25,7 @@ from dptrain.accounting import (
     optimal_coefficients,
     participation_sensitivity,
     register_accountant,
+    search_report,
 )
 from dptrain.accounting import base as accounting_base
 from dptrain.accounting.bandmf_sensitivity import column_norms, worst_group_participations
@@ -134,6 +136,12 @@ def test_every_other_accountant_refuses_in_one_line():
             epsilon(ledger, DELTA, "naive_test")
     finally:
         accounting_base._REGISTRY.pop("naive_test")
+
+
+def test_a_search_over_bandmf_trials_is_the_search_over_the_equivalent_event():
+    trials = TrialCount.named(10, "geometric")
+    bandmf = search_report(bandmf_ledger(SIGMA, Q, 100, _coefficients(4)), trials, DELTA, "rdp")
+    assert bandmf.search.epsilon == search_report(_equivalent(SIGMA, Q, 100, 4), trials, DELTA, "rdp").search.epsilon
 
 
 def test_malformed_bandmf_entries_are_refused():

@@ -161,9 +161,10 @@ def workload_error(coefficients, steps: int, workload: Workload = PREFIX_SUMS) -
     u = inverse_column(c, steps)
     if not np.all(np.isfinite(u)):
         return math.inf
-    v = workload.apply(u)
-    with np.errstate(over="ignore"):
-        return float(np.dot(c, c) * np.dot(steps - np.arange(steps), v * v))
+    with np.errstate(over="ignore", invalid="ignore"):
+        v = workload.apply(u)
+        value = float(np.dot(c, c) * np.dot(steps - np.arange(steps), v * v))
+    return value if math.isfinite(value) else math.inf
 
 
 #: Inside the optimizer u is computed until it stays below this fraction of its peak (zero in double precision).
