@@ -3,7 +3,8 @@
 Accountants are looked up by name in a registry; ``rdp`` and ``pld`` delegate to dp_accounting,
 ``gdp`` is the Gaussian-DP accountant of Dong, Roth & Su. Later modules register their own. A hyperparameter
 search (the best of a random number of trials; Papernot & Steinke) is a ledger entry of its own
-(:mod:`dptrain.accounting.tuning`), which ``rdp`` certifies.
+(:mod:`dptrain.accounting.tuning`), which ``rdp`` certifies. Banded matrix factorization (Choquette-Choo et al.) is
+recorded as one entry per run (:mod:`dptrain.accounting.bandmf_ledger`), which ``pld`` and ``rdp`` certify.
 """
 
 from dptrain.accounting import standard as _standard  # noqa: F401, I001  (registers "rdp", "pld" first)
@@ -36,6 +37,18 @@ from dptrain.accounting.calibration import (
     gaussian_mechanism_noise,
     max_releases,
 )
+from dptrain.accounting.bandmf_bands import BandsChoice, bandmf_noise_multiplier, choose_bands, rmse_ratio
+from dptrain.accounting.bandmf_ledger import bandmf_ledger, bandmf_step, bandmf_step_index
+from dptrain.accounting.bandmf_noise import noise_recurrence, streamed_noise
+from dptrain.accounting.bandmf_sensitivity import bandmf_sensitivity, participation_sensitivity
+from dptrain.accounting.bandmf_strategy import (
+    PREFIX_SUMS,
+    Workload,
+    momentum_workload,
+    optimal_coefficients,
+    toeplitz_workload,
+    workload_error,
+)
 from dptrain.accounting.ledger import Ledger, LedgerEntry, dpsgd_ledger, gaussian_step_event, step_facts
 from dptrain.accounting.membership import membership_inference
 from dptrain.accounting.run_numbers import RunNumbers, steps_for_epochs
@@ -44,6 +57,23 @@ from dptrain.accounting.tuning import TrialCount, search_ledger, search_report, 
 __all__ = [
     "AUTO",
     "Accountant",
+    "BandsChoice",
+    "PREFIX_SUMS",
+    "Workload",
+    "bandmf_ledger",
+    "bandmf_noise_multiplier",
+    "bandmf_sensitivity",
+    "bandmf_step",
+    "bandmf_step_index",
+    "choose_bands",
+    "momentum_workload",
+    "noise_recurrence",
+    "optimal_coefficients",
+    "participation_sensitivity",
+    "rmse_ratio",
+    "streamed_noise",
+    "toeplitz_workload",
+    "workload_error",
     "Calibration",
     "all_reports",
     "calibrate",

@@ -12,6 +12,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from dptrain.accounting.bandmf_ledger import check_bandmf
 from dptrain.accounting.checks import check_delta, check_epsilon, check_noise_multiplier  # noqa: F401
 from dptrain.accounting.ledger import FILTER_FACT, Ledger
 from dptrain.errors import AccountingError, ConfigError
@@ -46,6 +47,9 @@ class Accountant(Protocol):
     description: str
     #: Optional: the ledger facts the accountant reads (None or absent: it may read any). Used to memoize reports.
     facts_used: tuple[str, ...] | None
+    #: Optional: True when it certifies banded matrix factorization runs (it composes each entry's event
+    #: ``entry.compositions`` times); absent or False: such ledgers are refused before it reads them.
+    covers_bandmf: bool
 
     def report(self, ledger: Ledger, delta: float) -> PrivacyReport:
         """Epsilon at ``delta`` for ``ledger``; raises AccountingError if it cannot be certified."""
@@ -91,8 +95,9 @@ def _content_key(ledger: Ledger, facts_used: tuple[str, ...] | None) -> str:
     """The ledger as the accountant sees it: events, counts, adjacency and the facts it reads (all if it does not
     declare ``facts_used``)."""
     data = ledger.to_dict()
-    if facts_used is not None:
-        for e in data["entries"]:
+    for entry, e in zip(ledger.entries, data["entries"], strict=True):
+        e["compositions"] = entry.compositions  # facts may change it (a BandMF run's bands)
+        if facts_used is not None:
             e["facts"] = {k: v for k, v in e["facts"].items() if k in facts_used}
     return json.dumps(data, sort_keys=True)
 
@@ -134,6 +139,7 @@ def epsilon(ledger: Ledger, delta: float, accountant: str = AUTO) -> PrivacyRepo
             "noise adaptively (a validation noise schedule), under a privacy filter that only the filter accountant "
             "reads"
         )
+    check_bandmf(ledger, accountant, getattr(acc, "covers_bandmf", False))
     key = (_content_key(ledger, getattr(acc, "facts_used", None)), delta, accountant, id(acc))
     if key in _REPORTS:
         _REPORTS.move_to_end(key)

@@ -54,6 +54,7 @@ def _phase_cost(entry: LedgerEntry) -> tuple[float, float]:
 class CompositionAccountant:
     name = "composition"
     facts_used = ("mechanism", "delta", "epsilon")  # events and adjacency only plus these
+    covers_bandmf = True  # the training phase (DP-SGD or BandMF) goes to pld
     description = "basic composition of a pipeline's phases (Dwork & Roth Thm 3.16; DPSGD-F Algorithm 2)"
 
     def report(self, ledger: Ledger, delta: float) -> PrivacyReport:

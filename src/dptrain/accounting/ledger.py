@@ -39,6 +39,11 @@ FILTER_FACT = "filter"
 #: Batch selection schemes an event may come from. Which accountant applies depends on it.
 SAMPLING_SCHEMES = ("poisson", "full", "fixed_size_without_replacement", "cyclic")
 
+#: facts["mechanism"] of the steps of a banded matrix factorization run (:mod:`dptrain.accounting.bandmf_ledger`):
+#: the entry's ``count`` is the run's steps, its event one participation of the most frequent of facts["bands"] groups,
+#: which composes ceil(count / bands) times (:attr:`LedgerEntry.compositions`).
+BANDMF_MECHANISM = "bandmf"
+
 
 # --- DpEvent <-> JSON -------------------------------------------------------------------------------------
 
@@ -106,8 +111,20 @@ class LedgerEntry:
     count: int
     facts: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def compositions(self) -> int:
+        """How many times ``event`` composes: ``count``, except in a banded matrix factorization run, whose ``count``
+        steps compose its event (one participation of the most frequent group) ceil(count / bands) times."""
+        if self.facts.get("mechanism") != BANDMF_MECHANISM:
+            return self.count
+        bands = self.facts.get("bands")
+        if isinstance(bands, bool) or not isinstance(bands, int) or bands < 1:
+            raise AccountingError(f"a bandmf ledger entry must state its bands, an integer >= 1; got {bands!r}")
+        return -(-self.count // bands)
+
     def composed(self) -> dpa.DpEvent:
-        return self.event if self.count == 1 else dpa.SelfComposedDpEvent(self.event, self.count)
+        n = self.compositions
+        return self.event if n == 1 else dpa.SelfComposedDpEvent(self.event, n)
 
     def to_dict(self) -> dict[str, Any]:
         return {"event": event_to_dict(self.event), "count": self.count, "facts": self.facts}
@@ -306,7 +323,7 @@ def dpsgd_ledger(
 
 
 #: facts["mechanism"] of the releases that are training steps (what a run's step counter counts).
-TRAINING_MECHANISMS = ("dpsgd", "projected_noisy_sgd")
+TRAINING_MECHANISMS = ("dpsgd", "projected_noisy_sgd", BANDMF_MECHANISM)
 
 
 def training_steps(ledger: Ledger) -> int:

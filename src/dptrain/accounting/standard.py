@@ -214,6 +214,7 @@ _LARGE_ORDER_TRIGGER = 448
 class RdpAccountant:
     name = "rdp"
     facts_used = ()  # events and adjacency only
+    covers_bandmf = True  # composes Ledger.dp_event(): a BandMF run as ceil(T/b) participations
     description = "Renyi DP of the subsampled Gaussian (dp_accounting RdpAccountant)"
 
     def report(self, ledger: Ledger, delta: float) -> PrivacyReport:
@@ -271,6 +272,7 @@ PLD = privacy_loss_distribution.PrivacyLossDistribution
 class PldAccountant:
     name = "pld"
     facts_used = ()  # events and adjacency only
+    covers_bandmf = True  # composes each entry's event entry.compositions times
     description = "privacy loss distributions, pessimistic discretization (dp_accounting PLDs)"
 
     def __init__(self, value_discretization_interval: float = PLD_INTERVAL):
@@ -315,14 +317,14 @@ def _pld_releases(ledger: Ledger) -> list[tuple[float, float | None, int]]:
     for e in ledger.entries:
         ev = e.event
         if isinstance(ev, dpa.GaussianDpEvent):
-            out.append((ev.noise_multiplier, None, e.count))
+            out.append((ev.noise_multiplier, None, e.compositions))
         elif (
             isinstance(ev, dpa.PoissonSampledDpEvent)
             and isinstance(ev.event, dpa.GaussianDpEvent)
             and ledger.neighboring == "add_or_remove_one"
         ):
             if ev.sampling_probability > 0:  # q = 0 releases nothing
-                out.append((ev.event.noise_multiplier, ev.sampling_probability, e.count))
+                out.append((ev.event.noise_multiplier, ev.sampling_probability, e.compositions))
         else:
             raise _not_covered(ledger, "pld")
     return out

@@ -1,0 +1,174 @@
+"""How many bands: the error of BandMF relative to DP-SGD at the same certified epsilon, and the choice of b from
+public quantities only. numpy/scipy/dp_accounting.
+
+Choquette-Choo, Ganesh, McKenna, McMahan, Rush, Thakurta, Xu, "(Amplified) Banded Matrix Factorization: A unified
+approach to private training" (NeurIPS 2023). More bands correlate the noise over more steps (less error at unit
+noise, E_b decreasing in b) but split the data into more groups: each group takes part ceil(T/b) times at rate b q,
+so the noise multiplier sigma_b that a budget allows grows with b (Theorem 4's equivalent DP-SGD event). The
+trade-off, the paper's choice of b, is
+
+    rmse_ratio(b) = sigma_b sqrt(E_b) / (sigma_1 sqrt(E_1)),
+
+the RMSE of the workload (prefix sums: SGD's iterates) under BandMF over DP-SGD's at equal epsilon (b = 1 is DP-SGD:
+c = [1], E_1 = ||A||_F^2). Both sigmas are calibrated by pld, the tightest accountant that certifies these ledgers.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, field
+
+from scipy import optimize
+
+from dptrain.accounting.bandmf_ledger import bandmf_ledger, group_sampling_rate
+from dptrain.accounting.bandmf_strategy import (
+    PREFIX_SUMS,
+    Workload,
+    check_steps,
+    optimal_coefficients,
+    workload_error,
+)
+from dptrain.accounting.base import get_accountant
+from dptrain.accounting.calibration import calibrate_noise
+from dptrain.accounting.checks import check_delta, check_epsilon
+from dptrain.errors import AccountingError, NoFiniteEpsilon
+
+#: The accountant that calibrates both sigmas: the tightest that certifies a BandMF ledger.
+ACCOUNTANT = "pld"
+#: The largest b :func:`choose_bands` tries by default (the engine keeps b - 1 noise vectors of the model's size).
+DEFAULT_MAX_BANDS = 256
+
+
+def _first_band(bands: int) -> tuple[float, ...]:
+    """c = e_0 of length b: unit norm, so its ledger has the same events as any optimized c of b bands (sigma does
+    not depend on c)."""
+    return (1.0,) + (0.0,) * (bands - 1)
+
+
+@functools.lru_cache(maxsize=1024)
+def bandmf_noise_multiplier(epsilon: float, delta: float, sampling_rate: float, steps: int, bands: int) -> float:
+    """The smallest sigma with which pld certifies ``steps`` steps of BandMF with ``bands`` bands at overall rate q
+    within (epsilon, delta) (:func:`dptrain.accounting.calibration.calibrate_noise` on :func:`bandmf_ledger`, i.e.
+    ceil(T/b) DP-SGD steps at rate min(1, b q)). Memoized."""
+    c = _first_band(check_steps(bands, "bands"))
+    start = _SEARCHED.get((epsilon, delta, sampling_rate, steps, bands), 1.0)  # a nearby sigma saves evaluations
+    return calibrate_noise(epsilon, delta, lambda s: bandmf_ledger(s, sampling_rate, steps, c), ACCOUNTANT, start=start)
+
+
+#: sigma by (epsilon, delta, q, T, b) from pld's search grid: :func:`_search_noise_multiplier`'s memo.
+_SEARCHED: dict[tuple, float] = {}
+
+
+def _search_noise_multiplier(
+    epsilon: float, delta: float, sampling_rate: float, steps: int, bands: int, guess: float = 1.0
+) -> float:
+    """sigma from pld's search variant (its coarser grid, epsilon within 2e-4 of pld's on DP-SGD ledgers): what
+    :func:`choose_bands` ranks the candidates with; the chosen b is then calibrated by pld itself. ``guess``: where
+    the bracket starts (the previous candidate's sigma). Memoized."""
+    key = (epsilon, delta, sampling_rate, steps, bands)
+    if key in _SEARCHED:
+        return _SEARCHED[key]
+    search = get_accountant(ACCOUNTANT).for_search()
+    c = _first_band(bands)
+
+    @functools.cache
+    def gap(sigma: float) -> float:  # cached: brentq re-evaluates its bracket's ends
+        try:
+            return min(search.report(bandmf_ledger(sigma, sampling_rate, steps, c), delta).epsilon, 1e6) - epsilon
+        except NoFiniteEpsilon:
+            return 1e6
+
+    # bracket from the guess and a secant-like second point (epsilon falls roughly like 1/sigma), then widen
+    g = gap(guess)
+    other = guess * min(2.0, max(0.5, (g + epsilon) / epsilon)) * (1.02 if g > 0 else 0.98)
+    lo, hi = sorted((guess, other))
+    while gap(hi) > 0:
+        lo, hi = hi, hi * 1.5
+        if hi > 1e4:
+            raise AccountingError(f"epsilon={epsilon} at delta={delta} needs a noise multiplier above 1e4")
+    while gap(lo) <= 0:
+        hi, lo = lo, lo / 1.5
+    if len(_SEARCHED) > 4096:
+        _SEARCHED.clear()
+    _SEARCHED[key] = float(optimize.brentq(gap, lo, hi, rtol=1e-5))
+    return _SEARCHED[key]
+
+
+def _check(steps, sampling_rate, epsilon, delta) -> tuple[int, float, float, float]:
+    steps = check_steps(steps)
+    group_sampling_rate(sampling_rate, 1)  # a number in (0, 1]
+    return steps, float(sampling_rate), check_epsilon(epsilon), check_delta(delta)
+
+
+def rmse_ratio(
+    steps: int, sampling_rate: float, epsilon: float, delta: float, bands: int, workload: Workload = PREFIX_SUMS
+) -> float:
+    """sigma_b sqrt(E_b) / (sigma_1 sqrt(E_1)) (module docstring): below 1 when BandMF with ``bands`` optimized bands
+    (:func:`dptrain.accounting.bandmf_strategy.optimal_coefficients`) estimates the workload with less error than
+    DP-SGD at the same certified (epsilon, delta), both sigmas calibrated by pld (Choquette-Choo et al., "(Amplified)
+    Banded Matrix Factorization": the comparison of amplified BandMF with DP-SGD that sets their b)."""
+    steps, q, epsilon, delta = _check(steps, sampling_rate, epsilon, delta)
+    c = optimal_coefficients(steps, check_steps(bands, "bands"), workload)
+    error = workload_error(c, steps, workload) / workload.frobenius_squared(steps)
+    sigma_b = bandmf_noise_multiplier(epsilon, delta, q, steps, bands)
+    sigma_1 = bandmf_noise_multiplier(epsilon, delta, q, steps, 1)
+    return sigma_b / sigma_1 * math.sqrt(error)
+
+
+@dataclass(frozen=True)
+class BandsChoice:
+    """What :func:`choose_bands` found: b, its coefficients, the sigma pld certifies for the budget, the RMSE ratio
+    against DP-SGD (both sigmas by pld), and every candidate's ratio as ranked (pld's search grid)."""
+
+    bands: int
+    coefficients: tuple[float, ...]
+    noise_multiplier: float
+    rmse_ratio: float
+    candidates: dict[int, float] = field(default_factory=dict)
+
+
+def candidate_bands(steps: int, sampling_rate: float, max_bands: int = DEFAULT_MAX_BANDS) -> list[int]:
+    """1, 2, 4, ... up to min(T, 1/q, max_bands). Why these: b q <= 1 keeps the batch at q n examples on average
+    (beyond, a group is smaller than a batch: the rate is capped at 1 and the run trains on smaller batches than
+    asked, with no amplification left); b <= T, else some groups never take part; powers of two span the range in
+    log2 T candidates (the ratio varies slowly with b near its minimum: a few percent between b and 2b), each
+    costing one optimization of c and one calibration. ``max_bands`` bounds the engine's noise state."""
+    steps = check_steps(steps)
+    q = group_sampling_rate(sampling_rate, 1)
+    max_bands = check_steps(max_bands, "max_bands")
+    top = min(steps, max_bands, math.floor(1.0 / q + 1e-9))
+    out, b = [], 1
+    while b <= top:
+        out.append(b)
+        b *= 2
+    return out
+
+
+def choose_bands(
+    steps: int,
+    sampling_rate: float,
+    epsilon: float,
+    delta: float,
+    workload: Workload = PREFIX_SUMS,
+    max_bands: int = DEFAULT_MAX_BANDS,
+) -> BandsChoice:
+    """The number of bands minimizing :func:`rmse_ratio` among :func:`candidate_bands`, from public quantities only
+    (T, q, epsilon, delta, the workload): the choice reveals nothing about the data. Candidates are ranked with pld's
+    search grid; the chosen b's sigma and ratio are then calibrated by pld itself. Calibrations and coefficients are
+    memoized, so a second call (a CLI command, a test) is immediate."""
+    steps, q, epsilon, delta = _check(steps, sampling_rate, epsilon, delta)
+    dpsgd = workload.frobenius_squared(steps)
+    ratios, sigmas = {}, {}
+    for b in candidate_bands(steps, q, max_bands):
+        error = workload_error(optimal_coefficients(steps, b, workload), steps, workload) / dpsgd
+        sigmas[b] = _search_noise_multiplier(epsilon, delta, q, steps, b, 1.2 * sigmas.get(b // 2, 0.83))
+        ratios[b] = sigmas[b] / sigmas[1] * math.sqrt(error)
+    best = min(ratios, key=ratios.get)
+    return BandsChoice(
+        best,
+        tuple(float(x) for x in optimal_coefficients(steps, best, workload)),
+        bandmf_noise_multiplier(epsilon, delta, q, steps, best),
+        rmse_ratio(steps, q, epsilon, delta, best, workload),
+        ratios,
+    )
