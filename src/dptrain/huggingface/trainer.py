@@ -88,11 +88,8 @@ class _LogicalBatches:
 
 
 def _is_datasets_dataset(dataset) -> bool:
-    if not transformers.utils.is_datasets_available():
-        return False
-    import datasets
-
-    return isinstance(dataset, datasets.Dataset)
+    """A Hugging Face ``datasets.Dataset`` (by its class, without importing the datasets package)."""
+    return any(c.__name__ == "Dataset" and c.__module__.startswith("datasets.") for c in type(dataset).__mro__)
 
 
 def _check_training_data(dataset) -> None:
