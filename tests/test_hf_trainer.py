@@ -243,6 +243,8 @@ def test_data_parallel_resuming_and_searches_are_refused(tmp_path):
         trainer.hyperparameter_search()
     with pytest.raises(ConfigError, match="has not trained"):
         trainer.epsilon()
+    with pytest.raises(ConfigError, match="held-out data"):
+        trainer.evaluate(trainer.train_dataset)
 
 
 def test_an_empty_poisson_batch_is_released_as_noise_without_calling_the_model(tmp_path):

@@ -267,11 +267,16 @@ class DPTrainer(transformers.Trainer):
     def hyperparameter_search(self, *args, **kwargs):
         refuse_search()
 
-    def evaluate(self, *args, **kwargs):
+    def evaluate(self, eval_dataset=None, *args, **kwargs):
         """The Trainer's evaluation (on held-out data: post-processing of the released model); its logs are kept."""
+        if eval_dataset is not None and eval_dataset is self.train_dataset:
+            raise ConfigError(
+                "evaluate(train_dataset): evaluating on the private examples releases their statistics; evaluate on "
+                "held-out data"
+            )
         self._in_evaluation = True
         try:
-            return super().evaluate(*args, **kwargs)
+            return super().evaluate(eval_dataset, *args, **kwargs)
         finally:
             self._in_evaluation = False
 
