@@ -8,6 +8,7 @@ guesses: an event it does not cover is a refusal, not a number.
 from __future__ import annotations
 
 import json
+import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -40,6 +41,26 @@ class PrivacyReport:
             "certified": self.certified,
             **self.details,
         }
+
+    def __float__(self) -> float:
+        """The epsilon, where it is a finite certified bound (``float(loop.epsilon())``); an approximation (or a run
+        that is not private), or an infinite epsilon, is refused in one line rather than read as a guarantee."""
+        if not self.certified:
+            why = self.details.get("note") or "an approximation, not a proven bound"
+            raise AccountingError(
+                f"float() of a privacy report takes a certified epsilon; this one ({self.accountant}: epsilon "
+                f"{self.epsilon:.6g}) is not certified ({why}): read report.epsilon to see it anyway"
+            )
+        if not math.isfinite(self.epsilon):
+            raise AccountingError(
+                f"float() of a privacy report takes a finite epsilon; the {self.accountant} accountant certifies no "
+                "finite epsilon for this run"
+            )
+        return float(self.epsilon)
+
+    def __format__(self, spec: str) -> str:
+        """``f"{report}"`` is the report; ``f"{report:.3f}"`` its epsilon as :meth:`__float__` gives it."""
+        return str(self) if not spec else format(float(self), spec)
 
 
 class Accountant(Protocol):

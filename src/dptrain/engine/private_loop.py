@@ -228,11 +228,17 @@ class PrivateLoop:
         try:
             self._check_foreign()
             chunk.recording.close()  # the chunk's forward pass is what was recorded up to here
-            self._check_losses(chunk, losses)
+            # (a chunk of no example, an empty Poisson batch, may skip the forward pass: its sum is zero, as the trainer's)
+            empty = chunk.size == 0 and not chunk.calls and torch.is_tensor(losses) and tuple(losses.shape) == (0,)
+            if not empty:
+                self._check_losses(chunk, losses)
             extra_grads = None if extra is None else self._extra_gradients(chunk, extra)
-            self._check_per_example(chunk, losses)
-            grads = self.trainer.grad_sampler.from_losses(losses)
-            summed, stats, _ = clipped_sum([(grads, losses.detach())], self.trainer.clipping, self.trainer.params)
+            if empty:
+                summed, stats, _ = clipped_sum([], self.trainer.clipping, self.trainer.params)
+            else:
+                self._check_per_example(chunk, losses)
+                grads = self.trainer.grad_sampler.from_losses(losses)
+                summed, stats, _ = clipped_sum([(grads, losses.detach())], self.trainer.clipping, self.trainer.params)
             if batch.summed is None:
                 batch.summed = summed
             else:  # (the additions clipping.clipped_sum makes over a trainer's chunks, in the same order)

@@ -44,6 +44,7 @@ def format_report(summary: dict) -> str:
         ("model", summary["model"] + _checked(summary.get("gradient_check"))),
         ("wall time", f"{summary['wall_time_s']:.1f} s"),
         ("outputs", summary["out"]),
+        *([_hugging_face_row(summary)] if "hf_model" in summary or "hf_adapter" in summary else []),
     ]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
@@ -58,6 +59,16 @@ def _attacker_text(bound: dict) -> str:
         f"membership inference: TPR <= {100 * bound['tpr_at_fpr_1pct']:.3g}% at FPR 1%, "
         f"<= {100 * bound['tpr_at_fpr_10pct']:.3g}% at FPR 10% ({how})"
     )
+
+
+def _hugging_face_row(summary: dict) -> tuple[str, str]:
+    """The save_pretrained directories of a Hugging Face model (dptrain.models.hf_save)."""
+    parts = []
+    if "hf_model" in summary:
+        parts.append(f"{summary['hf_model']} (transformers: from_pretrained)")
+    if "hf_adapter" in summary:
+        parts.append(f"{summary['hf_adapter']} (peft adapter: from_pretrained)")
+    return "hugging face", "; ".join(parts)
 
 
 def _accuracy_text(summary: dict) -> str:

@@ -124,14 +124,28 @@ def build_optimizer(cfg: RunConfig, model: nn.Module) -> torch.optim.Optimizer:
     return torch.optim.Adam(model.parameters(), lr=t.learning_rate, weight_decay=t.weight_decay)
 
 
+def tokenizer_directory(cfg: RunConfig) -> str | None:
+    """The directory of the tokenizer a run's text is tokenized by (None: none): data.options.tokenizer, else, for text
+    files without pre-tokenized ids, the Hugging Face model's directory when it holds a tokenizer."""
+    if cfg.data.name != "text_files":
+        return None
+    options = cfg.data.options
+    if "tokenizer" in options:
+        return options["tokenizer"]
+    model_dir = cfg.model.options.get("path") if cfg.model.name == "hf" else None
+    if "vocab_size" not in options and model_dir:
+        if any((Path(model_dir) / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
+            return model_dir
+    return None
+
+
 def load_data(cfg: RunConfig) -> DataSplit:
     """The run's data: the loader, then the class selection of data.classes if any. Text files for a Hugging Face
     model saved in a directory with its tokenizer are tokenized by that tokenizer unless data.options names one."""
     options = dict(cfg.data.options)
-    model_dir = cfg.model.options.get("path") if cfg.model.name == "hf" else None
-    if cfg.data.name == "text_files" and "tokenizer" not in options and "vocab_size" not in options and model_dir:
-        if any((Path(model_dir) / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
-            options["tokenizer"] = model_dir
+    tokenizer = tokenizer_directory(cfg)
+    if tokenizer is not None:
+        options["tokenizer"] = tokenizer
     data = load_dataset(cfg.data.name, cfg.data.path, seed=cfg.data.seed, **options)
     return data if cfg.data.classes is None else select_classes(data, list(cfg.data.classes))
 
@@ -316,7 +330,31 @@ def _save_module(rd: RunDirectory, trainer: PrivateTrainer, cfg: RunConfig, data
             "num_classes": data.train.num_classes,
         }
     )
-    return {}
+    return _save_hf(rd, trainer.model, cfg) if cfg.model.name == "hf" else {}
+
+
+def _save_hf(rd: RunDirectory, model: nn.Module, cfg: RunConfig) -> dict:
+    """A Hugging Face model's ``save_pretrained`` directories (:mod:`dptrain.models.hf_save`), with the run's tokenizer;
+    their paths for the summary."""
+    from dptrain.data.text_files import load_tokenizer
+    from dptrain.models import hf_save
+
+    directory = tokenizer_directory(cfg)
+    tokenizer = None if directory is None else load_tokenizer(directory)
+    saved = {}
+    if not hf_save.is_peft(model) or hf_save.can_merge(model):
+        path = rd.save_directory(hf_save.MODEL_DIR, lambda d: hf_save.save_model_directory(model, d, tokenizer))
+        saved["hf_model"] = str(path)
+    if hf_save.is_peft(model):
+        base = cfg.model.options.get("path")
+        final = (rd / hf_save.ADAPTER_DIR).resolve()
+        base_path = str(Path(base).resolve()) if base is not None else str(final / hf_save.BASE_DIR)
+        path = rd.save_directory(
+            hf_save.ADAPTER_DIR,
+            lambda d: hf_save.save_adapter_directory(model, d, base_path, tokenizer, save_base=base is None),
+        )
+        saved["hf_adapter"] = str(path)
+    return saved
 
 
 class _Progress:

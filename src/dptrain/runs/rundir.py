@@ -7,6 +7,7 @@ Shareable outputs (contain only privately released quantities and public facts):
 - ``ledger.json``: the privacy ledger (a copy of the checkpoint's, never ahead of it);
 - ``summary.json``: the final privacy/utility report;
 - ``model.pt``: the released model;
+- ``hf_model/``, ``hf_adapter/``: a Hugging Face model as ``save_pretrained`` directories (:mod:`dptrain.models.hf_save`);
 - ``preprocessing.json`` / ``plan.json`` where the run has them.
 
 Secret, in ``private/`` (mode 0700): ``checkpoint.pt``, the state needed to resume (model, optimizer, the states
@@ -26,6 +27,7 @@ import errno
 import fcntl
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -45,6 +47,7 @@ RELEASE_FILES = (SUMMARY, MODEL, METRICS, PREPROCESSING)
 _UMASK = os.umask(0)
 os.umask(_UMASK)
 SHAREABLE_MODE = 0o666 & ~_UMASK
+SHAREABLE_DIR_MODE = 0o777 & ~_UMASK
 
 PRIVATE_README = """\
 SECRET: do not share this directory.
@@ -175,6 +178,26 @@ class RunDirectory:
 
     def save_model(self, payload: dict) -> None:
         self._atomic(MODEL, lambda f: torch.save(payload, f))
+
+    def save_directory(self, name: str, write) -> Path:
+        """A shareable directory ``name``, written by ``write(path)`` into a temporary directory and renamed into place
+        (a reader never sees half of it; one written before is replaced). Returns its path."""
+        tmp = Path(tempfile.mkdtemp(dir=self.path, prefix=f".{name}.", suffix=".tmp"))
+        target = self.path / name
+        try:
+            write(tmp)
+            for p in tmp.rglob("*"):
+                os.chmod(p, SHAREABLE_DIR_MODE if p.is_dir() else SHAREABLE_MODE)
+            os.chmod(tmp, SHAREABLE_DIR_MODE)
+            if target.exists():
+                old = Path(tempfile.mkdtemp(dir=self.path, prefix=f".{name}.", suffix=".old"))
+                os.replace(target, old / name)
+                shutil.rmtree(old)
+            os.replace(tmp, target)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return target
 
     def save_checkpoint(self, state: dict, ledger: Ledger) -> None:
         """The secret checkpoint, then the shareable ledger copy (so ledger.json is never ahead of it)."""

@@ -1,0 +1,133 @@
+"""What a ``transformers.Trainer`` may do that :class:`dptrain.huggingface.trainer.DPTrainer` cannot make private, each
+refused in one line (a :class:`dptrain.errors.ConfigError`) that says why and what to do instead.
+
+The classes of refusal: an option that changes which examples a logical batch holds (the accounting assumes dptrain's
+secret sampling); one that trains from a gradient other than the private one (a loss scaler's unscaling, optimizers
+that update inside the backward pass, a batch loss instead of per-example losses); one that spreads a step over
+processes or devices (DataParallel, torchrun, DeepSpeed, FSDP); one that releases statistics of the private batches
+(token counts); and one that would forget what was spent (resuming from a Trainer checkpoint, a hyperparameter search).
+"""
+
+from __future__ import annotations
+
+from dptrain.errors import ConfigError
+
+#: The Trainer methods a DPTrainer replaces: a subclass overriding one would train outside the private loop.
+OWNED = ("training_step", "compute_loss", "get_train_dataloader", "_get_train_sampler", "get_batch_samples")
+
+
+def check_overrides(trainer, base: type) -> None:
+    """Refuse a subclass of ``base`` (the DPTrainer) that overrides a method the private loop owns."""
+    for name in OWNED:
+        if getattr(type(trainer), name) is not getattr(base, name):
+            way = (
+                "pass loss_fn=(outputs, labels) -> one loss per example instead"
+                if name == "compute_loss"
+                else "the DPTrainer draws the batches and computes the gradients itself"
+            )
+            raise ConfigError(f"a DPTrainer subclass may not override {name}(): {way}")
+
+
+def check_arguments(args) -> None:
+    """Refuse the TrainingArguments the private loop cannot account for (before the Trainer is made: some of them it
+    would act on at once)."""
+    import transformers
+
+    optim = str(getattr(args.optim, "value", args.optim))
+    if args.world_size > 1 or args.parallel_mode == transformers.training_args.ParallelMode.DISTRIBUTED:
+        raise ConfigError(
+            "DPTrainer runs in one process (torchrun, DeepSpeed and FSDP spread a step over processes); run one "
+            "process, or train data parallel with `torchrun ... dptrain train`"
+        )
+    if args.n_gpu > 1:
+        raise ConfigError(
+            f"DPTrainer trains on one device: the Trainer would wrap the model in DataParallel across {args.n_gpu} "
+            "GPUs; make one visible (CUDA_VISIBLE_DEVICES=0)"
+        )
+    if args.deepspeed or args.fsdp:
+        raise ConfigError("DPTrainer does not run under DeepSpeed or FSDP (they own the backward pass and the step)")
+    if args.fp16:
+        raise ConfigError(
+            "fp16 trains through a loss scaler, which would unscale the private gradient; use bf16=True (per-example "
+            "gradients are then clipped and noised in float32)"
+        )
+    if args.torch_compile:
+        raise ConfigError(
+            "torch_compile=True: the per-example gradients read the model's eager modules; train without it"
+        )
+    if args.auto_find_batch_size:
+        raise ConfigError(
+            "auto_find_batch_size changes the batch size during training, and with it the sampling rate the "
+            "accounting assumes; set per_device_train_batch_size (the physical chunk) yourself"
+        )
+    if args.train_sampling_strategy != "random":
+        raise ConfigError(
+            f"train_sampling_strategy={args.train_sampling_strategy!r} chooses which examples a batch holds; the "
+            "accounting needs dptrain's secret sampling (privacy_args.sampling): leave it 'random' (replaced)"
+        )
+    if args.label_smoothing_factor:
+        raise ConfigError(
+            "label_smoothing_factor: the Trainer's label smoother divides by the batch's count of labelled tokens, "
+            "which mixes examples; pass loss_fn=(outputs, labels) -> one smoothed loss per example"
+        )
+    if args.include_num_input_tokens_seen not in ("no", False, None):
+        raise ConfigError(
+            "include_num_input_tokens_seen logs how many tokens the secret batches hold (not private); leave it 'no'"
+        )
+    if args.neftune_noise_alpha is not None:
+        raise ConfigError(
+            "neftune_noise_alpha: NEFTune's noise scales with the batch's padded length, so one example's gradient "
+            "depends on the others; train without it"
+        )
+    if args.use_liger_kernel:
+        raise ConfigError(
+            "use_liger_kernel: Liger's fused kernels compute a batch loss without per-example logits; train without it"
+        )
+    if optim in ("lomo", "adalomo"):
+        raise ConfigError(
+            f"optim={optim!r} updates the weights inside the backward pass, from the gradient before its "
+            "clipping and noise; choose another optimizer (any torch optimizer is post-processing)"
+        )
+
+
+def check_trainer(trainer) -> None:
+    """Refuse the Trainer options (beside its arguments) the private loop cannot account for."""
+    if trainer.compute_loss_func is not None:
+        raise ConfigError(
+            "compute_loss_func returns a loss over the batch; DP-SGD clips each example's gradient: pass "
+            "loss_fn=(outputs, labels) -> one loss per example"
+        )
+    if trainer.model_init is not None:
+        raise ConfigError(
+            "model_init makes a new model for each train() (a hyperparameter search's trials); pass model= (one run, "
+            "one model, one ledger)"
+        )
+    names = trainer.label_names
+    if len(names) != 1:
+        raise ConfigError(
+            f"DPTrainer takes one label per example (label_names: one name), got {names}; pass "
+            "loss_fn=(outputs, labels) for a model with several"
+        )
+    evals = trainer.eval_dataset if isinstance(trainer.eval_dataset, dict) else {"": trainer.eval_dataset}
+    if any(d is not None and d is trainer.train_dataset for d in evals.values()):
+        raise ConfigError(
+            "the eval_dataset is the train_dataset: evaluating on the private examples releases their statistics; "
+            "evaluate on held-out data"
+        )
+
+
+def refuse_resume() -> None:
+    raise ConfigError(
+        "DPTrainer.train(resume_from_checkpoint=...): a Trainer checkpoint does not hold the privacy ledger, so the "
+        "resumed run would forget what it spent; start a new run (dptrain train --resume resumes its own runs)"
+    )
+
+
+def refuse_search() -> None:
+    raise ConfigError(
+        "DPTrainer.hyperparameter_search: every trial spends privacy on the same data and the best one is chosen "
+        "from them; search privately with `dptrain tune`"
+    )
+
+
+__all__ = ["OWNED", "check_arguments", "check_overrides", "check_trainer", "refuse_resume", "refuse_search"]

@@ -1,0 +1,281 @@
+"""dptrain.huggingface.DPTrainer: a transformers.Trainer script made private. On a tiny GPT-2 + LoRA and a tiny BERT
+classifier built from config objects (random weights, dropout off): gradient accumulation releases one logical batch
+per Trainer step (equal to the same logical batch in one chunk), the optimizer and the LR scheduler step once per
+logical batch, the ledger holds one release per step at the rate of the logical batch, the certificate is an
+independent dptrain.accounting computation, the logs carry it and drop statistics of the private batches, and every
+Trainer option it cannot make private is refused in one line."""
+
+import math
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+peft = pytest.importorskip("peft")
+
+from dptrain.accounting import dpsgd_ledger, epsilon  # noqa: E402
+from dptrain.errors import BudgetExhausted, ConfigError, DPTrainError  # noqa: E402
+from dptrain.huggingface import DPTrainer, PrivacyArguments  # noqa: E402
+from dptrain.models.losses import causal_lm_per_example  # noqa: E402
+
+VOCAB, LENGTH, N = 30, 8, 48
+
+
+class Tokens(torch.utils.data.Dataset):
+    """N sequences of random token ids (fixed length), labelled as transformers' datasets label them: ``labels`` (the
+    ids, for a causal LM) or ``label`` (a class, for a classifier)."""
+
+    def __init__(self, n=N, seed=1, classes=None):
+        g = torch.Generator().manual_seed(seed)
+        self.ids = torch.randint(1, VOCAB, (n, LENGTH), generator=g)
+        self.classes = classes
+
+    def __len__(self):
+        return len(self.ids)
+
+    def __getitem__(self, i):
+        item = {"input_ids": self.ids[i], "attention_mask": torch.ones(LENGTH, dtype=torch.long)}
+        if self.classes is None:
+            item["labels"] = self.ids[i]
+        else:
+            item["label"] = int(self.ids[i].sum()) % self.classes
+        return item
+
+
+def gpt2_lora(seed=0):
+    torch.manual_seed(seed)
+    config = transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, n_positions=16, vocab_size=VOCAB,
+                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
+    model = transformers.GPT2LMHeadModel(config)
+    lora = peft.LoraConfig(r=2, target_modules=["c_attn"], fan_in_fan_out=True, task_type="CAUSAL_LM")
+    return peft.get_peft_model(model, lora)
+
+
+def bert_classifier(seed=0):
+    torch.manual_seed(seed)
+    config = transformers.BertConfig(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                     intermediate_size=32, max_position_embeddings=16, num_labels=2,
+                                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    return transformers.BertForSequenceClassification(config)
+
+
+def arguments(tmp_path, **kw):
+    base = dict(output_dir=str(tmp_path / "out"), report_to=[], use_cpu=True, save_strategy="no",
+                disable_tqdm=True, logging_steps=1, max_grad_norm=0.0)
+    return transformers.TrainingArguments(**{**base, **kw})
+
+
+class Released(transformers.TrainerCallback):
+    """The gradient the optimizer is given at each of its steps (after the Trainer's own clipping, off here)."""
+
+    def __init__(self):
+        self.grads = []
+
+    def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+        self.grads.append({n: p.grad.detach().clone() for n, p in model.named_parameters() if p.requires_grad})
+
+
+def train_gpt2(tmp_path, per_device, accumulation, steps=2, **privacy):
+    released = Released()
+    args = arguments(tmp_path, per_device_train_batch_size=per_device, gradient_accumulation_steps=accumulation,
+                     max_steps=steps, optim="sgd", learning_rate=0.5, lr_scheduler_type="linear")
+    privacy = PrivacyArguments(**{"noise_multiplier": 1.0, "accountant": "rdp", "privacy_seed": 7, **privacy})
+    trainer = DPTrainer(model=gpt2_lora(), args=args, train_dataset=Tokens(), privacy_args=privacy,
+                        callbacks=[released])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (transformers' and peft's deprecation notices; ours are checked below)
+        output = trainer.train()
+    return trainer, output, released
+
+
+@pytest.mark.slow
+def test_gradient_accumulation_releases_one_logical_batch_per_step(tmp_path):
+    """A logical batch of 8 (expected) in chunks of 2 (4 micro-batches) equals the same logical batch in one chunk: the
+    same secret batch and noise (same privacy_seed), the clipped gradients summed chunk by chunk. One release, one
+    optimizer step and one scheduler step per logical batch; the ledger records them at the rate 8 / N."""
+    chunked, out, released = train_gpt2(tmp_path / "a", per_device=2, accumulation=4)
+    whole, _, reference = train_gpt2(tmp_path / "b", per_device=8, accumulation=1)
+    assert out.global_step == 2 and len(released.grads) == len(reference.grads) == 2
+    for got, want in zip(released.grads, reference.grads, strict=True):
+        assert got.keys() == want.keys() and all("lora_" in n for n in got)
+        for n in got:
+            torch.testing.assert_close(got[n], want[n], rtol=1e-5, atol=1e-6)
+    assert any(g.abs().max() > 0 for g in released.grads[0].values())
+    for (n, p), q in zip(chunked.model.named_parameters(), whole.model.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=n)
+    ledger = chunked.ledger.to_dict()
+    [entry] = ledger["entries"]
+    assert entry["count"] == 2 and ledger["releases"] == 2
+    assert entry["event"]["sampling_probability"] == pytest.approx(8 / N) and entry["facts"]["sampling"] == "poisson"
+    assert chunked.lr_scheduler.last_epoch == 2  # (stepped once per logical batch, never on the micro-batches)
+    rates = [row["learning_rate"] for row in chunked.state.log_history if "grad_norm" in row]
+    assert rates == pytest.approx([0.5, 0.25])
+
+
+def test_the_certificate_is_logged_and_matches_an_independent_computation(tmp_path):
+    trainer, output, _ = train_gpt2(tmp_path, per_device=4, accumulation=2, steps=3)
+    expected = epsilon(dpsgd_ledger(1.0, 8 / N, 3), 1e-5, "rdp").epsilon
+    report = trainer.epsilon()
+    assert report.epsilon == pytest.approx(expected, rel=1e-9) and report.accountant == "rdp"
+    assert not report.certified  # (privacy_seed: reproducible, NOT private)
+    with pytest.raises(DPTrainError, match="not certified"):
+        float(report)
+    steps = [row for row in trainer.state.log_history if "grad_norm" in row]
+    assert [row["private_steps"] for row in steps] == [1, 2, 3]
+    assert steps[-1]["epsilon"] == pytest.approx(expected, rel=1e-9)
+    assert all(row["accountant"] == "rdp" and row["certified"] is False for row in steps)
+    assert output.metrics["epsilon"] == pytest.approx(expected, rel=1e-9)
+    # statistics of the private batches are not logged (the training loss, FLOPs from the batches' sizes)
+    keys = {k for row in trainer.state.log_history for k in row}
+    assert not keys & {"loss", "train_loss", "total_flos"} and math.isnan(output.training_loss)
+
+
+def test_a_bert_classifier_calibrated_to_a_target_epsilon(tmp_path):
+    """The HF conventions (a ``label`` column, the default collator, AdamW, a warmup schedule, compute_metrics on an
+    eval set); a calibrated run spends its target in its planned steps, certified, and is refused a second train()."""
+
+    def accuracy(prediction):
+        return {"accuracy": float((prediction.predictions.argmax(-1) == prediction.label_ids).mean())}
+
+    args = arguments(tmp_path, per_device_train_batch_size=4, gradient_accumulation_steps=2, num_train_epochs=1,
+                     learning_rate=1e-2, warmup_steps=2, logging_steps=2)
+    privacy = PrivacyArguments(target_epsilon=4.0, delta=1e-5, accountant="rdp", log_not_private=True)
+    trainer = DPTrainer(model=bert_classifier(), args=args, train_dataset=Tokens(N, classes=2),
+                        eval_dataset=Tokens(16, seed=2, classes=2), compute_metrics=accuracy, privacy_args=privacy)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        output = trainer.train()
+        evaluation = trainer.evaluate()
+    planned = round(N / 8)  # (one epoch of logical batches of 8 expected examples out of N)
+    assert output.global_step == planned == trainer.planned_steps == trainer.private_loop.steps
+    report = trainer.epsilon()
+    assert report.certified and float(report) == report.epsilon <= 4.0 + 1e-9 and report.epsilon > 3.9
+    sigma = trainer.private_loop.trainer.noise_multiplier
+    assert float(report) == pytest.approx(epsilon(dpsgd_ledger(sigma, 8 / N, planned), 1e-5, "rdp").epsilon)
+    adam = trainer.optimizer.optimizer if hasattr(trainer.optimizer, "optimizer") else trainer.optimizer
+    assert {int(s["step"]) for s in adam.state.values()} == {planned}
+    assert trainer.lr_scheduler.last_epoch == planned
+    assert 0.0 <= evaluation["eval_accuracy"] <= 1.0
+    last = trainer.state.log_history[-1]
+    assert "eval_accuracy" in last and last["epsilon"] == report.epsilon and last["certified"] is True
+    assert any("loss_not_private" in row for row in trainer.state.log_history)  # (asked for, labelled)
+    assert not any("loss" in row for row in trainer.state.log_history)
+    assert math.isfinite(output.training_loss)
+    with pytest.raises(BudgetExhausted, match="spent its budget"):
+        trainer.train()
+
+
+def test_privacy_arguments_parse_beside_training_arguments(tmp_path):
+    parser = transformers.HfArgumentParser((transformers.TrainingArguments, PrivacyArguments))
+    args, privacy = parser.parse_args_into_dataclasses(
+        ["--output_dir", str(tmp_path), "--max_grad_norm", "0.5", "--per_sample_max_grad_norm", "2",
+         "--target_epsilon", "3", "--delta", "1e-6", "--report_to", "none"]
+    )
+    assert args.max_grad_norm == 0.5 and privacy.per_sample_max_grad_norm == 2.0
+    assert privacy.target_epsilon == 3.0 and privacy.delta == 1e-6 and privacy.sampling == "poisson"
+
+
+class OwnLoss(DPTrainer):
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+
+
+class OwnSampler(DPTrainer):
+    def _get_train_sampler(self, train_dataset=None):
+        return torch.utils.data.SequentialSampler(train_dataset or self.train_dataset)
+
+
+class Stream(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        return iter(Tokens())
+
+
+@pytest.mark.parametrize(
+    ("arguments_", "options", "message"),
+    [
+        ({"fp16": True}, {}, "loss scaler"),
+        ({"torch_compile": True}, {}, "torch_compile"),
+        ({"auto_find_batch_size": True}, {}, "auto_find_batch_size"),
+        ({"train_sampling_strategy": "group_by_length"}, {}, "secret sampling"),
+        ({"label_smoothing_factor": 0.1}, {}, "mixes examples"),
+        ({"include_num_input_tokens_seen": "all"}, {}, "not private"),
+        ({"neftune_noise_alpha": 5.0}, {}, "padded length"),
+        ({"use_liger_kernel": True}, {}, "Liger"),
+        ({"optim": "lomo"}, {}, "inside the backward pass"),
+        ({}, {"compute_loss_func": lambda outputs, labels, num_items_in_batch=None: outputs.loss},
+         "one loss per example"),
+        ({}, {"eval_dataset": "train"}, "evaluate on held-out data"),
+        ({}, {"model_init": lambda trial=None: gpt2_lora()}, "pass model="),
+        ({}, {"cls": OwnLoss}, "may not override compute_loss"),
+        ({}, {"cls": OwnSampler}, "may not override _get_train_sampler"),
+        ({}, {"train_dataset": Stream()}, "map-style"),
+        ({}, {"privacy_args": None}, "needs privacy_args"),
+        ({}, {"privacy_args": PrivacyArguments(target_epsilon=1.0, noise_multiplier=1.0)}, "exactly one"),
+        ({"per_device_train_batch_size": 32, "gradient_accumulation_steps": 2}, {}, "exceeds the training set"),
+    ],
+)
+def test_what_cannot_be_made_private_is_refused_in_one_line(tmp_path, arguments_, options, message):
+    options = dict(options)
+    cls = options.pop("cls", DPTrainer)
+    train = options.pop("train_dataset", Tokens())
+    if options.get("eval_dataset") == "train":
+        options["eval_dataset"] = train
+    options.setdefault("privacy_args", PrivacyArguments(noise_multiplier=1.0))
+    model = None if "model_init" in options else gpt2_lora()
+    with pytest.raises(ConfigError) as refused:
+        cls(model=model, args=arguments(tmp_path, **arguments_), train_dataset=train, **options)
+    assert message in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_data_parallel_resuming_and_searches_are_refused(tmp_path):
+    args = arguments(tmp_path)
+    args._n_gpu = 2  # (what the Trainer reads on a machine with two visible GPUs: it would use DataParallel)
+    with pytest.raises(ConfigError, match="DataParallel across 2 GPUs"):
+        DPTrainer(model=gpt2_lora(), args=args, train_dataset=Tokens(), privacy_args=PrivacyArguments(noise_multiplier=1))
+    trainer = DPTrainer(model=gpt2_lora(), args=arguments(tmp_path), train_dataset=Tokens(),
+                        privacy_args=PrivacyArguments(noise_multiplier=1.0))
+    with pytest.raises(ConfigError, match="forget what it spent"):
+        trainer.train(resume_from_checkpoint=str(tmp_path))
+    with pytest.raises(ConfigError, match="dptrain tune"):
+        trainer.hyperparameter_search()
+    with pytest.raises(ConfigError, match="has not trained"):
+        trainer.epsilon()
+    with pytest.raises(ConfigError, match="held-out data"):
+        trainer.evaluate(trainer.train_dataset)
+
+
+def test_an_empty_poisson_batch_is_released_as_noise_without_calling_the_model(tmp_path):
+    """GPT-2 cannot take a batch of no example (transformers reshapes its mask with -1): an empty Poisson batch is
+    released (noise alone, one ledger step) without a forward pass. With this seed, logical batches 2 and 3 of 4 are
+    empty (q = 1/48)."""
+    seen = []
+
+    class Started(transformers.TrainerCallback):
+        def on_train_begin(self, *args, **kwargs):
+            seen.clear()  # (the model probe before training computes losses too)
+
+    def loss_fn(outputs, labels):
+        seen.append(trainer.state.global_step)
+        return causal_lm_per_example(outputs, labels)
+
+    args = arguments(tmp_path, per_device_train_batch_size=1, max_steps=4, logging_steps=10, optim="sgd")
+    privacy = PrivacyArguments(noise_multiplier=1.0, accountant="rdp", privacy_seed=1)
+    trainer = DPTrainer(model=gpt2_lora(), args=args, train_dataset=Tokens(), loss_fn=loss_fn, callbacks=[Started(),
+                        released := Released()], privacy_args=privacy)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.train()
+    assert sorted(set(range(4)) - set(seen)) == [1, 2] and trainer.private_loop.steps == 4
+    assert len(released.grads) == 4 and all(g.abs().max() > 0 for g in released.grads[1].values())  # (the noise)
+
+
+def test_importing_the_package_and_its_arguments_imports_no_transformers():
+    """PrivacyArguments is read without transformers (the DPTrainer's module imports it: tests/test_trust.py counts it
+    as a module of the hf extra)."""
+    code = ("import sys, dptrain.huggingface as h; h.PrivacyArguments(noise_multiplier=1.0); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('transformers', 'peft')))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "[]", (proc.stdout[:300], proc.stderr[-500:])
