@@ -91,7 +91,8 @@ def test_a_run_reports_and_saves_both_models_and_resumes_bit_identically(tmp_pat
     from conftest import run_interrupted
 
     path = _images(tmp_path)
-    summary = run_training(_cfg(path), tmp_path / "whole", progress=False)
+    augment = "training.augment={ multiplicity = 2, crop_padding = 1, flip = true }"  # (resumed with the EMA: same views)
+    summary = run_training(_cfg(path, augment), tmp_path / "whole", progress=False)
     assert summary["test_accuracy"] is not None and summary["test_accuracy_ema"] is not None
     assert summary["model_ema"]["decay"] == 0.9
     rows = [json.loads(line) for line in (tmp_path / "whole" / "metrics.jsonl").read_text().splitlines()]
@@ -111,7 +112,7 @@ def test_a_run_reports_and_saves_both_models_and_resumes_bit_identically(tmp_pat
         acc = float((model(data.test.x).argmax(1) == data.test.y).float().mean())
     assert acc == pytest.approx(summary["test_accuracy_ema"])
     # interrupted after 3 steps and resumed: the same two models, bit for bit
-    run_interrupted(_cfg(path), tmp_path / "cut", 3, monkeypatch)
+    run_interrupted(_cfg(path, augment), tmp_path / "cut", 3, monkeypatch)
     resumed = run_training(None, tmp_path / "cut", resume=True, progress=False)
     for name in ("model.pt", "model_ema.pt"):
         a = torch.load(tmp_path / "whole" / name)["state_dict"]
