@@ -81,3 +81,44 @@ def test_a_cuda_run_records_the_cpu_ledger_and_resumes_exactly():
     # backward kernels may add in another order, hence a tolerance far below that.
     for a, b in zip(resumed_model.parameters(), gpu_model.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_augmentation_and_the_weight_average_on_cuda():
+    """The views and their averaged gradients on the GPU equal the CPU's for the same key; a run with both stages
+    records the CPU's ledger and continues from a checkpoint as an uninterrupted one."""
+    from dptrain.stages.augmentation import Augmentation, Multiplicity
+
+    x, y = _data(16)
+    torch.manual_seed(0)
+    cpu_model = build_model("cnn28", (1, 28, 28), 10).double()
+    gpu_model = build_model("cnn28", (1, 28, 28), 10).double()
+    gpu_model.load_state_dict(cpu_model.state_dict())
+    gpu_model.cuda()
+    stage = Multiplicity(Augmentation(multiplicity=4, crop_padding=3, flip=True))
+    stage.key = 31337
+    idx = torch.arange(100, 116)
+    cpu = stage(make_grad_sampler(cpu_model, cross_entropy_per_example, "auto"), x.double(), y, idx)[0].materialize()
+    gpu = stage(make_grad_sampler(gpu_model, cross_entropy_per_example, "auto"), x.double().cuda(), y.cuda(), idx.cuda())
+    for name, g in gpu[0].materialize().items():
+        assert g.device.type == "cuda"
+        torch.testing.assert_close(g.cpu(), cpu[name], rtol=1e-7, atol=1e-9)
+    x, y = _data(256)
+
+    def run(device, steps, state=None):
+        torch.manual_seed(1)
+        model = build_model("cnn28", (1, 28, 28), 10)
+        trainer = make_private(
+            model, torch.optim.SGD(model.parameters(), lr=0.5), (x, y), noise_multiplier=1.1, batch_size=32, seed=3,
+            device=device, augment={"multiplicity": 4, "crop_padding": 2, "flip": True}, ema=0.9,
+        )
+        if state is not None:
+            trainer.load_state_dict(state)
+        trainer.train(steps=steps)
+        return trainer
+
+    whole = run("cuda", 6)
+    assert whole.ledger.to_dict() == run("cpu", 6).ledger.to_dict()
+    resumed = run("cuda", 3, state=run("cuda", 3).state_dict())
+    for n, a in whole.weight_average.averages.items():
+        assert a.device.type == "cuda"
+        torch.testing.assert_close(resumed.weight_average.averages[n], a, rtol=1e-4, atol=1e-5)

@@ -26,6 +26,7 @@ from dptrain.data.loaders import DATASET_NAMES
 from dptrain.errors import ConfigError
 from dptrain.models.builders import MODEL_NAMES
 from dptrain.preflight.buffers import BUFFER_UPDATES
+from dptrain.stages.augmentation import check_flip_fits, make_augmentation
 from dptrain.stages.batch_selection import SAMPLING_NAMES
 from dptrain.stages.clipping import CLIPPING_NAMES
 from dptrain.stages.per_example import GRAD_SAMPLERS
@@ -85,6 +86,9 @@ class TrainingConfig:
     algorithm: str = "dpsgd"  # dpsgd, or an algorithm a package registers (projected_noisy_sgd: [convex])
     update: str = "optimizer"  # optimizer (training.optimizer), or an update rule a package registers (modelmix)
     device: str = "auto"  # cpu | cuda | cuda:N | auto (cuda when this machine has a GPU, else cpu)
+    #: augmentation multiplicity: { multiplicity = K, crop_padding = P, flip = true|false } (docs/recipes.md)
+    augment: dict = field(default_factory=dict)
+    ema: float | None = None  # decay of the weight average of the released iterates, e.g. 0.999 (docs/recipes.md)
 
 
 #: The sections every run has; algorithms and stages register theirs (:func:`register_section`).
@@ -336,6 +340,10 @@ def validate(cfg: RunConfig) -> None:
         "a number > 0",
         t.learning_rate,
     )
+    if t.algorithm != "dpsgd" and (t.augment or t.ema is not None):
+        raise ConfigError(
+            f"training.augment and training.ema are stages of DP-SGD; training.algorithm = {t.algorithm!r} takes neither"
+        )
     ALGORITHMS[t.algorithm].validate(cfg)
     for section in SECTIONS.values():
         section.validate(cfg)
@@ -413,6 +421,9 @@ def _validate_dpsgd(cfg: RunConfig) -> None:
          t.mixed_precision)
     need(t.buffer_updates in BUFFER_UPDATES, "training.buffer_updates", f"one of {', '.join(BUFFER_UPDATES)}",
          t.buffer_updates)
+    check_flip_fits(make_augmentation(t.augment), cfg.data.name)
+    if t.ema is not None:
+        need(0 < t.ema < 1, "training.ema", "a decay in (0, 1), e.g. 0.999", t.ema)
 
 
 register_algorithm(

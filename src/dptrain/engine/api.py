@@ -45,7 +45,10 @@ def make_private(
     must not exceed), ledger (to continue an earlier one), check_independence (default True: refuse models
     that mix examples, :mod:`dptrain.preflight.independence`), report_not_private (per-step loss and clip statistics,
     NOT private), non_private (a baseline for experiments: the same sampling, clipping and optimizer with
-    noise_multiplier=0, nothing recorded in the ledger, no epsilon: NOT private).
+    noise_multiplier=0, nothing recorded in the ledger, no epsilon: NOT private), augment (augmentation multiplicity
+    for images, e.g. ``{"multiplicity": 8, "crop_padding": 4, "flip": True}``: each example's gradient the mean over
+    its views before clipping, :mod:`dptrain.stages.augmentation`), ema (e.g. 0.999: the weight average of the
+    released iterates, ``trainer.weight_average``, :mod:`dptrain.engine.weight_averaging`); docs/recipes.md.
     """
     _check_options(options, "make_private", ("noise_multiplier", "max_grad_norm", "batch_size"))
     trainer = PrivateTrainer(

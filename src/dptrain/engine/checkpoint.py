@@ -39,6 +39,7 @@ class Checkpointing:
             "accountant": self.accountant,
             "ledger": self.ledger.to_dict(),
             **({"noise_controller": self.noise_controller.state_dict()} if self.noise_controller is not None else {}),
+            **({"weight_average": self.weight_average.state_dict()} if self.weight_average is not None else {}),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -50,6 +51,8 @@ class Checkpointing:
             )
         if not self.non_private:
             self._check_ledger_noise(ledger)
+        if self.weight_average is not None:
+            self.weight_average.load_state_dict(state.get("weight_average"))
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.randomness.load_state_dict(state["randomness"])

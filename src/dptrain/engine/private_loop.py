@@ -148,6 +148,8 @@ class PrivateLoop:
     def __init__(self, trainer: PrivateTrainer):
         if trainer.group is not None:
             raise ConfigError("make_private_loop does not run data parallel (torchrun): train with make_private")
+        if trainer.augment is not None or trainer.weight_average is not None:
+            raise ConfigError("augment and ema are stages of the trainer's own step: train with make_private")
         if trainer.compiled:
             raise ModelError(
                 "make_private_loop needs the model itself, not torch.compile's wrapper: pass the model you call in "

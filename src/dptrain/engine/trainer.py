@@ -38,12 +38,14 @@ from dptrain.engine.checkpoint import Checkpointing
 from dptrain.engine.evaluation import accuracy, evaluation_source
 from dptrain.engine.interrupts import deferred_signals
 from dptrain.engine.privacy_side import PrivacySide
+from dptrain.engine.weight_averaging import WeightAverage, check_decay
 from dptrain.errors import AccountingError, BudgetExhausted, ConfigError, NonFiniteError
 from dptrain.models.builders import check_private_compatible
 from dptrain.models.losses import default_loss
 from dptrain.preflight import checks as preflight
 from dptrain.preflight.buffers import check_buffer_updates
 from dptrain.randomness.generators import Randomness
+from dptrain.stages.augmentation import Multiplicity, make_augmentation
 from dptrain.stages.batch_selection import REPLACE_ONE_SCHEMES, BatchSampler, make_sampler
 from dptrain.stages.clipping import Clipping, ClipStats, clipped_sum, make_clipping
 from dptrain.stages.devices import resolve_device, to_device
@@ -142,6 +144,8 @@ class PrivateTrainer(Checkpointing, PrivacySide):
         group=None,
         noise_schedule=None,
         noise_controller=None,
+        augment=None,
+        ema: float | None = None,
     ):
         #: True when the model was torch.compile'd: its per-example passes run the eager modules it wraps
         self.compiled = preflight.eager(model) is not model
@@ -160,6 +164,11 @@ class PrivateTrainer(Checkpointing, PrivacySide):
         else:
             self._noise_multiplier = check_noise_multiplier(noise_multiplier, "noise_multiplier")
         self.delta = check_delta(delta, "delta")
+        if ema is not None and (check_decay(ema) and release != "every_iterate"):
+            raise ConfigError(
+                "training.ema averages the released iterates: this run releases only its last iterate, so the "
+                "intermediate ones it would average are not releases"
+            )
         self.accountant = check_accountant(accountant)
         if budget is not None:
             check_delta(budget.delta, "budget delta")
@@ -170,6 +179,10 @@ class PrivateTrainer(Checkpointing, PrivacySide):
         if batch_size is None:  # a DataLoader's own batch size, as the expected logical batch
             batch_size = loader_batch_size(data)
         self.data = as_source(data, label_key)
+        augmentation = make_augmentation(augment)
+        #: augmentation multiplicity (:mod:`dptrain.stages.augmentation`): each example's gradient the mean over K
+        #: augmented views before clipping; None without ``augment``
+        self.augment = None if augmentation is None else Multiplicity(augmentation).checked(self.data.example()[0])
         self.sampler: BatchSampler = make_sampler(sampling, len(self.data), batch_size, sample_sizes)
         self.clipping: Clipping = (
             make_clipping(clipping, max_grad_norm, linf_p) if isinstance(clipping, str) else clipping
@@ -206,6 +219,8 @@ class PrivateTrainer(Checkpointing, PrivacySide):
             # (a backend object of the caller's, e.g. a GLM's closed form, need not use loss_fn: nothing to compare)
             check_gradients=bool(check_gradients) and isinstance(grad_sampler, str),
         )
+        if self.augment is not None:  # (the backend sees K rows per example: the chunk's memory is for its views)
+            self.max_physical_batch_size = self.augment.examples_per_chunk(self.max_physical_batch_size)
         self.randomness = randomness if randomness is not None else Randomness(seed, secure=secure_noise)
         bind = getattr(optimizer, "bind_randomness", None)
         if bind is not None:  # an update stage that draws secret randomness (ModelMix's mixing weights)
@@ -223,6 +238,8 @@ class PrivateTrainer(Checkpointing, PrivacySide):
         #: every_iterate (DP-SGD: every model after a step is a release) or last_iterate (only the final model is;
         #: the run must not evaluate, log or share an intermediate one).
         self.release = release
+        #: the exponential moving average of the released iterates (:mod:`dptrain.engine.weight_averaging`), or None
+        self.weight_average = None if ema is None else WeightAverage(self.params, ema)
         #: Facts recorded with every step; default: DP-SGD's (sampling scheme, rate, data set size, clip norm).
         self.release_facts = release_facts
         neighboring = "replace_one" if self.sampler.scheme in REPLACE_ONE_SCHEMES else "add_or_remove_one"
@@ -352,11 +369,15 @@ class PrivateTrainer(Checkpointing, PrivacySide):
             if not self.model.training:  # (evaluate() left it in eval mode)
                 self.model.train()
             idx = self.sampler.sample(self.randomness.stream("sampling"), self.steps)
+            if self.augment is not None:
+                self.augment.new_step(self.randomness.stream("augmentation"))
             summed, stats, loss_sum = self._clipped_sum(idx)
             self.privatize(summed, stats)
             optimizer_step(self.optimizer.step, self.steps)
             for p in self.params.values():  # (the gradients this step set: the optimizer's zero_grad, less its overhead)
                 p.grad = None
+            if self.weight_average is not None:  # post-processing of the iterate just released
+                self.weight_average.update(self.steps)
         self.check_weights()
         result = StepResult(self.steps)
         if self.report_not_private:
@@ -416,7 +437,8 @@ class PrivateTrainer(Checkpointing, PrivacySide):
     def _rolled_back_on_error(self):
         """Until the release is committed, an exception restores the streams (and torch's global generator, which
         dropout uses), so that trying the step again draws the same batch and noise: nothing was released."""
-        saved = {p: self.randomness.stream(p).get_state() for p in ("sampling", "noise", "mixing")}
+        purposes = ("sampling", "noise", "mixing") + (("augmentation",) if self.augment is not None else ())
+        saved = {p: self.randomness.stream(p).get_state() for p in purposes}
         torch_state = torch.get_rng_state()
         cuda_state = torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None
         self._committed = False
@@ -437,7 +459,10 @@ class PrivateTrainer(Checkpointing, PrivacySide):
         for chunk in idx.split(self.max_physical_batch_size) if len(idx) else ():
             inputs, labels = to_device(self.data.batch(chunk), self.device)
             with preflight.loss_errors_named():
-                yield self.grad_sampler(inputs, labels)
+                if self.augment is None:
+                    yield self.grad_sampler(inputs, labels)
+                else:
+                    yield self.augment(self.grad_sampler, inputs, labels, chunk)
 
     def _clipped_sum(self, idx: torch.Tensor):
         if self.group is None:

@@ -21,6 +21,7 @@ def format_report(summary: dict) -> str:
         *([("NOT private", "; ".join(summary["not_private_because"]))] if not private else []),
         *(("note", note) for note in summary.get("notes", [])),
         ("test accuracy", _accuracy_text(summary)),
+        *([("test accuracy (EMA)", _averaged_text(summary))] if "model_ema" in summary else []),
         *([_preprocessing_row(summary)] if "preprocessing" in summary else []),
         ("steps", f"{summary['steps']} of {summary['planned_steps']} ({summary['epochs']:.2f} epochs)"),
         (
@@ -84,6 +85,14 @@ def _accuracy_text(summary: dict) -> str:
             "it public; training.log_not_private = true writes it labelled not private)"
         )
     return "not released yet (last iterate only)"
+
+
+def _averaged_text(summary: dict) -> str:
+    """The weight average's test accuracy (``training.ema``), written as the last iterate's is."""
+    accuracy = summary.get("test_accuracy_ema")
+    logged = summary.get("not_private", {}).get("test_accuracy_ema")
+    text = f"{accuracy:.4f}" if accuracy is not None else "not written" if logged is None else f"{logged:.4f} (NOT private)"
+    return f"{text} (model_ema.pt: weight average of the released iterates, decay {summary['model_ema']['decay']:g})"
 
 
 def _last_iterate_row(summary: dict) -> tuple[str, str]:

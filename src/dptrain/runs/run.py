@@ -45,6 +45,7 @@ from dptrain.errors import AccountingError, ConfigError, RunDirectoryError
 from dptrain.engine.interrupts import Terminated, deferred_signals, terminate_as_exception
 from dptrain.models.builders import build_model
 from dptrain.randomness.generators import SEEDED_WARNING, Randomness
+from dptrain.runs.averaged import evaluate_averaged, save_averaged
 from dptrain.runs.resume import check_step_change, config_hash, released_files, resumed_config
 from dptrain.runs.rundir import CONFIG, PLAN, SUMMARY, RunDirectory
 
@@ -238,6 +239,8 @@ def build_dpsgd_job(
         buffer_updates=t.buffer_updates,
         mixed_precision=t.mixed_precision,
         device=t.device,
+        augment=t.augment or None,
+        ema=t.ema,
     )
     # The run's numbers, computed once here: steps from epochs, the batch-size schedule (growing batches: Proactive
     # DP, App. B.4, theta = s_max/s_bar ~ 1 + p). The trainer, the calibration and the summary read them.
@@ -560,6 +563,7 @@ def _train(job: Job, rd: RunDirectory, progress: bool, stop_after: int | None, e
         summary = _summary(job, rd, final, wall(), finished)
         if released:
             summary.update(job.save_model(rd))
+            summary.update(save_averaged(job, rd))
             for extra in job.extras:
                 summary.update(extra())
         _label_test_metrics(job, summary, final)
@@ -576,6 +580,8 @@ def _label_test_metrics(job: Job, summary: dict, final: dict | None) -> None:
     metrics = {k: summary.pop(k) for k in [k for k in summary if k.startswith("test_accuracy")]}
     if final is not None:
         metrics["test_accuracy"] = final["row"].get("not_private", {}).get("test_accuracy")
+        if "test_accuracy_ema" in metrics:
+            metrics["test_accuracy_ema"] = final["row"].get("not_private", {}).get("test_accuracy_ema")
     summary["test_accuracy"] = None
     kept = {k: v for k, v in metrics.items() if v is not None}
     if job.cfg.training.log_not_private and kept:
@@ -613,12 +619,13 @@ def _evaluate_and_log(rd: RunDirectory, job: Job, result: StepResult | None) -> 
         accuracy = row["test_accuracy"] = job.evaluate()
     elif job.cfg.training.log_not_private:
         not_private["test_accuracy"] = job.evaluate()  # a split of the private data: labelled
+    averaged = evaluate_averaged(job, row, not_private)  # (the weight average of the released iterates, if any)
     if not_private:
         row["not_private"] = not_private  # asked for by training.log_not_private; labelled
     rd.append_metrics(row)
     if result is not None and accuracy is not None:  # adaptive noise reads the published evaluation (public data)
         t.observe_validation(accuracy)
-    return {"row": row, "report": report, "accuracy": accuracy}
+    return {"row": row, "report": report, "accuracy": accuracy, "accuracy_ema": averaged}
 
 
 def accountant_table(ledger: Ledger, delta: float) -> dict:
@@ -654,6 +661,7 @@ def _summary(job: Job, rd: RunDirectory, final: dict | None, wall: float, finish
         "accountants": accountant_table(t.ledger, report.delta),
         "membership_inference": attacker_bound(t.ledger, report.delta),
         "test_accuracy": final["accuracy"] if final is not None else None,
+        **({"test_accuracy_ema": final and final["accuracy_ema"]} if t.weight_average is not None else {}),
         "test_is_public": job.test_is_public,
         "steps": t.steps,
         "planned_steps": job.total_steps,

@@ -6,7 +6,8 @@ Shareable outputs (contain only privately released quantities and public facts):
 - ``metrics.jsonl``: one line per evaluation (step, epoch, test accuracy, epsilon);
 - ``ledger.json``: the privacy ledger (a copy of the checkpoint's, never ahead of it);
 - ``summary.json``: the final privacy/utility report;
-- ``model.pt``: the released model;
+- ``model.pt``: the released model (the last iterate); ``model_ema.pt``: the weight average of the released iterates,
+  with ``training.ema``;
 - ``hf_model/``, ``hf_adapter/``: a Hugging Face model as ``save_pretrained`` directories (:mod:`dptrain.models.hf_save`);
 - ``preprocessing.json`` / ``plan.json`` where the run has them.
 
@@ -38,10 +39,10 @@ from dptrain.accounting.ledger import Ledger
 from dptrain.errors import DataError, RunDirectoryError
 
 CONFIG, METRICS, LEDGER, SUMMARY, MODEL = "config.toml", "metrics.jsonl", "ledger.json", "summary.json", "model.pt"
-PREPROCESSING, PLAN = "preprocessing.json", "plan.json"
+PREPROCESSING, PLAN, MODEL_EMA = "preprocessing.json", "plan.json", "model_ema.pt"
 PRIVATE, CHECKPOINT, LOCK = "private", "checkpoint.pt", ".lock"
 #: Files whose presence means a run released something (its ledger says so for the rest).
-RELEASE_FILES = (SUMMARY, MODEL, METRICS, PREPROCESSING)
+RELEASE_FILES = (SUMMARY, MODEL, METRICS, PREPROCESSING, MODEL_EMA)
 
 #: Permission bits of shareable files: what the user's umask allows (mkstemp alone would make them 0600).
 _UMASK = os.umask(0)
@@ -176,8 +177,8 @@ class RunDirectory:
     def write_json(self, name: str, data: Any) -> None:
         self.write_text(name, json.dumps(data, indent=2, allow_nan=False) + "\n")
 
-    def save_model(self, payload: dict) -> None:
-        self._atomic(MODEL, lambda f: torch.save(payload, f))
+    def save_model(self, payload: dict, name: str = MODEL) -> None:
+        self._atomic(name, lambda f: torch.save(payload, f))
 
     def save_directory(self, name: str, write) -> Path:
         """A shareable directory ``name``, written by ``write(path)`` into a temporary directory and renamed into place

@@ -20,6 +20,10 @@ class PerExampleGrads:
     def names(self) -> list[str]:
         return list(self._parts)
 
+    def parts(self) -> dict:
+        """name -> the gradients of that parameter in the form they are kept in (a tensor or factors)."""
+        return dict(self._parts)
+
     def sq_norms(self) -> dict[str, torch.Tensor]:
         """name -> [B]: each example's squared L2 norm of its gradient for that parameter."""
         return {n: _sq_norms(part) for n, part in self._parts.items()}
