@@ -273,3 +273,16 @@ def test_the_gaussian_calibration_quoted_in_the_prose(capsys):
     data = json.loads(out[0])
     assert code == 0 and repr(data[key]).startswith(prefix)
     assert round(data["classical_noise_multiplier"], 1) == classical
+
+
+def test_the_docs_cite_papers_not_internal_notes():
+    """docs/ is for users: a paper is cited by its authors, title and equation, never by an internal note ("digest 7
+    item 8", "seeds/003_...") a reader cannot follow."""
+    shorthand = re.compile(r"\bdigests?\b|\bseeds/0\d\d_", re.IGNORECASE)
+    found = [
+        f"{path.relative_to(REPO)}: {match.group(0)}"
+        for path in [README, *sorted((REPO / "docs").rglob("*"))]
+        if path.suffix in (".md", ".json")
+        for match in shorthand.finditer(path.read_text())
+    ]
+    assert not found, found
