@@ -32,8 +32,8 @@ from dptrain.accounting import epsilon as ledger_epsilon
 from dptrain.errors import DataError
 from dptrain.runs.rundir import LEDGER, PRIVATE, SUMMARY, RunDirectory
 
-#: The selected trial's run directory, inside the search's.
-BEST = "best"
+#: The selected trial's run directory, inside the search's; the trials' directories, inside its private/.
+BEST, TRIALS = "best", "trials"
 #: The keys of a run's summary that make its certificate: in ``best/summary.json`` they are the search's, the trial's
 #: own moved under ``trial_alone``.
 CERTIFICATE_KEYS = (
@@ -79,16 +79,11 @@ def summarize(search, state, rd: RunDirectory) -> tuple[dict, dict, int | None]:
     return summary, ledger.to_dict(), None if best is None else best.index
 
 
-def finish(search, state, rd: RunDirectory, keep_trials: bool) -> dict:
-    """Release the search: what it releases is computed and kept in its secret state first, then published."""
-    from dptrain.tuning.search import STATE
-
-    if state.summary is None:
-        state.summary, state.ledger, state.extra["best_index"] = summarize(search, state, rd)
-        state.done = True
-        rd.save_private(STATE, state.to_dict())
+def publish(state, rd: RunDirectory, keep_trials: bool) -> dict:
+    """Release a search whose state holds what it releases (:func:`summarize`, kept in the secret state before any file
+    is written); returns the summary (:func:`returned`)."""
     _publish(state, rd, keep_trials)
-    return _returned(state, rd, keep_trials)
+    return returned(state, keep_trials)
 
 
 def finished(state, rd: RunDirectory, keep_trials: bool) -> dict:
@@ -104,10 +99,10 @@ def finished(state, rd: RunDirectory, keep_trials: bool) -> dict:
                 f"{rd / name} does not match the finished search's state (edited, or from another search): restore "
                 "or delete it to see the search's report"
             )
-    return _returned(state, rd, keep_trials)
+    return returned(state, keep_trials)
 
 
-def _returned(state, rd: RunDirectory, keep_trials: bool) -> dict:
+def returned(state, keep_trials: bool) -> dict:
     """What run_search returns: the public summary, and K with every trial only when asked (``--keep-trials``)."""
     out = dict(state.summary)
     if keep_trials:
@@ -124,14 +119,10 @@ def _publish(state, rd: RunDirectory, keep_trials: bool) -> None:
     """Write what the search releases (idempotent: a resume after a crash in the middle publishes again): ``best/``
     from the selected trial's directory while it exists, then the trials removed (unless kept), ``ledger.json`` and
     ``summary.json``, and last the same modification time on every shareable file and directory."""
-    from dptrain.tuning.search import trial_dir
-
     index = state.extra.get("best_index")
-    if index is not None:
-        source = trial_dir(rd, next(t for t in state.trials if t.index == index))
-        if source.exists():
-            _copy_best(state, rd, source)
-    trials = rd.path / PRIVATE / "trials"
+    trials = rd.path / PRIVATE / TRIALS
+    if index is not None and (trials / str(index)).exists():
+        _copy_best(state, rd, trials / str(index))
     if not keep_trials and trials.exists():
         shutil.rmtree(trials)
     rd.write_json(LEDGER, state.ledger)
@@ -198,4 +189,4 @@ def same_times(rd: RunDirectory, when: float | None = None) -> None:
     os.utime(rd.path, (when, when))
 
 
-__all__ = ["BEST", "finish", "finished", "same_times", "selected_summary", "summarize"]
+__all__ = ["BEST", "TRIALS", "finished", "publish", "returned", "same_times", "selected_summary", "summarize"]

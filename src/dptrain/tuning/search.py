@@ -68,6 +68,7 @@ from dptrain.runs import run as run_module
 from dptrain.runs.resume import SEARCH_MAY_CHANGE, check_data, frozen, resumed_config
 from dptrain.runs.rundir import CONFIG, PRIVATE, RunDirectory
 from dptrain.tuning.quiet import Elapsed, captured
+from dptrain.tuning.release import TRIALS, finished, publish, summarize
 from dptrain.tuning.space import Dimension, draw, parse_space, with_values
 
 STATE = "search.pt"
@@ -256,7 +257,7 @@ class Search:
 
 def trial_dir(rd: RunDirectory, trial: Trial) -> Path:
     """Where a trial runs: inside the search's secret ``private/`` (its index is in the path)."""
-    return rd.path / PRIVATE / "trials" / str(trial.index)
+    return rd.path / PRIVATE / TRIALS / str(trial.index)
 
 
 def start_state(search: Search, randomness: Randomness) -> SearchState:
@@ -276,8 +277,6 @@ def run_search(cfg: RunConfig | None, out: str | Path, *, resume: bool = False, 
                keep_trials: bool = False) -> dict:
     """Run (or resume) the search of ``cfg`` in ``out``; returns its summary (module docstring), with K and every
     trial under ``not_private`` only if ``keep_trials``."""
-    from dptrain.tuning.release import finish, finished
-
     rd = RunDirectory(out)
     with rd.locked(create=not resume):
         if resume:
@@ -302,7 +301,11 @@ def run_search(cfg: RunConfig | None, out: str | Path, *, resume: bool = False, 
         stream = run_module.run_randomness(cfg).stream("tuning")
         stream.set_state(state.stream_state)
         _run(search, state, rd, stream, progress)
-        return finish(search, state, rd, keep_trials)
+        if state.summary is None:  # what the search releases, kept in its secret state before any file is written
+            state.summary, state.ledger, state.extra["best_index"] = summarize(search, state, rd)
+            state.done = True
+            rd.save_private(STATE, state.to_dict())
+        return publish(state, rd, keep_trials)
 
 
 def _saved_state(rd: RunDirectory) -> dict:
