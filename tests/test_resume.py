@@ -270,3 +270,12 @@ def test_a_finished_run_reports_from_its_checkpoint_never_from_an_edited_summary
     code, stdout, err = _cli(capsys, "train", "--resume", str(out), "--no-progress")
     assert code == 0 and "has finished" in err and f"epsilon = {summary['epsilon']:.4f}" in stdout
     assert json.loads((out / "summary.json").read_text()) == summary
+
+
+@pytest.mark.parametrize("command", ["train", "tune"])
+@pytest.mark.parametrize("option", [["--out", "elsewhere"], ["--plan", "plan.json"]])
+def test_a_resume_takes_no_option_that_it_would_ignore(tmp_path, capsys, command, option):
+    if command == "tune" and option[0] == "--plan":
+        option = ["--trials-mean", "3"]
+    code, _, err = _cli(capsys, command, "--resume", str(tmp_path / "run"), *option, "--no-progress")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "do not combine it" in err

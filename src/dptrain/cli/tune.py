@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
 
     keep_freed_memory()
     if args.resume:
-        if args.config or args.set or args.trials_mean is not None or args.distribution:
+        if args.config or args.set or args.trials_mean is not None or args.distribution or args.out:
             raise ConfigError("--resume continues a search with its own config; do not combine it with other options")
         summary = run_search(None, args.resume, resume=True, progress=not args.no_progress,
                              keep_trials=args.keep_trials)
