@@ -468,7 +468,10 @@ def test_cli_json_and_text(tmp_path, capsys):
         "delta",
         "setting",
         "injected_bug",
+        "private",
+        "not_private_because",
     }
+    assert out["private"] is False  # (dpsgd_config is seeded, for a reproducible audit)
     assert out["canaries"] == 50 and out["confidence"] == 0.95 and out["delta"] == 1e-5
     assert out["verdict"] == "no_violation_found" and out["injected_bug"] is None
     assert out["ceiling"] == pytest.approx(ceiling(50, 1e-5)) and out["ceiling"] > out["epsilon_certified"]
@@ -478,6 +481,17 @@ def test_cli_json_and_text(tmp_path, capsys):
     assert "epsilon lower bound" in text and "epsilon certified" in text and "audit ceiling" in text
     assert text.splitlines()[-1].startswith("no violation found: the lower bound")
     assert not (tmp_path / "runs").exists() and sorted(p.name for p in tmp_path.iterdir()) == ["audit.toml"]
+
+
+def test_a_seeded_audit_says_not_private_like_every_command(tmp_path, capsys):
+    path = _config_file(tmp_path, with_sigma(dpsgd_config(steps=5), 3.0))
+    assert main(["audit", "--config", path, "--set", "seed=1", "--canaries", "20", "--json"]) == 0
+    captured = capsys.readouterr()
+    out = json.loads(captured.out)
+    assert out["private"] is False and "seed" in " ".join(out["not_private_because"])
+    assert "warning: not private: seeded randomness" in captured.err
+    assert main(["audit", "--config", path, "--set", "seed=1", "--canaries", "20"]) == 0
+    assert "NOT private" in capsys.readouterr().out
 
 
 def test_cli_reports_violation_and_inconclusive(tmp_path, capsys):

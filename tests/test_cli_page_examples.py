@@ -195,6 +195,7 @@ def test_the_audit_example_prints_the_readme_certificate(example, capsys, tmp_pa
     monkeypatch.chdir(tmp_path)
     code, out, _ = run_cli([*in_repo(example.argv), "--set", "seed=0"], capsys)
     assert code == 0
+    out = [line for line in out if not line.startswith("NOT private")]  # (the seed is this test's, not the README's)
 
     def masked(lines: list[str]) -> list[str]:
         found = [re.match(r"epsilon lower bound\s+(\d+\.\d+) ", line) for line in lines]
@@ -270,3 +271,16 @@ def test_the_gaussian_calibration_quoted_in_the_prose(capsys):
     data = json.loads(out[0])
     assert code == 0 and repr(data[key]).startswith(prefix)
     assert round(data["classical_noise_multiplier"], 1) == classical
+
+
+def test_the_docs_cite_papers_not_internal_notes():
+    """docs/ is for users: a paper is cited by its authors, title and equation, never by an internal note ("digest 7
+    item 8", "seeds/003_...") a reader cannot follow."""
+    shorthand = re.compile(r"\bdigests?\b|\bseeds/0\d\d_", re.IGNORECASE)
+    found = [
+        f"{path.relative_to(REPO)}: {match.group(0)}"
+        for path in [README, *sorted((REPO / "docs").rglob("*"))]
+        if path.suffix in (".md", ".json")
+        for match in shorthand.finditer(path.read_text())
+    ]
+    assert not found, found

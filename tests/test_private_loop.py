@@ -398,8 +398,7 @@ def test_a_weight_regularizer_as_extra_equals_weight_decay():
     wd = 0.1
     loop, model, opt = _loop()
     for x, y in loop.batches(steps=4):
-        extra = 0.5 * wd * sum(p.pow(2).sum() for p in model.parameters())
-        loop.backward(_losses(model, x, y), extra=extra)
+        loop.backward(_losses(model, x, y), extra=lambda params: 0.5 * wd * sum(p.pow(2).sum() for p in params.values()))
         opt.step()
         opt.zero_grad()
     decayed_model = _model()
@@ -418,7 +417,7 @@ def test_a_weight_regularizer_as_extra_equals_weight_decay():
 
 def test_an_extra_computed_from_the_examples_is_refused():
     def from_inputs(loop, model, opt, x, y):
-        loop.backward(_losses(model, x, y), extra=model[0].weight.sum() * x.mean())
+        loop.backward(_losses(model, x, y), extra=lambda p: p["0.weight"].sum() * x.mean())
 
     _misuse(from_inputs, "extra depends on the chunk's examples")
 
@@ -427,14 +426,102 @@ def test_an_extra_computed_from_the_examples_is_refused():
         handle = model[1].register_forward_hook(lambda module, args, out: kept.append(out))
         losses = _losses(model, x, y)
         handle.remove()
-        loop.backward(losses, extra=kept[0].pow(2).mean())
+        loop.backward(losses, extra=lambda p: kept[0].pow(2).mean())
 
     _misuse(from_activations, "extra depends on the chunk's examples")
 
+    # whatever autograd does not record: a detached copy, a number taken out, integer labels, a mask
+    for term in (
+        lambda p, x, y: (p["0.weight"] * x.detach().mean(0)).sum(),
+        lambda p, x, y: (p["0.weight"] * (p["0.weight"] + x.detach().mean(0))).sum(),
+        lambda p, x, y: p["0.weight"].sum() * x.mean().item(),
+        lambda p, x, y: p["2.bias"].sum() * y.float().mean(),
+        lambda p, x, y: torch.where(x.detach()[:1, :1] > 0, p["0.weight"][:1, :1], 0.0).sum(),
+        lambda p, x, y: p["0.weight"].sum() * float(x.detach().numpy().mean()),
+    ):
+
+        loop, model, opt = _loop()
+        with pytest.raises(LoopError) as error:
+            for x, y in loop.batches(steps=1):
+                seen = x.detach().clone(), y.clone()
+                loop.backward(_losses(model, x, y), extra=lambda p, x=x, y=y, term=term: term(p, x, y))
+        assert "extra reads the chunk's examples" in _one_line(error)
+        assert loop.steps == 0 and all(p.grad is None for p in model.parameters())
+        assert torch.equal(x, seen[0]) and torch.equal(y, seen[1])  # the chunk's values are restored
+
+    def a_tensor(loop, model, opt, x, y):  # (a tensor made in the loop body cannot be checked)
+        loop.backward(_losses(model, x, y), extra=model[0].weight.pow(2).sum())
+
+    _misuse(a_tensor, "extra is a function of the parameters")
+
     def from_nothing(loop, model, opt, x, y):
-        loop.backward(_losses(model, x, y), extra=torch.tensor(1.0))
+        loop.backward(_losses(model, x, y), extra=lambda p: torch.tensor(1.0))
 
     _misuse(from_nothing, "scalar tensor computed from the trainable parameters")
+
+
+def test_an_extra_reading_a_parameter_the_loop_does_not_privatize_is_refused():
+    other = nn.Parameter(torch.ones(3))
+
+    def foreign(loop, model, opt, x, y):
+        loop.backward(_losses(model, x, y), extra=lambda p: p["0.weight"].sum() * other.sum())
+
+    _misuse(foreign, "not a parameter the loop privatizes")
+
+
+# --- every parameter the optimizer steps is one the loop privatizes -------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["autograd.backward(inputs=)", "a hand-written .grad", "in the optimizer only"])
+def test_a_parameter_added_after_the_loop_is_refused_at_the_step(how):
+    loop, model, opt = _loop(chunk=N)
+    added = nn.Parameter(torch.zeros(D))
+    if how == "in the optimizer only":
+        opt.add_param_group({"params": [added]})
+    else:
+        model.register_parameter("added", added)
+        opt.add_param_group({"params": [added]})
+    with pytest.raises(LoopError) as error:
+        for x, y in loop.batches(steps=1):
+            loop.backward(_losses(model, x, y))
+            if how == "autograd.backward(inputs=)":
+                torch.autograd.backward((added * x.mean(0)).sum() * 100, inputs=[added])
+            else:
+                added.grad = -100 * x.mean(0)
+            opt.step()
+    assert "does not privatize" in _one_line(error)
+    assert torch.equal(added.detach(), torch.zeros(D))  # never stepped, with any gradient
+    assert loop.steps == 1 and len(loop.ledger.entries) == 1  # the release stays accounted
+    kept = [p.detach().clone() for n, p in model.named_parameters() if n != "added"]
+    assert _equal(kept, _params(_model()))  # nothing applied
+
+
+def test_a_released_gradient_replaced_before_the_step_is_refused():
+    loop, model, opt = _loop(chunk=N)
+    with pytest.raises(LoopError) as error:
+        for x, y in loop.batches(steps=1):
+            loop.backward(_losses(model, x, y))
+            model[0].weight.grad = model[0].weight.grad + x.detach().mean()  # a new tensor: not the release's
+            opt.step()
+    assert "not the one loop.backward released" in _one_line(error)
+    assert _equal(_params(model), _params(_model())) and loop.steps == 1
+
+
+def test_the_trainers_own_step_refuses_a_parameter_it_does_not_privatize():
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    trainer = make_private(model, opt, (X, Y), noise_multiplier=1.0, batch_size=64, seed=7)
+    trainer.step()
+    added = nn.Parameter(torch.zeros(D))
+    opt.add_param_group({"params": [added]})
+    (added * X.mean(0)).sum().backward()  # a stale gradient the optimizer would apply
+    with pytest.raises(ModelError, match="does not privatize"):
+        trainer.step()
+    assert torch.equal(added.detach(), torch.zeros(D)) and trainer.steps == 1
+    added.requires_grad_(False)
+    added.grad = None
+    trainer.step()  # frozen: fine
+    assert trainer.steps == 2
 
 
 def test_a_budget_stops_the_batches():

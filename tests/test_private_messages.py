@@ -178,3 +178,27 @@ def test_a_bad_dataset_item_is_refused_by_the_rule_not_its_index_or_content(odd,
     text = _message(info)
     _absent(text, "13", "item 1", "entry 1", *statistics)
     assert rule in text
+
+
+def test_a_listed_class_without_examples_is_refused_by_the_rule_not_the_count(tmp_path, capsys):
+    from dptrain.cli import main
+    from dptrain.data.loaders import select_classes
+
+    path = tmp_path / "data.npz"
+    y = np.array([0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 1])  # class 5 of 6 has no example
+    np.savez(path, x=np.zeros((len(y), 2)), y=y, x_test=np.zeros((6, 2)), y_test=np.arange(6))
+    data = load_dataset("npz", str(path), num_classes=6)
+    with pytest.raises(DataError) as info:
+        select_classes(data, [0, 5])
+    text = _message(info, path)
+    _absent(text, "5", "4 ", "11", "one class")  # not which class, nor how many examples the others have
+    assert "every listed class must have examples in the training data" in text
+    config = tmp_path / "c.toml"
+    config.write_text(
+        f'[data]\nname = "npz"\npath = "{path}"\noptions = {{ num_classes = 6 }}\nclasses = [0, 5]\n'
+        '[model]\nname = "logistic"\n[privacy]\nnoise_multiplier = 1.0\ndelta = 0.01\n[training]\nsteps = 2\nbatch_size = 2\n'
+    )
+    code = main(["train", "--config", str(config), "--out", str(tmp_path / "r"), "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "every listed class" in err
+    assert not (tmp_path / "r" / "summary.json").exists()

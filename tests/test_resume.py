@@ -219,3 +219,63 @@ def test_kill_9_and_a_signal_in_the_first_moments_leave_a_resumable_or_restartab
         assert resumed == 0 or "holds no run to resume" in resume_err, (sig, when, resume_err)
         assert restarted == 0 or "already holds a run" in restart_err, (sig, when, restart_err)
         assert resumed == 0 or restarted == 0, (sig, when)
+
+
+# --- what a resume reads again: the data, and a finished run's summary -------------------------------------------
+
+
+def _npz_config(tmp_path, rows: int) -> Path:
+    import numpy as np
+
+    rng = np.random.default_rng(rows)
+    x = rng.normal(size=(rows, 4)).astype("float32")
+    np.savez(tmp_path / "data.npz", x=x, y=(x[:, 0] > 0).astype("int64"))
+    config = tmp_path / "npz.toml"
+    config.write_text(
+        f'[data]\nname = "npz"\npath = "{tmp_path / "data.npz"}"\noptions = {{ num_classes = 2 }}\n'
+        '[model]\nname = "logistic"\n[privacy]\nnoise_multiplier = 1.0\ndelta = 1e-4\n'
+        "[training]\nsteps = 6\nbatch_size = 30\n"
+    )
+    return config
+
+
+def test_data_replaced_between_a_stop_and_a_resume_is_refused(tmp_path, capsys):
+    out = tmp_path / "run"
+    config = _npz_config(tmp_path, 1000)
+    code, _, err = _cli(capsys, "train", "--config", str(config), "--out", str(out), "--no-progress", "--stop-after", "2")
+    assert code == 0, err
+    kept = (tmp_path / "data.npz").read_bytes()
+    _npz_config(tmp_path, 300)  # the file swapped for another of 300 rows, the config unchanged
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    code, _, err = _cli(capsys, "train", "--resume", str(out), "--no-progress")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "data changed since the run started" in err
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+    (tmp_path / "data.npz").write_bytes(kept)  # restored: the run goes on
+    code, _, err = _cli(capsys, "train", "--resume", str(out), "--no-progress", "--json")
+    assert code == 0, err
+
+
+def test_a_finished_run_reports_from_its_checkpoint_never_from_an_edited_summary(tmp_path, capsys):
+    import json
+
+    out = tmp_path / "run"
+    code, first, _ = _cli(capsys, "train", "--config", str(_config(tmp_path)), "--out", str(out), "--no-progress",
+                          "--json")
+    assert code == 0
+    summary = json.loads(first)
+    (out / "summary.json").write_text(json.dumps({**summary, "epsilon": 0.0123}))
+    code, _, err = _cli(capsys, "train", "--resume", str(out), "--no-progress")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "summary.json does not match" in err
+    (out / "summary.json").unlink()  # lost (a crash after the checkpoint): written back
+    code, stdout, err = _cli(capsys, "train", "--resume", str(out), "--no-progress")
+    assert code == 0 and "has finished" in err and f"epsilon = {summary['epsilon']:.4f}" in stdout
+    assert json.loads((out / "summary.json").read_text()) == summary
+
+
+@pytest.mark.parametrize("command", ["train", "tune"])
+@pytest.mark.parametrize("option", [["--out", "elsewhere"], ["--plan", "plan.json"]])
+def test_a_resume_takes_no_option_that_it_would_ignore(tmp_path, capsys, command, option):
+    if command == "tune" and option[0] == "--plan":
+        option = ["--trials-mean", "3"]
+    code, _, err = _cli(capsys, command, "--resume", str(tmp_path / "run"), *option, "--no-progress")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "do not combine it" in err

@@ -298,11 +298,13 @@ def test_draws_of_the_number_of_trials_have_the_mean(distribution):
         assert tnb_mean(trials.gamma, trials.shape) == pytest.approx(5, rel=1e-12)
         assert trials.gamma == pytest.approx(tnb_gamma(5, trials.shape), rel=1e-9)
     rng = np.random.default_rng(7)
-    draws = np.array([trials.draw(rng) for _ in range(20_000)])
+    draws = np.array([trials.draw(u) for u in 1 - rng.random(5_000)])  # (uniforms in (0, 1]; 1 is refused below)
     assert abs(draws.mean() - 5) < 5 * draws.std() / math.sqrt(len(draws))
     assert draws.min() >= (0 if distribution == "poisson" else 1)  # a Poisson search may run no trial
     if distribution != "poisson":
-        assert TrialCount(1, trials.shape).draw(rng) == 1  # mean 1: exactly one trial
+        assert TrialCount(1, trials.shape).draw(0.999) == 1  # mean 1: exactly one trial
+    with pytest.raises(ValueError):
+        trials.draw(1.0)
 
 
 # --- the command line -------------------------------------------------------------------------------------------

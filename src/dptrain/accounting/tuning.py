@@ -30,7 +30,7 @@ import dp_accounting as dpa
 import numpy as np
 from dp_accounting import dp_event
 from dp_accounting.rdp import rdp_privacy_accountant
-from scipy import optimize
+from scipy import optimize, stats
 
 from dptrain.accounting.base import AUTO, PrivacyReport, epsilon
 from dptrain.accounting.calibration import Calibration, calibrate, calibrate_noise
@@ -152,22 +152,25 @@ class TrialCount:
             return math.exp(hi)
         return math.exp(optimize.brentq(gap, lo, hi, xtol=1e-15, rtol=1e-14))
 
-    def draw(self, rng: np.random.Generator) -> int:
-        """One draw of K with ``rng``. K is secret and privacy-critical: ``rng`` must be seeded from the operating
-        system's CSPRNG (a Poisson K may be 0: the search then runs no trial and releases nothing)."""
+    def draw(self, uniform: float) -> int:
+        """One draw of K: the inverse of K's distribution function at ``uniform``, a number in (0, 1). K is secret and
+        privacy-critical: ``uniform`` must come from the run's secret streams (the "tuning" stream, AES-256-CTR with
+        ``secure_noise``). A Poisson K may be 0: the search then runs no trial and releases nothing."""
+        if not 0.0 < uniform < 1.0:
+            raise ValueError(f"uniform must be in (0, 1), got {uniform!r}")
         if self.shape == math.inf:
-            return int(rng.poisson(self.mean))
+            return int(stats.poisson.ppf(uniform, self.mean))
         gamma = self.gamma
         if gamma >= 1:
             return 1
         if self.shape == 1:
-            return int(rng.geometric(gamma))
-        if self.shape == 0:
-            return int(rng.logseries(1 - gamma))  # P[K = k] = (1 - gamma)^k / (k log(1/gamma)), Definition 1
-        while True:  # D_{eta,gamma} is the negative binomial NB(eta, gamma) conditioned on K >= 1 (Definition 1)
-            k = int(rng.negative_binomial(self.shape, gamma))
-            if k >= 1:
-                return k
+            return int(stats.geom.ppf(uniform, gamma))
+        if self.shape == 0:  # P[K = k] = (1 - gamma)^k / (k log(1/gamma)), Definition 1
+            return int(stats.logser.ppf(uniform, 1 - gamma))
+        # D_{eta,gamma} is the negative binomial NB(eta, gamma) conditioned on K >= 1 (Definition 1): invert its
+        # distribution function above P[NB = 0] = gamma^eta
+        below = gamma**self.shape
+        return max(1, int(stats.nbinom.ppf(below + uniform * (1 - below), self.shape, gamma)))
 
     def event(self, trial: dp_event.DpEvent) -> dp_event.RepeatAndSelectDpEvent:
         """The search's DpEvent: ``trial`` (one whole trial) repeated K times, the best released."""

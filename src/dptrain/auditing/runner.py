@@ -30,7 +30,7 @@ correct run: the audit's check of its own power. Nothing is written: an audit is
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -79,6 +79,8 @@ class Observation:
     accountant: str
     delta: float
     injected_bug: str | None
+    #: why the audited run is not private whatever its epsilon (seeded, buffers released unnoised); empty: private
+    not_private_because: list[str] = field(default_factory=list)
 
 
 def audit_run(
@@ -127,6 +129,8 @@ def judge(seen: Observation, statistic: str, confidence: float = 0.95) -> dict:
         "delta": seen.delta,
         "setting": seen.setting,
         "injected_bug": seen.injected_bug,
+        "private": not seen.not_private_because,
+        **({"not_private_because": list(seen.not_private_because)} if seen.not_private_because else {}),
     }
 
 
@@ -207,7 +211,9 @@ def observe(cfg: RunConfig, canaries: int | None, kind: str, inject_bug: str | N
         final = torch.cat([p.detach().reshape(-1) for p in trainer.params.values()])  # the last iterate, released
         scores = {"final_iterate": -final[coordinates].to(torch.float64).cpu()}
     epsilon, accountant = _certificate(trainer, setting, kind)
-    return Observation(setting, kind, included, scores, epsilon, accountant, cfg.privacy.delta, bug)
+    return Observation(
+        setting, kind, included, scores, epsilon, accountant, cfg.privacy.delta, bug, list(trainer.not_private_reasons)
+    )
 
 
 def _certificate(trainer, setting: str, kind: str) -> tuple[float, str]:

@@ -64,6 +64,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run the audit of ``args.config`` (+ ``args.set``) and print it; 1 for a violation, else 0."""
     # torch is imported here, not at the top: building the parser must stay light.
+    import sys
+
     from dptrain.auditing.runner import audit_run
     from dptrain.config import load_config
 
@@ -72,6 +74,8 @@ def run(args: argparse.Namespace) -> int:
     result = audit_run(
         cfg, canaries=args.canaries, confidence=args.confidence, kind=args.kind, inject_bug=args.inject_bug
     )
+    for reason in result.get("not_private_because", []):  # (as every command says it: seeded, buffers released)
+        print(f"dptrain: warning: not private: {reason}", file=sys.stderr)
     print(json.dumps(result, indent=2) if args.json else format_audit(result))
     return AUDIT_FAILED if result["verdict"] == "violation" else 0
 
@@ -94,6 +98,8 @@ def format_audit(result: dict) -> str:
             f"{result['epsilon_certified']:.4f} ({result['accountant']}, delta = {result['delta']:g})",
         ),
     ]
+    if not result.get("private", True):
+        rows.append(("NOT private", "; ".join(result["not_private_because"])))
     if bug is not None:
         rows.append(("injected bug", f"{bug} (the ledger records the correct run)"))
     width = max(len(k) for k, _ in rows)

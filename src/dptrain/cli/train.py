@@ -50,9 +50,10 @@ def run(args: argparse.Namespace) -> int:
 
     keep_freed_memory()  # this process is ours: keep freed memory for the next step (dptrain.runs.cpu_memory)
     if args.resume:
-        if args.config or args.set:
+        if args.config or args.set or args.plan or args.out:
             raise ConfigError(
-                "--resume continues a run with its own config; do not combine it with --config/--set"
+                "--resume continues a run with its own config, plan and directory; do not combine it with "
+                "--config/--set/--plan/--out"
             )
         summary = run_training(
             None, args.resume, resume=True, progress=not args.no_progress, stop_after=args.stop_after

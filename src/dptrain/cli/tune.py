@@ -24,8 +24,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the law of the secret number of trials (tune.distribution; default geometric)",
     )
     parser.add_argument("--keep-trials", action="store_true",
-                        help="keep every trial's directory in private/ and list them, labelled not private")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+                        help="keep every trial's directory in private/ and list them (and how many ran) in the output, "
+                        "labelled not private: secret, revealing them voids the certificate")
+    parser.add_argument("--no-progress", action="store_true",
+                        help="no clock on stderr (a search shows its elapsed time only, never a count of trials)")
     common.add_json(parser, help="print the summary as JSON")
 
 
@@ -39,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
 
     keep_freed_memory()
     if args.resume:
-        if args.config or args.set or args.trials_mean is not None or args.distribution:
+        if args.config or args.set or args.trials_mean is not None or args.distribution or args.out:
             raise ConfigError("--resume continues a search with its own config; do not combine it with other options")
         summary = run_search(None, args.resume, resume=True, progress=not args.no_progress,
                              keep_trials=args.keep_trials)
@@ -60,9 +62,10 @@ def run(args: argparse.Namespace) -> int:
 def format_search(s: dict) -> str:
     best = "none (no trial completed)" if s["best"] is None else ", ".join(f"{k} = {v:.4g}" if isinstance(v, float)
                                                                          else f"{k} = {v}" for k, v in s["best"].items())
-    cert = "" if s["certified"] else "  (NOT certified: " + ("not private, seeded)" if not s["private"] else "approx.)")
+    cert = "" if s["certified"] else "  (NOT certified: " + ("not private)" if not s["private"] else "approx.)")
     rows = [
         ("search", f"epsilon = {s['epsilon']:.4f} at delta = {s['delta']:g} ({s['accountant']}){cert}"),
+        *([("NOT private", "; ".join(s["not_private_because"]))] if not s["private"] else []),
         ("one trial alone", f"epsilon = {s['epsilon_single_run']:.4f} ({s['single_run_accountant']})"),
         ("trials", f"{s['tuning_distribution']}, mean {s['tuning_mean']:g} (how many ran is secret)"),
         ("best", best),

@@ -6,6 +6,7 @@ build them; the engine's sources (:mod:`dptrain.data.batches`) read them. torch 
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -89,4 +90,27 @@ def labels_in_range(labels: np.ndarray, num_classes: int) -> bool:
     return not len(labels) or bool(labels.min() >= 0 and labels.max() < num_classes)
 
 
-__all__ = ["TEN_CLASSES", "ArrayDataset", "DataSplit", "array_dataset", "as_tensors", "labels_in_range"]
+def fingerprint(split: DataSplit) -> str:
+    """SHA-256 of a data split's examples (every tensor or array a training or test set holds, with its name, dtype
+    and shape): kept with a run's frozen config, so that data replaced between a stop and a resume are refused
+    (:func:`dptrain.runs.resume.check_data`). Secret like the data (it lives in the private checkpoint). Computed once
+    per split object (about 0.1 s for Fashion-MNIST's 220 MB)."""
+    cached = split.__dict__.get("_fingerprint")
+    if cached is not None:
+        return cached
+    h = hashlib.sha256()
+    for part, ds in (("train", split.train), ("test", split.test)):
+        h.update(f"{part}:{type(ds).__name__}:{len(ds)}:{getattr(ds, 'num_classes', None)}".encode())
+        for name, value in sorted(vars(ds).items()):
+            if torch.is_tensor(value):
+                value = value.detach().cpu().contiguous()
+                h.update(f"{name}:{value.dtype}:{tuple(value.shape)}".encode())
+                h.update(value.reshape(-1).view(torch.uint8).numpy().data)
+            elif isinstance(value, np.ndarray):
+                h.update(f"{name}:{value.dtype.str}:{value.shape}".encode())
+                h.update(np.ascontiguousarray(value).reshape(-1).view(np.uint8).data)
+    split.__dict__["_fingerprint"] = h.hexdigest()
+    return split.__dict__["_fingerprint"]
+
+
+__all__ = ["TEN_CLASSES", "ArrayDataset", "DataSplit", "array_dataset", "as_tensors", "fingerprint", "labels_in_range"]

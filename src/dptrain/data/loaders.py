@@ -478,7 +478,7 @@ def select_classes(split: DataSplit, classes: list[int]) -> DataSplit:
     if isinstance(split.train, TextDataset):  # (its inputs are a dict of token ids and masks)
         raise DataError("data.classes does not apply to text_files; remove it (select the rows of your files instead)")
 
-    def pick(ds: ArrayDataset) -> ArrayDataset:
+    def pick(ds: ArrayDataset, private: bool) -> ArrayDataset:
         keep = torch.zeros(len(ds.y), dtype=torch.bool)
         y = torch.full_like(ds.y, -1)
         for new, c in enumerate(classes):
@@ -487,6 +487,12 @@ def select_classes(split: DataSplit, classes: list[int]) -> DataSplit:
                     f"data.classes: label {c} does not exist in {ds.name} (labels 0..{ds.num_classes - 1})"
                 )
             mask = ds.y == c
+            if private and not mask.any():
+                # (the rule, not which class or how many examples: counts of the private labels are not released)
+                raise DataError(
+                    "data.classes: every listed class must have examples in the training data, and a listed class has none; "
+                    "list only classes the training data holds"
+                )
             keep |= mask
             y[mask] = new
         if not keep.any():
@@ -494,8 +500,8 @@ def select_classes(split: DataSplit, classes: list[int]) -> DataSplit:
         return ArrayDataset(ds.x[keep], y[keep], len(classes), ds.name)
 
     return DataSplit(
-        pick(split.train),
-        pick(split.test),
+        pick(split.train, private=True),
+        pick(split.test, private=False),
         f"{split.description}, classes {classes} relabelled 0..{len(classes) - 1}",
         split.separate_test,
     )

@@ -27,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import types
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -35,6 +35,7 @@ from torch import nn
 
 from dptrain.data.batches import as_source, loader_batch_size
 from dptrain.engine.api import _check_options, make_private, make_private_with_epsilon
+from dptrain.engine.extra_terms import ExtraRefused, check_reads_no_example, extra_gradients
 from dptrain.engine.interrupts import deferred_signals
 from dptrain.engine.trainer import PrivateTrainer, optimizer_step
 from dptrain.errors import ConfigError, DPTrainError, ModelError
@@ -137,6 +138,7 @@ class _Batch:
     extra: dict | None = None
     released: bool = False
     stepped: bool = False
+    written: dict = field(default_factory=dict)  # the .grad tensors the release wrote, by parameter name
 
 
 class PrivateLoop:
@@ -213,13 +215,14 @@ class PrivateLoop:
         self._gen = weakref.ref(gen)
         return gen
 
-    def backward(self, losses: torch.Tensor, extra: torch.Tensor | None = None) -> None:
+    def backward(self, losses: torch.Tensor, extra: Callable[[dict], torch.Tensor] | None = None) -> None:
         """The per-example gradients of ``losses`` (one per example of the chunk, from the model's forward pass on the
         chunk in this loop body), clipped and added to the logical batch's sum; on its last chunk the sum is noised once,
         divided by the expected batch size and set as every parameter's ``.grad`` (the release, recorded in the
-        ledger). ``extra``: a scalar term of the loss that depends on the parameters only (a weight regularizer): its
-        gradient, averaged over the logical batch's chunks, is added to the private gradient (post-processing). A term
-        computed from the chunk's examples is refused."""
+        ledger). ``extra``: a function of the parameters, ``extra(params) -> scalar`` (``params``: name -> the trainable
+        parameter; a weight regularizer), which the loop calls itself: its gradient, averaged over the logical batch's
+        chunks, is added to the private gradient (post-processing). A term that reads the chunk's examples, by any
+        path the loop can replay, is refused (:meth:`_extra_gradients`)."""
         chunk, batch = self._chunk, self._batch
         if chunk is None or batch is None:
             raise LoopError(
@@ -240,6 +243,8 @@ class PrivateLoop:
             else:
                 self._check_per_example(chunk, losses)
                 grads = self.trainer.grad_sampler.from_losses(losses)
+                if extra is not None:  # (after the chunk's backward: the check writes the chunk's tensors, then restores)
+                    self._extra_replayed(chunk, extra, extra_grads)
                 summed, stats, _ = clipped_sum([(grads, losses.detach())], self.trainer.clipping, self.trainer.params)
             if batch.summed is None:
                 batch.summed = summed
@@ -375,6 +380,7 @@ class PrivateLoop:
             for n, g in batch.extra.items():
                 p = self.trainer.params[n]
                 p.grad.add_((g / batch.chunks).to(p.grad.dtype))
+        batch.written = {n: p.grad for n, p in self.trainer.params.items()}
 
     def _optimizer_step(self, previous, args, kwargs):
         if self._closed:
@@ -393,6 +399,7 @@ class PrivateLoop:
             return None
         if batch.stepped:
             raise LoopError("optimizer.step() was called twice for one logical batch: one step per release")
+        self._check_stepped(batch)
         try:
             result = optimizer_step(previous, self.trainer.steps, *args, **kwargs)
             batch.stepped = True
@@ -465,8 +472,36 @@ class PrivateLoop:
                     p.grad = None
             self._refuse(
                 "a backward pass of your own (loss.backward()) wrote into the parameters' .grad during a logical "
-                "batch: only loop.backward(losses) may (a non-private term goes to loop.backward(losses, extra=term))"
+                "batch: only loop.backward(losses) may (a term of the parameters goes to loop.backward(losses, extra=fn))"
             )
+
+    def _check_stepped(self, batch: _Batch) -> None:
+        """Before the optimizer step of a release: every gradient it would apply is one this release wrote. Refused:
+        a trainable parameter the loop does not privatize (added to the model or the optimizer after the loop was
+        made, whatever gave it a gradient: ``torch.autograd.backward(..., inputs=[p])``, a hand-written ``.grad``), and
+        a privatized parameter whose ``.grad`` is no longer the tensor the release wrote (replaced; changing it in
+        place, as ``clip_grad_norm_`` does, is post-processing). Nothing is applied: the gradients are dropped (the
+        release stays recorded)."""
+        trainer = self.trainer
+        foreign = trainer.unprivatized_parameters()
+        replaced = [
+            n for n, p in trainer.params.items() if p.grad is not None and p.grad is not batch.written.get(n)
+        ]
+        if not foreign and not replaced:
+            return
+        for p in [*trainer.params.values(), *self.model.parameters(),
+                  *(q for g in self.optimizer.param_groups for q in g["params"])]:
+            p.grad = None
+        if foreign:
+            self._refuse(
+                f"the optimizer would step parameters the loop does not privatize ({', '.join(foreign[:3])}): every "
+                "trainable parameter must be one whose per-example gradients the loop clips and noises (a parameter "
+                "added after make_private_loop is not: make the loop again, or freeze it with requires_grad_(False))"
+            )
+        self._refuse(
+            f"the gradient of {', '.join(replaced[:3])} is not the one loop.backward released (p.grad was replaced "
+            "after the release): change it in place (clip_grad_norm_) or not at all"
+        )
 
     def _check_losses(self, chunk: _Chunk, losses) -> None:
         if not torch.is_tensor(losses) or losses.dim() != 1 or losses.shape[0] != chunk.size:
@@ -503,21 +538,16 @@ class PrivateLoop:
             )
 
     def _extra_gradients(self, chunk: _Chunk, extra) -> dict[str, torch.Tensor]:
-        if not torch.is_tensor(extra) or extra.numel() != 1 or not extra.requires_grad:
-            self._refuse(
-                "extra must be a scalar tensor computed from the trainable parameters (e.g. a weight regularizer)"
-            )
-        params = self.trainer.params
-        data = [t for t in chunk.floats + chunk.layer_outputs + chunk.outputs if t.requires_grad]
-        grads = torch.autograd.grad(
-            extra.reshape(()), [*params.values(), *data], allow_unused=True, retain_graph=True
-        )
-        if any(g is not None for g in grads[len(params) :]):
-            self._refuse(
-                "extra depends on the chunk's examples (its inputs or the model's activations on them): it would "
-                "release their gradient without clipping or noise; only terms of the parameters alone may be extra"
-            )
-        return {n: g for n, g in zip(params, grads[: len(params)], strict=True) if g is not None}
+        try:  # (dptrain.engine.extra_terms: what the loop checks of extra, and what it cannot see)
+            return extra_gradients(extra, self.trainer.params, chunk.floats + chunk.layer_outputs + chunk.outputs)
+        except ExtraRefused as e:
+            self._refuse(str(e))
+
+    def _extra_replayed(self, chunk: _Chunk, extra, gradients: dict[str, torch.Tensor]) -> None:
+        try:
+            check_reads_no_example(extra, gradients, self.trainer.params, chunk.handed)
+        except ExtraRefused as e:
+            self._refuse(str(e))
 
     def _check_sampling(self) -> None:
         sampler = self.trainer.sampler

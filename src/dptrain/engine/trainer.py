@@ -39,7 +39,7 @@ from dptrain.engine.evaluation import accuracy, evaluation_source
 from dptrain.engine.interrupts import deferred_signals
 from dptrain.engine.privacy_side import PrivacySide
 from dptrain.engine.weight_averaging import WeightAverage, check_decay
-from dptrain.errors import AccountingError, BudgetExhausted, ConfigError, NonFiniteError
+from dptrain.errors import AccountingError, BudgetExhausted, ConfigError, ModelError, NonFiniteError
 from dptrain.models.builders import check_private_compatible
 from dptrain.models.losses import default_loss
 from dptrain.preflight import checks as preflight
@@ -269,6 +269,32 @@ class PrivateTrainer(Checkpointing, PrivacySide):
             check_controller(noise_controller, self, budget=budget, release_facts=release_facts)
             self.accountant = "filter"
 
+    def unprivatized_parameters(self) -> list[str]:
+        """Parameters an optimizer step could change that this trainer does not privatize: the model's or the
+        optimizer's that are trainable (``requires_grad``) or hold a ``.grad`` and are not in :attr:`params` (a
+        parameter added after the trainer was made, given a gradient by any means). Their update would be neither
+        clipped nor noised: a step refuses them (names, or the optimizer's ``param_groups[k]`` for one outside the
+        model)."""
+        ours = {id(p) for p in self.params.values()}
+        live = lambda p: p.requires_grad or p.grad is not None  # noqa: E731
+        named = list(self.model.named_parameters(remove_duplicate=False))
+        found = [n for n, p in named if id(p) not in ours and live(p)]
+        in_model = {id(p) for _, p in named}
+        for k, group in enumerate(self.optimizer.param_groups):
+            if any(id(p) not in ours and id(p) not in in_model and live(p) for p in group["params"]):
+                found.append(f"a parameter of the optimizer's param_groups[{k}]")
+        return list(dict.fromkeys(found))
+
+    def check_parameters(self) -> None:
+        """ModelError naming the parameters of :meth:`unprivatized_parameters`, if any."""
+        found = self.unprivatized_parameters()
+        if found:
+            raise ModelError(
+                f"trainable parameters the run does not privatize ({', '.join(found[:3])}): every parameter the "
+                "optimizer steps must be one whose per-example gradients are clipped and noised; a parameter added "
+                "after the trainer was made is not (make the trainer again, or freeze it with requires_grad_(False))"
+            )
+
     def _check_optimizer(self) -> None:
         in_opt = {id(p) for g in self.optimizer.param_groups for p in g["params"]}
         missing = [n for n, p in self.params.items() if id(p) not in in_opt]
@@ -365,6 +391,7 @@ class PrivateTrainer(Checkpointing, PrivacySide):
         mode (after :meth:`evaluate`) is put back in training mode; a submodule set to eval inside a training model is
         left as it is."""
         self.check_allowed()
+        self.check_parameters()
         with deferred_signals(), self._rolled_back_on_error():
             if not self.model.training:  # (evaluate() left it in eval mode)
                 self.model.train()

@@ -107,6 +107,26 @@ class TorchStream:
             self._generator_for(torch.device(device)).set_state(device_state)
 
 
+def keyed_stream(key, secure: bool) -> Stream:
+    """A stream of its own keyed by ``key``, four 64-bit words drawn from a secret stream (a search trial's held-out
+    split, drawn again from the same key on resume): AES-256-CTR keyed with all 256 bits when ``secure``
+    (:class:`dptrain.randomness.secure.SecureStream`), else a :class:`TorchStream` seeded with the first 64."""
+    words = [int(w) for w in key]
+    if len(words) != 4:
+        raise ValueError(f"a stream key is four 64-bit words, got {len(words)}")
+    if secure:
+        from dptrain.randomness.secure import SecureStream  # only when asked for: imports cryptography
+
+        return SecureStream(np.array(words, dtype=np.uint64).tobytes())
+    return TorchStream(words[0])
+
+
+def open_unit(stream: Stream) -> float:
+    """One number uniform on (0, 1), never 0 or 1: (k + 1/2) 2^-53 for k a uniform 53-bit integer of ``stream``
+    (for inverting a distribution function, e.g. a search's secret number of trials)."""
+    return ((int(stream.words(1)[0]) >> 11) + 0.5) * 2.0**-53
+
+
 def _purpose_index(purpose: str) -> int:
     try:
         return PURPOSES.index(purpose)

@@ -196,7 +196,7 @@ def reference_checks(cv: dict[str, Any]) -> list[dict[str, Any]]:
     got = ref[1000]["rdp"]
     checks.append(
         {
-            "name": "Example A, RDP at order 8, T = 1000 (derived from the App. B closed forms)",
+            "name": "Example A, RDP at order 8, T = 1000 ((B.2)'s composition branch 1000 S_8(0.01, 20), S_alpha of Def 2.10 by quadrature)",
             "expected": REF_RDP_T1000,
             "got": got,
             "passed": _sig4(got) == _sig4(REF_RDP_T1000),
@@ -205,7 +205,7 @@ def reference_checks(cv: dict[str, Any]) -> list[dict[str, Any]]:
     late = [r["rdp"] for t, r in ref.items() if t >= 20_000]
     checks.append(
         {
-            "name": f"Example A, RDP at order 8 flat for T >= 20000 ({len(late)} grid points; derived from the App. B closed forms)",
+            "name": f"Example A, RDP at order 8 flat for T >= 20000 ({len(late)} grid points; (B.2)'s plateau, S_alpha of Def 2.10 by quadrature)",
             "expected": REF_RDP_PLATEAU,
             "got": max(late, key=lambda v: abs(v - REF_RDP_PLATEAU)),
             "passed": bool(late) and all(_sig4(v) == _sig4(REF_RDP_PLATEAU) for v in late),
@@ -234,7 +234,7 @@ def reference_checks(cv: dict[str, Any]) -> list[dict[str, Any]]:
     sc = cv["settings"]["strongly_convex"]
     checks.append(
         {
-            "name": "strongly convex (m = 0.1, c = 0.99), plateau RDP at order 8 (App. B.3)",
+            "name": "strongly convex (m = 0.1, c = 0.99), plateau RDP at order 8 ((B.3), S_alpha of Def 2.10 by quadrature)",
             "expected": REF_SC_PLATEAU,
             "got": sc["plateau_rdp"],
             "passed": _sig4(sc["plateau_rdp"]) == _sig4(REF_SC_PLATEAU),

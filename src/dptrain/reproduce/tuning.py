@@ -88,7 +88,7 @@ def one(epsilon: float, seed: int, trials: int, quick: bool, work: Path) -> list
     default = run_training(config_from_dict(raw), work / "default", progress=False)
     tuned = run_search(
         config_from_dict({**raw, "tune": {"trials_mean": float(trials), "space": SPACE}}), work / "tune",
-        progress=False,
+        progress=False, keep_trials=True,  # (this seeded experiment reads the number of trials, labelled not private)
     )
     best = RunDirectory(work / "tune" / "best").read_json("summary.json") if tuned["out"] else None
     common = _common_practice(raw, epsilon, seed, trials, work)

@@ -17,6 +17,7 @@ def format_report(summary: dict) -> str:
         ("privacy", f"epsilon = {summary['epsilon']:.4f}{target} at delta = {summary['delta']:g}{cert}"),
         ("accountant", summary["accountant"] + (f" (others: {others})" if others else "")),
         *([("attacker", _attacker_text(summary["membership_inference"]))] if "membership_inference" in summary else []),
+        *([_search_row(summary)] if "trial_alone" in summary else []),
         *([_last_iterate_row(summary)] if "epsilon_last_iterate" in summary else []),
         *([("NOT private", "; ".join(summary["not_private_because"]))] if not private else []),
         *(("note", note) for note in summary.get("notes", [])),
@@ -43,7 +44,7 @@ def format_report(summary: dict) -> str:
         ("randomness", summary["randomness"]),
         ("data", summary["dataset"]),
         ("model", summary["model"] + _checked(summary.get("gradient_check"))),
-        ("wall time", f"{summary['wall_time_s']:.1f} s"),
+        *([("wall time", f"{summary['wall_time_s']:.1f} s")] if "wall_time_s" in summary else []),
         ("outputs", summary["out"]),
         *([_hugging_face_row(summary)] if "hf_model" in summary or "hf_adapter" in summary else []),
     ]
@@ -70,6 +71,18 @@ def _hugging_face_row(summary: dict) -> tuple[str, str]:
     if "hf_adapter" in summary:
         parts.append(f"{summary['hf_adapter']} (peft adapter: from_pretrained)")
     return "hugging face", "; ".join(parts)
+
+
+def _search_row(summary: dict) -> tuple[str, str]:
+    """A run selected by a private search (``best/`` of ``dptrain tune``): the certificate above is the search's."""
+    s, own = summary["search"], summary["trial_alone"]
+    alone = f"{own['epsilon']:.4f}" if own.get("epsilon") is not None else "-"
+    return (
+        "selected by",
+        f"a private search ({s['tuning_distribution']} number of trials, mean {s['tuning_mean']:g}, how many ran is "
+        f"secret): the certificate above is the search's; this trial alone, NOT this model's certificate: epsilon "
+        f"{alone}",
+    )
 
 
 def _accuracy_text(summary: dict) -> str:

@@ -1,20 +1,24 @@
-"""What a resume may change: a run's configuration is frozen when it starts.
+"""What a resume may change: a run's configuration, and its data, are frozen when it starts.
 
-The config a run starts with is kept, with its SHA-256, in every checkpoint (``private/``). ``dptrain train --resume``
-reads ``config.toml`` again and refuses, in one line listing the keys, any change that could change what the run
-releases or certifies (delta, the budget, the noise, the data, the model, the batch size, the learning rate, ...);
-only :data:`RESUME_MAY_CHANGE` may differ. What the run's stages released before training (a private mean) is kept in
-the checkpoint too, so that a file lost in a crash comes back and an edited one is refused.
+The config a run starts with is kept, with its SHA-256, in every checkpoint (``private/``), beside a fingerprint of
+its data (:func:`frozen`). ``dptrain train --resume`` reads ``config.toml`` again and refuses, in one line listing
+the keys, any change that could change what the run releases or certifies (delta, the budget, the noise, the data,
+the model, the batch size, the learning rate, the seed, ...); only :data:`RESUME_MAY_CHANGE` may differ. Data that
+changed since the start (a file replaced) is refused too (:func:`check_data`). A search (``dptrain tune``) keeps its
+config in its own state by the same functions (:data:`SEARCH_MAY_CHANGE`). What the run's stages released before
+training (a private mean) is kept in the checkpoint too, so that a file lost in a crash comes back and an edited one
+is refused; so is a finished run's summary (:func:`finished_summary`).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 from typing import Any
 
 from dptrain.config import RunConfig, changed_keys, config_from_toml, load_config
 from dptrain.errors import ConfigError, DataError
-from dptrain.runs.rundir import CONFIG, RunDirectory
+from dptrain.runs.rundir import CONFIG, SUMMARY, RunDirectory
 
 
 def config_hash(text: str) -> str:
@@ -26,6 +30,15 @@ def config_hash(text: str) -> str:
 #: the run started with (:func:`check_step_change`).
 RESUME_MAY_CHANGE = ("training.eval_every", "training.max_physical_batch_size", "training.epochs", "training.steps")
 STEP_KEYS = ("training.epochs", "training.steps")
+#: What a resumed search may change: a run's keys but the step count (every trial's ledger, hence the search's
+#: certificate, is planned for the steps the search started with).
+SEARCH_MAY_CHANGE = tuple(k for k in RESUME_MAY_CHANGE if k not in STEP_KEYS)
+
+
+def frozen(config_text: str, data_sha256: str | None) -> dict[str, Any]:
+    """What a checkpoint (a run's, or a search's state) keeps of how it started: the config as TOML, its SHA-256, and
+    the fingerprint of its data (:func:`dptrain.data.datasets.fingerprint`)."""
+    return {"config": config_text, "config_sha256": config_hash(config_text), "data_sha256": data_sha256}
 
 
 def frozen_config(state: dict) -> RunConfig | None:
@@ -39,10 +52,12 @@ def frozen_config(state: dict) -> RunConfig | None:
     return config_from_toml(text)
 
 
-def resumed_config(rd: RunDirectory, state: dict) -> tuple[RunConfig, list[str]]:
+def resumed_config(
+    rd: RunDirectory, state: dict, may_change: tuple[str, ...] = RESUME_MAY_CHANGE
+) -> tuple[RunConfig, list[str]]:
     """The config a resume runs with, and the keys it changed: ``config.toml`` as it is now, which may differ from the
-    config the run started with (kept in the checkpoint) only in :data:`RESUME_MAY_CHANGE`; any other change is
-    refused with one line listing the changed keys. A deleted ``config.toml`` is written back from the checkpoint."""
+    config the run started with (kept in the checkpoint) only in ``may_change``; any other change is refused with one
+    line listing the changed keys. A deleted ``config.toml`` is written back from the checkpoint."""
     path = rd / CONFIG
     frozen = frozen_config(state)
     if frozen is None:  # a checkpoint from before configs were frozen: config.toml is all there is
@@ -58,14 +73,44 @@ def resumed_config(rd: RunDirectory, state: dict) -> tuple[RunConfig, list[str]]
             "kept in its checkpoint) to resume"
         ) from None
     changed = changed_keys(frozen, now)
-    refused = [k for k in changed if k not in RESUME_MAY_CHANGE]
+    refused = [k for k in changed if k not in may_change]
     if refused:
         raise ConfigError(
             f"{path} changed since the run started ({', '.join(refused)}): a resume may not change what the run "
             f"releases or certifies; restore {'that key' if len(refused) == 1 else 'those keys'} or start a new run "
-            f"(a resume may change only {', '.join(RESUME_MAY_CHANGE)})"
+            f"(a resume may change only {', '.join(may_change)})"
         )
     return now, changed
+
+
+def check_data(state: dict, data_sha256: str) -> None:
+    """Refuse data that differ from those the run started with (a file replaced between --stop-after and --resume):
+    the ledger's data set size and every rate it records are those of the data it started with. A checkpoint from
+    before dptrain kept the fingerprint is not checked."""
+    kept = state.get("data_sha256")
+    if kept is not None and kept != data_sha256:
+        raise DataError(
+            "the data changed since the run started (their fingerprint differs from the one kept with the run's "
+            "config): restore the data it started with, or start a new run"
+        )
+
+
+def finished_summary(rd: RunDirectory, state: dict) -> dict | None:
+    """A finished run's summary as its checkpoint keeps it (None if the run has not finished, or its checkpoint is from
+    before dptrain kept it): ``summary.json`` must be that summary; a lost one is written back, an edited one refused
+    (the report printed on resume is never read from an editable file alone)."""
+    kept = state.get("summary")
+    if not isinstance(kept, dict) or not kept.get("finished"):
+        return None
+    on_disk = rd.read_json(SUMMARY)
+    if on_disk is None and not (rd / SUMMARY).exists():
+        rd.write_json(SUMMARY, kept)
+    elif on_disk != json.loads(json.dumps(kept)):
+        raise DataError(
+            f"{rd / SUMMARY} does not match the finished run's checkpoint (edited, or from another run): restore or "
+            "delete it to see the run's report"
+        )
+    return kept
 
 
 def check_step_change(trainer, changed: list[str]) -> None:
@@ -100,4 +145,15 @@ def released_files(rd: RunDirectory, state: dict) -> dict[str, Any]:
     return dict(kept)
 
 
-__all__ = ["RESUME_MAY_CHANGE", "check_step_change", "config_hash", "frozen_config", "released_files", "resumed_config"]
+__all__ = [
+    "RESUME_MAY_CHANGE",
+    "SEARCH_MAY_CHANGE",
+    "check_data",
+    "check_step_change",
+    "config_hash",
+    "finished_summary",
+    "frozen",
+    "frozen_config",
+    "released_files",
+    "resumed_config",
+]

@@ -27,7 +27,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from dptrain.engine import distributed
 from dptrain.accounting import AUTO, Ledger, RunNumbers, all_reports, tightest
 from dptrain.accounting.ledger import ledger_noise_multiplier, training_steps
 from dptrain.accounting.membership import compact, membership_inference
@@ -38,15 +37,24 @@ from dptrain.config import (
     config_to_toml,
     load_config,
 )
+from dptrain.data.datasets import fingerprint
 from dptrain.data.loaders import DataSplit, load_dataset, select_classes
-from dptrain.engine.trainer import Budget, PrivateTrainer, StepResult
+from dptrain.engine import distributed
 from dptrain.engine.api import make_private, make_private_with_epsilon
-from dptrain.errors import AccountingError, ConfigError, RunDirectoryError
 from dptrain.engine.interrupts import Terminated, deferred_signals, terminate_as_exception
+from dptrain.engine.trainer import Budget, PrivateTrainer, StepResult
+from dptrain.errors import AccountingError, ConfigError, RunDirectoryError
 from dptrain.models.builders import build_model
 from dptrain.randomness.generators import SEEDED_WARNING, Randomness
 from dptrain.runs.averaged import evaluate_averaged, save_averaged
-from dptrain.runs.resume import check_step_change, config_hash, released_files, resumed_config
+from dptrain.runs.resume import (
+    check_data,
+    check_step_change,
+    finished_summary,
+    frozen,
+    released_files,
+    resumed_config,
+)
 from dptrain.runs.rundir import CONFIG, PLAN, SUMMARY, RunDirectory
 
 #: Wall-clock seconds between checkpoints when evaluations are further apart (bounds what kill -9 can lose).
@@ -80,6 +88,8 @@ class Job:
     test_is_public: bool = True
     #: the config the run started with, as TOML: kept in every checkpoint; a resume may not change it
     frozen_config: str = ""
+    #: the fingerprint of the data the run started with (dptrain.data.datasets.fingerprint), kept beside the config
+    data_sha256: str | None = None
 
 
 @dataclass
@@ -151,6 +161,13 @@ def load_data(cfg: RunConfig) -> DataSplit:
     return data if cfg.data.classes is None else select_classes(data, list(cfg.data.classes))
 
 
+def test_is_public(cfg: RunConfig, data: DataSplit) -> bool:
+    """Whether the run's test set may be treated as public: ``data.test_is_public``, by default true only where the
+    test set is a separate file (not split off the private training examples)."""
+    public = cfg.data.test_is_public
+    return data.separate_test if public is None else public
+
+
 def run_randomness(cfg: RunConfig) -> Randomness:
     """The run's streams (an explicit seed is announced by :func:`_announce_seed` once the run starts)."""
     entropy = distributed.shared_entropy(distributed.current(), cfg.seed)  # every rank of a data-parallel run
@@ -195,8 +212,7 @@ def build_job(
     files. ``data`` replaces the config's data (e.g. an audit's training set with canaries). Writes nothing."""
     builder = resolve(ALGORITHMS[cfg.training.algorithm].build)
     job = builder(cfg, randomness, ledger=ledger, accountant=accountant, resumed=resumed or {}, data=data)
-    public = cfg.data.test_is_public
-    job.test_is_public = job.data.separate_test if public is None else public
+    job.test_is_public = test_is_public(cfg, job.data)
     job.frozen_config = config_to_toml(cfg)
     return job
 
@@ -448,7 +464,9 @@ def _start(
     """A new run in ``rd``: the job, then (holding the lock) a checkpoint at step 0 before any other file, so that the
     directory is resumable from its first moment, then the config and the stages' released files, then training."""
     start = time.perf_counter()
-    job = hooks.ready(build_job(cfg, run_randomness(cfg), data=hooks.data))
+    data = load_data(cfg) if hooks.data is None else hooks.data
+    job = hooks.ready(build_job(cfg, run_randomness(cfg), data=data))
+    job.data_sha256 = fingerprint(data)
     if plan is not None and int(plan.get("dataset_size", -1)) != len(job.data.train):
         raise ConfigError(
             f"the plan was made for a data set of {plan.get('dataset_size')} examples, but the training set has "
@@ -482,25 +500,25 @@ def _resume(rd: RunDirectory, progress: bool, stop_after: int | None, main: bool
             # Stopped before its first checkpoint (by an older dptrain, or killed within its first moments): nothing
             # was released, so the run starts afresh from its config, as a run of 0 steps would continue.
             return _start(load_config(rd / CONFIG), rd, progress, stop_after, rd.read_json(PLAN), main, hooks, True)
-        previous = rd.read_json(SUMMARY)
-        if previous is not None and previous.get("finished"):
-            print(
-                f"dptrain: the run in {rd.path} has finished ({previous.get('steps')} of "
-                f"{previous.get('planned_steps')} steps); nothing to resume",
-                file=sys.stderr,
-            )
-            return previous
         start = time.perf_counter()
         state = rd.load_checkpoint()
-        cfg, changed = resumed_config(rd, state)
         ledger = Ledger.from_dict(state["ledger"])
         rd.check_ledger_copy(ledger)
+        previous = finished_summary(rd, state)
+        if previous is None and "summary" not in state:  # (a checkpoint from before dptrain kept the summary)
+            previous = rd.read_json(SUMMARY)
+            previous = previous if previous is not None and previous.get("finished") else None
+        if previous is not None:
+            print(f"dptrain: the run in {rd.path} has finished; nothing to resume", file=sys.stderr)
+            return previous
+        cfg, changed = resumed_config(rd, state)
         resumed = released_files(rd, state)
+        data = load_data(cfg) if hooks.data is None else hooks.data
+        check_data(state, fingerprint(data))
         job = hooks.ready(
-            build_job(
-                cfg, run_randomness(cfg), ledger=ledger, accountant=state["accountant"], resumed=resumed, data=hooks.data
-            )
+            build_job(cfg, run_randomness(cfg), ledger=ledger, accountant=state["accountant"], resumed=resumed, data=data)
         )
+        job.data_sha256 = fingerprint(data)
         check_step_change(job.trainer, changed)
         if "config" in state:
             job.frozen_config = state["config"]  # (the config the run started with stays the reference)
@@ -567,6 +585,8 @@ def _train(job: Job, rd: RunDirectory, progress: bool, stop_after: int | None, e
             for extra in job.extras:
                 summary.update(extra())
         _label_test_metrics(job, summary, final)
+        if finished:  # the checkpoint keeps the finished run's summary: a resume prints it, never an edited file
+            _checkpoint(rd, job, wall(), summary)
         rd.write_json(SUMMARY, summary)
     trainer.close()
     return summary
@@ -588,14 +608,14 @@ def _label_test_metrics(job: Job, summary: dict, final: dict | None) -> None:
         summary["not_private"] = kept
 
 
-def _checkpoint(rd: RunDirectory, job: Job, wall: float) -> None:
+def _checkpoint(rd: RunDirectory, job: Job, wall: float, summary: dict | None = None) -> None:
     state = {
         **job.trainer.state_dict(),
         "elapsed_s": wall,
         "released": sorted(job.released),
         "released_content": job.released,
-        "config": job.frozen_config,
-        "config_sha256": config_hash(job.frozen_config),
+        **frozen(job.frozen_config, job.data_sha256),
+        **({"summary": summary} if summary is not None else {}),
     }
     rd.save_checkpoint(state, job.trainer.ledger)
 

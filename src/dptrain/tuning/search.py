@@ -10,7 +10,7 @@ accountant certifies ``RepeatAndSelectDpEvent(trial, mean, shape)``.
 What a trial is here (docs/tuning.md has the argument):
 
 - **its hyperparameters** are drawn from the secret "tuning" stream (public distributions, independent of the
-  data); a trial whose ledger differs from the reference trial's (another batch size, more epochs) gets the smallest
+  data; AES-256-CTR with ``privacy.secure_noise``, like K, the held-out splits and the score noise); a trial whose ledger differs from the reference trial's (another batch size, more epochs) gets the smallest
   noise multiplier whose RDP is at most the reference's at every order the accountant reads, so the reference
   trial's event bounds every trial (a data-independent mixture of mechanisms has at most the largest RDP);
 - **its score** is, by default, a noisy count of correct predictions on a secret random validation part of the
@@ -20,20 +20,25 @@ What a trial is here (docs/tuning.md has the argument):
   is its DP-SGD steps followed by that Gaussian release of sensitivity 1 (sequential composition; the split would
   allow the maximum of the two, which we do not claim). With ``validation_is_public = true`` the score is the test
   accuracy, on data the user declares public, and releases nothing;
-- **K and the other trials stay secret**: K is never written to a shareable file (the command's JSON gives it under
-  ``not_private``), the other trials' directories live in ``private/`` and are deleted at the end unless
-  ``--keep-trials``.
+- **K and the other trials stay secret**: nothing shareable depends on K or on the best trial's index
+  (:mod:`dptrain.tuning.release`: no private path, no trial count, no file time that dates the trials; a clock, not a
+  trial count, on stderr, and each trial's own messages captured: :mod:`dptrain.tuning.quiet`). The other trials'
+  directories live in ``private/`` and are deleted at the end unless ``--keep-trials`` (which also lists them, and K,
+  in the command's output, labelled not private).
+- **the search is private only if every trial is**: a trial labelled not private (seeded, buffers released unnoised)
+  makes the search not private, and not certified.
 
 The search directory: ``config.toml``, ``ledger.json`` (the search, one event), ``summary.json``, ``best/`` (the
 selected trial's run directory, reportable and resumable like any run), ``private/`` (the search's state and the
-trials: secret). Interrupting and resuming continues the same search: the same K, the same draws, each trial resumed
-from its own checkpoint, never re-run with fresh randomness.
+trials: secret). The search's config and a fingerprint of its data are frozen in its state when it starts, by the
+run's own mechanism (:mod:`dptrain.runs.resume`): ``dptrain tune --resume`` refuses any change in one line listing
+the keys (the seed included). Interrupting and resuming continues the same search: the same K, the same draws, each
+trial resumed from its own checkpoint, never re-run with fresh randomness.
 """
 
 from __future__ import annotations
 
 import math
-import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,7 +47,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from dptrain.accounting import epsilon as ledger_epsilon
 from dptrain.accounting.standard import _SMALL_ORDERS as SMALL_ORDERS
 from dptrain.accounting.standard import RDP_ORDERS
 from dptrain.accounting.tuning import (
@@ -54,15 +58,20 @@ from dptrain.accounting.tuning import (
 )
 from dptrain.config import RunConfig, config_to_toml
 from dptrain.data.batches import call_model
+from dptrain.data.datasets import fingerprint
+from dptrain.engine.interrupts import Terminated
 from dptrain.errors import ConfigError, DPTrainError, RunDirectoryError
 from dptrain.models.losses import logits_of
-from dptrain.randomness.generators import Randomness
+from dptrain.randomness.generators import SEEDED_WARNING, Randomness, keyed_stream, open_unit
+from dptrain.randomness.streams import Stream
 from dptrain.runs import run as run_module
-from dptrain.runs.rundir import CONFIG, LEDGER, SUMMARY, RunDirectory
+from dptrain.runs.resume import SEARCH_MAY_CHANGE, check_data, frozen, resumed_config
+from dptrain.runs.rundir import CONFIG, PRIVATE, RunDirectory
+from dptrain.tuning.quiet import Elapsed, captured
+from dptrain.tuning.release import TRIALS, finished, publish, summarize
 from dptrain.tuning.space import Dimension, draw, parse_space, with_values
 
 STATE = "search.pt"
-BEST = "best"
 
 
 @dataclass
@@ -71,40 +80,52 @@ class Trial:
 
     index: int
     values: dict[str, Any]
-    split_seed: int
+    split_key: list[int]  # four secret words: the stream of its held-out split (dptrain.randomness.keyed_stream)
     noise_multiplier: float | None = None
     status: str = "pending"  # pending | done | failed
     score: float | None = None  # the released (noisy) score; -inf for a failed trial
+    not_private_because: list[str] = field(default_factory=list)  # the trial's own labels (empty: private)
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
 
+    def listed(self) -> dict:
+        """What ``--keep-trials`` lists (not private): everything but the key of its split."""
+        return {k: v for k, v in self.__dict__.items() if k != "split_key"}
+
 
 @dataclass
 class SearchState:
-    """What a search keeps in ``private/search.pt``: everything a resume needs to continue the same search."""
+    """What a search keeps in ``private/search.pt``: everything a resume needs to continue the same search, the config
+    it started with (and its data's fingerprint, :func:`dptrain.runs.resume.frozen`), and once it has finished what it
+    released (its summary and ledger: a resume prints those, and refuses edited copies)."""
 
-    entropy_state: dict
+    frozen: dict
     trials: list[Trial]
     reference_noise: float
-    rng_state: dict
+    stream_state: dict
     done: bool = False
     extra: dict = field(default_factory=dict)
+    summary: dict | None = None
+    ledger: dict | None = None
 
     def to_dict(self) -> dict:
         return {
-            "entropy_state": self.entropy_state,
+            **self.frozen,
             "trials": [t.to_dict() for t in self.trials],
             "reference_noise": self.reference_noise,
-            "rng_state": self.rng_state,
+            "stream_state": self.stream_state,
             "done": self.done,
             "extra": self.extra,
+            "summary": self.summary,
+            "ledger": self.ledger,
         }
 
     @classmethod
     def from_dict(cls, d: dict) -> SearchState:
-        return cls(d["entropy_state"], [Trial(**t) for t in d["trials"]], d["reference_noise"], d["rng_state"],
-                   d["done"], d.get("extra", {}))
+        kept = {k: d.get(k) for k in ("config", "config_sha256", "data_sha256")}
+        return cls(kept, [Trial(**t) for t in d["trials"]], d["reference_noise"], d["stream_state"], d["done"],
+                   d.get("extra", {}), d.get("summary"), d.get("ledger"))
 
 
 class Search:
@@ -119,6 +140,12 @@ class Search:
                                        distribution_key="tune.distribution")
         self.data = run_module.load_data(cfg)
         self.n = len(self.data.train)
+        if self.tune.validation_is_public and not run_module.test_is_public(cfg, self.data):
+            raise ConfigError(
+                "tune.validation_is_public = true selects trials on the test set, which here is split off the private "
+                "training examples: score on a secret held-out part instead (validation_is_public = false), or give a "
+                "test set that is public (a separate test file, or data.test_is_public = true for one that is)"
+            )
         if self.tune.validation_is_public and not len(self.data.test):
             raise ConfigError("tune.validation_is_public = true scores trials on the test set, which is empty")
         self._reference_planner = self._planner({})
@@ -189,13 +216,13 @@ class Search:
     # -- one trial ----------------------------------------------------------------------------------------------
     def held_out(self, trial: Trial) -> torch.Tensor:
         """The trial's secret validation part: each training example independently with probability
-        validation_fraction (from the trial's secret seed); empty when validation is public."""
+        validation_fraction (from the trial's secret key); empty when validation is public."""
         if self.tune.validation_is_public:
             return torch.zeros(self.n, dtype=torch.bool)
-        g = torch.Generator().manual_seed(trial.split_seed)
-        return torch.rand(self.n, generator=g, dtype=torch.float64) < self.tune.validation_fraction
+        stream = keyed_stream(trial.split_key, self.cfg.privacy.secure_noise)
+        return stream.uniform((self.n,), dtype=torch.float64) < self.tune.validation_fraction
 
-    def hooks(self, trial: Trial, captured: dict) -> run_module.RunHooks:
+    def hooks(self, trial: Trial, captured_job: dict) -> run_module.RunHooks:
         held = self.held_out(trial)
 
         def prepare(job) -> None:
@@ -205,14 +232,15 @@ class Search:
                 yield from stage(idx[~held[idx.cpu()].to(idx.device)])
 
             job.trainer.per_example = per_example
-            captured["job"] = job
+            captured_job["job"] = job
 
         return run_module.RunHooks(data=self.data, prepare=prepare)
 
     @torch.no_grad()
-    def score(self, trial: Trial, model: torch.nn.Module, device, rng: np.random.Generator) -> float:
+    def score(self, trial: Trial, model: torch.nn.Module, device, stream: Stream) -> float:
         """The trial's released score: the test accuracy (public validation), or (correct held-out predictions +
-        N(0, score_noise^2)) / (expected held-out count), a release of sensitivity 1 that its ledger records."""
+        N(0, score_noise^2)) / (expected held-out count), a release of sensitivity 1 that its ledger records, the noise
+        drawn from the search's secret stream (added in float64 and rounded once to float32 by the secure stream)."""
         if self.tune.validation_is_public:
             from dptrain.engine.evaluation import accuracy, evaluation_source
 
@@ -223,95 +251,131 @@ class Search:
         for chunk in held.split(1024):
             x, y = self.data.train.x[chunk].to(device), self.data.train.y[chunk].to(device)
             correct += int((logits_of(call_model(model, x)).argmax(-1) == y).sum())
-        noisy = correct + float(rng.normal(0.0, self.tune.score_noise))
+        noisy = float(stream.add_gaussian(torch.tensor([float(correct)], dtype=torch.float32), self.tune.score_noise)[0])
         return noisy / (self.tune.validation_fraction * self.n)
 
 
-def _trial_dir(rd: RunDirectory, trial: Trial) -> Path:
-    return rd.path / "private" / "trials" / str(trial.index)
-
-
-def _rng(state: dict) -> np.random.Generator:
-    g = np.random.default_rng(0)
-    g.bit_generator.state = state
-    return g
+def trial_dir(rd: RunDirectory, trial: Trial) -> Path:
+    """Where a trial runs: inside the search's secret ``private/`` (its index is in the path)."""
+    return rd.path / PRIVATE / TRIALS / str(trial.index)
 
 
 def start_state(search: Search, randomness: Randomness) -> SearchState:
-    """The search's secret draws: K, every trial's hyperparameters and split seed, from the "tuning" stream."""
-    words = randomness.stream("tuning").words(4)
-    rng = np.random.default_rng([int(w) for w in words])
-    k = search.trials.draw(rng)
-    trials = [
-        Trial(i, draw(search.dims, rng.random(len(search.dims))), int(rng.integers(0, 2**63 - 1)))
-        for i in range(k)
-    ]
-    return SearchState({}, trials, search.reference_noise(), rng.bit_generator.state)
+    """The search's secret draws, all from the "tuning" stream: K (by inversion of its distribution), every trial's
+    hyperparameters and the key of its held-out split."""
+    stream = randomness.stream("tuning")
+    k = search.trials.draw(open_unit(stream))
+    trials = []
+    for i in range(k):
+        values = draw(search.dims, stream.uniform((len(search.dims),), dtype=torch.float64).tolist())
+        trials.append(Trial(i, values, [int(w) for w in stream.words(4)]))
+    text = config_to_toml(search.cfg)
+    return SearchState(frozen(text, fingerprint(search.data)), trials, search.reference_noise(), stream.get_state())
 
 
 def run_search(cfg: RunConfig | None, out: str | Path, *, resume: bool = False, progress: bool = True,
                keep_trials: bool = False) -> dict:
-    """Run (or resume) the search of ``cfg`` in ``out``; returns its summary (module docstring)."""
+    """Run (or resume) the search of ``cfg`` in ``out``; returns its summary (module docstring), with K and every
+    trial under ``not_private`` only if ``keep_trials``."""
     rd = RunDirectory(out)
     with rd.locked(create=not resume):
         if resume:
-            if not (rd / CONFIG).exists():
-                raise RunDirectoryError(f"{rd.path} holds no search to resume")
-            previous = rd.read_json(SUMMARY)
-            if previous is not None:
+            saved = _saved_state(rd)
+            cfg, _ = resumed_config(rd, saved, SEARCH_MAY_CHANGE)  # the frozen config: any other change refused
+            state = SearchState.from_dict(saved)
+            if state.done:
+                summary = finished(state, rd, keep_trials)  # (an edited summary.json or ledger.json: refused)
+                _announce_seed(cfg)
                 print(f"dptrain: the search in {rd.path} has finished; nothing to resume", file=sys.stderr)
-                return previous
-            cfg = run_module.load_config(rd / CONFIG)
+                return summary
             search = Search(cfg)
-            state = SearchState.from_dict(rd.load_private(STATE))
+            check_data(saved, fingerprint(search.data))
         else:
-            if rd.holds_run() or (rd.path / "private" / STATE).exists():
+            if rd.holds_run() or (rd.path / PRIVATE / STATE).exists():
                 raise RunDirectoryError(f"output directory {rd.path} already holds a run; choose another --out")
             search = Search(cfg)
             state = start_state(search, run_module.run_randomness(cfg))
+            rd.save_private(STATE, state.to_dict())  # (first: the frozen config, as a run's step-0 checkpoint)
+            rd.write_text(CONFIG, state.frozen["config"])
+        _announce_seed(cfg)
+        stream = run_module.run_randomness(cfg).stream("tuning")
+        stream.set_state(state.stream_state)
+        _run(search, state, rd, stream, progress)
+        if state.summary is None:  # what the search releases, kept in its secret state before any file is written
+            state.summary, state.ledger, state.extra["best_index"] = summarize(search, state, rd)
+            state.done = True
             rd.save_private(STATE, state.to_dict())
-            rd.write_text(CONFIG, config_to_toml(cfg))
-        return _run(search, state, rd, progress, keep_trials)
+        return publish(state, rd, keep_trials)
 
 
-def _run(search: Search, state: SearchState, rd: RunDirectory, progress: bool, keep_trials: bool) -> dict:
-    from tqdm import tqdm
+def _saved_state(rd: RunDirectory) -> dict:
+    if not (rd.path / PRIVATE / STATE).exists():
+        raise RunDirectoryError(f"{rd.path} holds no search to resume")
+    saved = rd.load_private(STATE)
+    if not isinstance(saved, dict) or "config" not in saved or "stream_state" not in saved:
+        raise RunDirectoryError(
+            f"the search in {rd.path} was started by an older dptrain, whose state does not keep the config it started "
+            "with: start the search again in a new directory"
+        )
+    return saved
 
-    rng = _rng(state.rng_state)
-    bar = tqdm(desc="trials", unit="trial", disable=not progress, initial=sum(t.status != "pending" for t in state.trials))
+
+def _announce_seed(cfg: RunConfig) -> None:
+    """One warning line for the whole search (its trials' own lines are captured: one per trial would count them)."""
+    if cfg.seed is not None:
+        print(f"dptrain: warning: seed = {cfg.seed}: {SEEDED_WARNING}", file=sys.stderr)
+
+
+def _run(search: Search, state: SearchState, rd: RunDirectory, stream: Stream, progress: bool) -> None:
+    """Every pending trial, each with its messages captured, under a clock (never a trial count) on stderr; an
+    interruption says how to continue the search, not the trial."""
     try:
-        for trial in state.trials:
-            if trial.status != "pending":
-                continue
-            _one_trial(search, state, trial, rd, rng)
-            state.rng_state = rng.bit_generator.state
-            rd.save_private(STATE, state.to_dict())
-            bar.update(1)
-    finally:
-        bar.close()
-    return _finish(search, state, rd, keep_trials)
+        with Elapsed("dptrain tune: searching (the number of trials is secret)", enabled=progress):
+            for trial in state.trials:
+                if trial.status != "pending":
+                    continue
+                messages: list[str] = []
+                try:
+                    with captured(messages):
+                        _one_trial(search, state, trial, rd, stream)
+                finally:
+                    if messages:
+                        state.extra.setdefault("messages", {}).setdefault(str(trial.index), []).extend(messages)
+                state.stream_state = stream.get_state()
+                rd.save_private(STATE, state.to_dict())
+    except (KeyboardInterrupt, Terminated):
+        rd.save_private(STATE, state.to_dict())
+        print(f"\ninterrupted; continue the same search with: dptrain tune --resume {rd.path}", file=sys.stderr)
+        raise
 
 
-def _one_trial(search: Search, state: SearchState, trial: Trial, rd: RunDirectory, rng) -> None:
+def _one_trial(search: Search, state: SearchState, trial: Trial, rd: RunDirectory, stream: Stream) -> None:
     """Train and score one trial; a trial that fails (a non-finite loss, a config its draw made illegal) is recorded
-    with the worst score, never retried."""
-    where = _trial_dir(rd, trial)
-    captured: dict = {}
+    with the worst score, never retried. The trial's own not-private labels are kept (the search's flag reads them)."""
+    where = trial_dir(rd, trial)
+    job_of: dict = {}
+    summary: dict = {}
     try:
         if trial.noise_multiplier is None:
             trial.noise_multiplier = search.noise_for(trial.values, state.reference_noise)
             rd.save_private(STATE, state.to_dict())
         cfg = search.trial_config(trial.values, trial.noise_multiplier)
-        hooks = search.hooks(trial, captured)
+        hooks = search.hooks(trial, job_of)
         resuming = RunDirectory(where).checkpoint.exists()
         where.parent.mkdir(parents=True, exist_ok=True)
-        run_module.run_training(None if resuming else cfg, where, resume=resuming, progress=False, hooks=hooks)
-        job = captured.get("job") or _finished_job(search, cfg, where)
-        trial.score = search.score(trial, job.trainer.model, job.trainer.device, rng)
+        summary = run_module.run_training(None if resuming else cfg, where, resume=resuming, progress=False,
+                                          hooks=hooks)
+        job = job_of.get("job") or _finished_job(search, cfg, where)
+        trial.score = search.score(trial, job.trainer.model, job.trainer.device, stream)
         trial.status = "done"
     except DPTrainError as e:
         trial.status, trial.score = "failed", -math.inf
         state.extra.setdefault("failures", {})[str(trial.index)] = str(e)
+    finally:
+        if "job" in job_of:  # (built and trained here: its trainer's labels, seeded or buffers released)
+            trial.not_private_because = list(job_of["job"].trainer.not_private_reasons)
+        elif summary:  # (finished before an interruption: its kept summary's)
+            trial.not_private_because = list(summary.get("not_private_because", []))
 
 
 def _finished_job(search: Search, cfg: RunConfig, where: Path):
@@ -321,55 +385,4 @@ def _finished_job(search: Search, cfg: RunConfig, where: Path):
     return job
 
 
-def _finish(search: Search, state: SearchState, rd: RunDirectory, keep_trials: bool) -> dict:
-    cfg = search.cfg
-    ledger = search.search_ledger(state.reference_noise)
-    ledger.private = cfg.seed is None
-    report = ledger_epsilon(ledger, cfg.privacy.delta, "auto")
-    single = ledger_epsilon(search._reference_planner(state.reference_noise), cfg.privacy.delta, "auto")
-    scored = [t for t in state.trials if t.status == "done"]
-    best = max(scored, key=lambda t: t.score) if scored else None
-    out = None
-    if best is not None:
-        target = rd.path / BEST
-        if target.exists():
-            shutil.rmtree(target)
-        shutil.copytree(_trial_dir(rd, best), target)
-        out = str(target)
-    summary = {
-        "epsilon": report.epsilon,
-        "delta": report.delta,
-        "certified": bool(report.certified and ledger.private),
-        "private": ledger.private,
-        "accountant": report.accountant,
-        "epsilon_single_run": single.epsilon,
-        "single_run_accountant": single.accountant,
-        **search.trials.to_dict(),
-        "best": best.values if best else None,
-        "best_score": best.score if best else None,
-        "best_noise_multiplier": best.noise_multiplier if best else None,
-        "score": "test accuracy (public)" if search.tune.validation_is_public else
-        f"noisy held-out accuracy (noise std {search.tune.score_noise:g} examples)",
-        "out": out,
-        "not_private": {"trials_run": len(state.trials), "note": "secret: revealing the number of trials voids the "
-                        "search's certificate (Papernot & Steinke's theorems assume it is not released)"},
-    }
-    if keep_trials:
-        summary["not_private"]["trials"] = [t.to_dict() for t in state.trials]
-    elif (rd.path / "private" / "trials").exists():
-        shutil.rmtree(rd.path / "private" / "trials")
-    if best is not None:
-        best_rd = RunDirectory(rd.path / BEST)
-        best_summary = best_rd.read_json(SUMMARY) or {}
-        best_summary["search"] = {k: summary[k] for k in ("epsilon", "delta", "certified", "accountant")}
-        best_summary["search"]["note"] = "this run was selected by a private search: its certificate is the search's"
-        best_rd.write_json(SUMMARY, best_summary)
-    state.done = True
-    rd.save_private(STATE, state.to_dict())
-    rd.write_json(LEDGER, ledger.to_dict())
-    public = {k: v for k, v in summary.items() if k != "not_private"}  # K stays out of the shareable files
-    rd.write_json(SUMMARY, public)
-    return summary
-
-
-__all__ = ["Search", "run_search"]
+__all__ = ["Search", "SearchState", "Trial", "run_search", "start_state", "trial_dir"]

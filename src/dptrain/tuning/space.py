@@ -84,10 +84,10 @@ def _raw(cfg: RunConfig) -> dict:
 
 
 def with_values(base: RunConfig, values: dict[str, Any]) -> RunConfig:
-    """``base`` with each dotted key set to its value (None: the key removed; ``[tune]`` dropped: a trial is a plain
-    run), validated."""
+    """``base`` with each dotted key set to its value (None: the key removed), validated. The ``[tune]`` section stays
+    as the search's (``dptrain train`` ignores it): a trial's config.toml, the selected one's in ``best/`` included,
+    shows the search it belongs to as it was."""
     raw = _raw(base)
-    raw.pop("tune", None)
     for key, value in values.items():
         node, parts = raw, key.split(".")
         for part in parts[:-1]:

@@ -1,0 +1,192 @@
+"""What a search releases, and how: its certificate, the best trial, and nothing that depends on the number of trials.
+
+A search releases the best trial (its model, hyperparameters and noisy score) under the search's certificate
+(Papernot & Steinke, "Hyperparameter Tuning with Renyi Differential Privacy", ICLR 2022, Thm 2 / Thm 6). Their
+theorems assume the number of trials K stays secret, and with it the best trial's index. So nothing shareable may
+depend on either:
+
+- ``summary.json`` and ``ledger.json`` (the search as one event) hold the search's certificate and the best trial's
+  values, never K; the command's JSON adds K and every trial only with ``--keep-trials``, under ``not_private``;
+- ``best/`` is the selected trial's run directory, copied without its file times, with no path into ``private/``
+  and no wall time: its ``summary.json`` shows the search's certificate first (epsilon, delta, certified, private,
+  accountant at the top; the trial's own numbers nested under ``trial_alone``, labelled), and its ``config.toml`` the
+  trial's config with the search's ``[tune]`` section as it was;
+- every shareable file and directory of the search ends with one and the same modification time, the moment the
+  search finished: no file dates the start of the search or the best trial among the others.
+
+The search is private, and certified, only if every trial was (a trial labelled not private, seeded or releasing
+buffers unnoised, labels the search). What is released is kept in the search's secret state before any file is
+written: a resume of a finished search prints that, writes back a file lost in a crash and refuses an edited one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from typing import Any
+
+from dptrain.accounting import Ledger
+from dptrain.accounting import epsilon as ledger_epsilon
+from dptrain.errors import DataError
+from dptrain.runs.rundir import LEDGER, PRIVATE, SUMMARY, RunDirectory
+
+#: The selected trial's run directory, inside the search's; the trials' directories, inside its private/.
+BEST, TRIALS = "best", "trials"
+#: The keys of a run's summary that make its certificate: in ``best/summary.json`` they are the search's, the trial's
+#: own moved under ``trial_alone``.
+CERTIFICATE_KEYS = (
+    "epsilon", "delta", "accountant", "certified", "private", "not_private_because", "accountant_choice",
+    "accountants", "target_epsilon", "rdp_order",
+)
+#: Keys of a trial's summary that would date or place it among the trials: dropped from ``best/``.
+TIMING_KEYS = ("wall_time_s",)
+
+
+def summarize(search, state, rd: RunDirectory) -> tuple[dict, dict, int | None]:
+    """(summary, ledger, the best trial's index) of a search whose trials have all run: the search's certificate
+    (private only if every trial was), the best trial's values, score and noise. Nothing in the summary or the ledger
+    depends on K or on the index (which stays in the secret state)."""
+    cfg = search.cfg
+    ledger = search.search_ledger(state.reference_noise)
+    reasons = sorted({r for t in state.trials for r in t.not_private_because})
+    if cfg.seed is not None and not reasons:  # (no trial ran: a Poisson K of 0)
+        reasons = ["seeded randomness: the number of trials and the draws can be recomputed from the seed"]
+    ledger.private = not reasons
+    report = ledger_epsilon(ledger, cfg.privacy.delta, "auto")
+    single = ledger_epsilon(search._reference_planner(state.reference_noise), cfg.privacy.delta, "auto")
+    scored = [t for t in state.trials if t.status == "done"]
+    best = max(scored, key=lambda t: t.score) if scored else None
+    summary = {
+        "epsilon": report.epsilon,
+        "delta": report.delta,
+        "certified": bool(report.certified and ledger.private),
+        "private": ledger.private,
+        **({"not_private_because": [f"a trial is not private: {r}" for r in reasons]} if reasons else {}),
+        "accountant": report.accountant,
+        "target_epsilon": cfg.privacy.target_epsilon,
+        "epsilon_single_run": single.epsilon,
+        "single_run_accountant": single.accountant,
+        **search.trials.to_dict(),
+        "best": best.values if best else None,
+        "best_score": best.score if best else None,
+        "best_noise_multiplier": best.noise_multiplier if best else None,
+        "score": "test accuracy (public)" if search.tune.validation_is_public else
+        f"noisy held-out accuracy (noise std {search.tune.score_noise:g} examples)",
+        "out": None if best is None else str(rd.path / BEST),
+    }
+    return summary, ledger.to_dict(), None if best is None else best.index
+
+
+def publish(state, rd: RunDirectory, keep_trials: bool) -> dict:
+    """Release a search whose state holds what it releases (:func:`summarize`, kept in the secret state before any file
+    is written); returns the summary (:func:`returned`)."""
+    _publish(state, rd, keep_trials)
+    return returned(state, keep_trials)
+
+
+def finished(state, rd: RunDirectory, keep_trials: bool) -> dict:
+    """A finished search's summary, from its secret state: ``summary.json`` and ``ledger.json`` must be what it
+    released (a file lost in a crash is published again; an edited one is refused)."""
+    for name, kept in ((SUMMARY, state.summary), (LEDGER, state.ledger)):
+        on_disk = rd.read_json(name)
+        if on_disk is None and not (rd / name).exists():
+            _publish(state, rd, keep_trials)
+            break
+        if on_disk != json.loads(json.dumps(kept)):
+            raise DataError(
+                f"{rd / name} does not match the finished search's state (edited, or from another search): restore "
+                "or delete it to see the search's report"
+            )
+    return returned(state, keep_trials)
+
+
+def returned(state, keep_trials: bool) -> dict:
+    """What run_search returns: the public summary, and K with every trial only when asked (``--keep-trials``)."""
+    out = dict(state.summary)
+    if keep_trials:
+        out["not_private"] = {
+            "trials_run": len(state.trials),
+            "trials": [t.listed() for t in state.trials],
+            "note": "secret: revealing the number of trials voids the search's certificate (Papernot & Steinke's "
+            "theorems assume it is not released)",
+        }
+    return out
+
+
+def _publish(state, rd: RunDirectory, keep_trials: bool) -> None:
+    """Write what the search releases (idempotent: a resume after a crash in the middle publishes again): ``best/``
+    from the selected trial's directory while it exists, then the trials removed (unless kept), ``ledger.json`` and
+    ``summary.json``, and last the same modification time on every shareable file and directory."""
+    index = state.extra.get("best_index")
+    trials = rd.path / PRIVATE / TRIALS
+    if index is not None and (trials / str(index)).exists():
+        _copy_best(state, rd, trials / str(index))
+    if not keep_trials and trials.exists():
+        shutil.rmtree(trials)
+    rd.write_json(LEDGER, state.ledger)
+    rd.write_json(SUMMARY, state.summary)
+    same_times(rd)
+
+
+def _copy_best(state, rd: RunDirectory, source) -> None:
+    """``best/``: the selected trial's run directory, its files copied without their times, its summary (and the
+    copy its checkpoint keeps, so that ``dptrain train --resume best`` prints it) showing the search's certificate."""
+    target = rd.path / BEST
+    if target.exists():
+        shutil.rmtree(target)
+    shutil.copytree(source, target, copy_function=shutil.copy)  # (contents and modes, not the trial's file times)
+    best = RunDirectory(target)
+    checkpoint = best.load_checkpoint()
+    trial = checkpoint.get("summary") or best.read_json(SUMMARY) or {}
+    selected = selected_summary(state.summary, trial, str(target))
+    checkpoint["summary"] = selected
+    best.save_checkpoint(checkpoint, Ledger.from_dict(checkpoint["ledger"]))
+    best.write_json(SUMMARY, selected)
+
+
+def selected_summary(search: dict, trial: dict, out: str) -> dict[str, Any]:
+    """``best/summary.json``: the search's certificate first (the model was selected by the search: its certificate
+    is the search's), the selected trial's own certificate nested under ``trial_alone`` and labelled, then the run's
+    other entries (test accuracy, steps, noise, ...) without its wall time or its path inside ``private/``."""
+    rest = {k: v for k, v in trial.items() if k not in CERTIFICATE_KEYS and k not in TIMING_KEYS and k != "out"}
+    own = {k: trial[k] for k in CERTIFICATE_KEYS if k in trial}
+    return {
+        **{k: search[k] for k in ("epsilon", "delta", "accountant", "certified", "private") if k in search},
+        **({"not_private_because": search["not_private_because"]} if "not_private_because" in search else {}),
+        "certificate": "the search's: this model was selected by a private hyperparameter search (Papernot & "
+        "Steinke, Thm 2 / Thm 6), whose certificate covers it; see the search's summary.json",
+        "target_epsilon": search["target_epsilon"],
+        "search": {
+            k: search[k]
+            for k in ("tuning_distribution", "tuning_mean", "best", "best_score", "score", "epsilon_single_run")
+        },
+        "trial_alone": {
+            "note": "this trial alone, NOT the certificate of the released model (it was selected among secret trials)",
+            **own,
+        },
+        **rest,
+        "out": out,
+    }
+
+
+def same_times(rd: RunDirectory, when: float | None = None) -> None:
+    """One modification (and access) time, ``when`` (default: now), on every file and directory of the search but its
+    secret ``private/``: the search's start, its length and where the best trial ran among the others are not
+    written in the file system."""
+    when = time.time() if when is None else when
+    secret = rd.path / PRIVATE
+    for root, dirs, files in os.walk(rd.path, topdown=False):
+        here = os.path.realpath(root)
+        if here == os.path.realpath(secret) or here.startswith(os.path.realpath(secret) + os.sep):
+            continue
+        for name in files:
+            os.utime(os.path.join(root, name), (when, when), follow_symlinks=False)
+        for name in dirs:
+            if os.path.join(root, name) != str(secret):
+                os.utime(os.path.join(root, name), (when, when), follow_symlinks=False)
+    os.utime(rd.path, (when, when))
+
+
+__all__ = ["BEST", "TRIALS", "finished", "publish", "returned", "same_times", "selected_summary", "summarize"]
