@@ -279,7 +279,7 @@ def test_the_docs_cite_papers_not_internal_notes():
     shorthand = re.compile(r"\bdigests?\b|\bseeds/0\d\d_", re.IGNORECASE)
     found = [
         f"{path.relative_to(REPO)}: {match.group(0)}"
-        for path in [README, *sorted((REPO / "docs").rglob("*"))]
+        for path in [REPO / "README.md", *sorted((REPO / "docs").rglob("*"))]
         if path.suffix in (".md", ".json")
         for match in shorthand.finditer(path.read_text())
     ]
