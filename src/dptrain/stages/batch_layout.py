@@ -23,6 +23,14 @@ call is classified by how it changes:
 - anything else (the shape's other dimensions change, or rows move): no layout, and a layer with trainable
   parameters there is differentiated by torch.func over the whole model.
 
+A shared call's output gradient is the sum of every example's, so a layer with a rule and a shared output (GPT-2's
+position embeddings [1, T, d], a nanoGPT's ``wpe(arange(T))`` [T, d]) has its output expanded to the batch while it is
+recorded ([B, T, d], a view of the same values): each example then gets its own output gradient. That is only right
+where the model broadcasts the output against the batch, so the measurement runs the model a third time with the
+expansion and keeps it only if the model's outputs do not change (peft's prompt tuning repeats its prompt to the
+batch: expanded, it would hold B x B rows; T5 permutes its [T, T, heads] bias: expanded, it fails); a shared output
+that cannot be expanded and whose gradient reaches the loss sends the whole model to torch.func.
+
 A call of a module is laid out the same way in every forward pass (it is the model's code, not its data); the shape of
 each later call is checked against its class (rows: divisible by the chunk), and a call the measurement did not see
 sends the sampler back to measuring. What the measurement cannot see: code whose layout depends on the data in ways
@@ -45,13 +53,13 @@ ROWS, SHARED = "rows", "shared"
 @dataclass(frozen=True)
 class CallLayout:
     """The layout of one call of a module: the kind of each tensor leaf of its arguments (positional and keyword, in
-    ``tree_flatten`` order; None for a non-tensor leaf) and of each tensor of its output; ``expand``: a shared output
-    of leading dimension 1 that the sampler expands to the batch while recording (each example then gets its own
-    output gradient), verified not to change the model's outputs."""
+    ``tree_flatten`` order; "-" for a leaf that is not a tensor, None for a tensor without a layout) and of each
+    tensor of its output; ``expand``: how the sampler expands the shared output (and input) of this call to the batch
+    while recording (:func:`expanded`), verified not to change the model's outputs; "" for not at all."""
 
     inputs: tuple[str | None, ...]
     outputs: tuple[str | None, ...]
-    expand: bool = False
+    expand: str = ""
 
     @property
     def consistent(self) -> bool:
@@ -125,11 +133,28 @@ def classify(full: list, sub: list, batch: int, sub_batch: int) -> CallLayout:
     )
 
 
-def expandable(layout: CallLayout, record) -> bool:
-    """A shared call whose output has leading dimension 1 (GPT-2's position embeddings, [1, T, d]): expanding it to
-    the batch keeps every broadcast against [B, ...] the same."""
-    _, outs = record
-    return layout.shared and len(outs) == 1 and outs[0].dim() > 0 and outs[0].shape[0] == 1
+REPLACE, PREPEND = "replace", "prepend"
+#: At most this many shared calls are expanded (each costs a few forward passes, once); the others of a model with more
+#: send it to torch.func.
+MAX_EXPANSIONS = 8
+
+
+def expansion(layout: CallLayout, record) -> str:
+    """How a shared call of a layer (one input, one output) would be expanded to the batch: REPLACE a leading
+    dimension of 1 of both ([1, T] -> [1, T, d] becomes [B, T] -> [B, T, d]), PREPEND one ([T] -> [T, d] becomes
+    [B, T] -> [B, T, d]), or "" (not a shared call of one tensor)."""
+    ins, outs = record
+    if not layout.shared or len(ins) != 1 or len(outs) != 1 or not torch.is_tensor(ins[0]):
+        return ""
+    ones = all(t.dim() and t.shape[0] == 1 for t in (ins[0], outs[0]))
+    return REPLACE if ones else PREPEND
+
+
+def expanded(t: torch.Tensor, batch: int, how: str) -> torch.Tensor:
+    """``t`` expanded to ``batch`` examples (a view): its leading dimension of 1 replaced, or one prepended."""
+    if how == REPLACE:
+        return t.expand(batch, *t.shape[1:])
+    return t.unsqueeze(0).expand(batch, *t.shape)
 
 
 def first_examples(inputs, batch: int, keep: int):
@@ -187,15 +212,15 @@ class Layouts:
     """The layout of every recorded call of a model's modules, by (module, its i-th recorded call in one forward pass of
     the model): measured on the first forward pass of two examples or more, again after :meth:`forget`. The sampler's
     hooks report each call (:meth:`call`) and, while a measuring pass runs (:attr:`probing`), what it saw
-    (:meth:`probe_record`). ``expandable_modules``: the modules whose shared output of leading dimension 1 may be
-    expanded to the batch (the layers with a rule)."""
+    (:meth:`probe_record`). ``expandable_modules``: the modules whose shared output may be expanded to the batch
+    (the layers with a rule)."""
 
     def __init__(self, model: torch.nn.Module, expandable_modules: set):
         self.model, self.expandable_modules = model, expandable_modules
         self.layouts: dict[tuple, CallLayout] | None = None
         self._calls: dict = {}  # recorded calls per module in the current forward pass
         self._probe: dict | None = None  # the records of a measuring pass
-        self._expanding: set = set()  # the calls a measuring pass expands
+        self._expanding: dict = {}  # the calls a measuring pass expands, and how
         self._batch = 0
 
     @property
@@ -230,41 +255,52 @@ class Layouts:
         slot = self._slot(module)
         self._probe[slot] = ([t.detach() if torch.is_tensor(t) else t for t in leaves], [o.detach() for o in outs])
         if slot in self._expanding:
-            return output.expand(self._batch, *output.shape[1:])
+            return expanded(output, self._batch, self._expanding[slot])
         return None
 
-    def _pass(self, args, kwargs, batch: int, expanding: set):
+    def _pass(self, args, kwargs, batch: int, expanding: dict):
         self._probe, self._calls, self._expanding, self._batch = {}, {}, expanding, batch
         try:
             out = self.model.forward(*args, **kwargs)  # (not through __call__: the model's own hooks stay out of it)
             return self._probe, out
         finally:
-            self._probe, self._expanding = None, set()
+            self._probe, self._expanding = None, {}
 
     def measure(self, args, kwargs, batch: int) -> None:
-        """A pass on the chunk's examples and one on all but the last classify every call (module docstring); then
-        the shared outputs of leading dimension 1 whose expansion to the batch leaves the model's outputs unchanged
-        are marked to be expanded."""
+        """A pass on the chunk's examples and one on all but the last classify every call (module docstring). Then,
+        in the order the model calls them, the shared outputs of layers whose expansion to the batch leaves the
+        model's outputs unchanged are marked to be expanded, one at a time, the calls measured again after each (a
+        layer fed an expanded output, as nanoGPT's projection of its positions, is no longer shared)."""
         b = batch
         fewer_inputs = first_examples((tuple(args), dict(kwargs)), b, b - 1)
+        kept, rejected = {}, set()
         with measuring(self.model):
-            full, out = self._pass(args, kwargs, b, set())
-            fewer, _ = self._pass(*fewer_inputs, b - 1, set())
-            missing = CallLayout((None,), (None,))
-            layouts = {s: classify(r, fewer[s], b, b - 1) if s in fewer else missing for s, r in full.items()}
-            candidates = {s for s, lay in layouts.items() if s[0] in self.expandable_modules and expandable(lay, full[s])}
+            _, out = self._pass(args, kwargs, b, {})
 
-            def unchanged(expanded: set) -> bool:
+            def unchanged(expanding: dict) -> bool:
                 try:
-                    return same_outputs(self._pass(args, kwargs, b, expanded)[1], out)
+                    return same_outputs(self._pass(args, kwargs, b, expanding)[1], out)
                 except Exception:  # (an expanded output the model cannot take: peft repeats its prompt to the batch)
                     return False
 
-            kept = set()
-            if candidates:
-                kept = candidates if unchanged(candidates) else {s for s in candidates if unchanged({s})}
-                kept = kept if kept and unchanged(kept) else set()
-        self.layouts = {s: dataclasses.replace(lay, expand=s in kept) for s, lay in layouts.items()}
+            for _ in range(MAX_EXPANSIONS + 1):
+                full, _ = self._pass(args, kwargs, b, kept)
+                fewer, _ = self._pass(*fewer_inputs, b - 1, kept)
+                missing = CallLayout((None,), (None,))
+                layouts = {s: classify(r, fewer[s], b, b - 1) if s in fewer else missing for s, r in full.items()}
+                candidates = [(s, expansion(lay, full[s])) for s, lay in layouts.items()
+                              if s[0] in self.expandable_modules and s not in kept and s not in rejected]
+                found = None
+                for slot, how in candidates:
+                    if how and found is None:
+                        if unchanged({**kept, slot: how}):
+                            found = slot, how
+                        else:
+                            rejected.add(slot)
+                if found is None or len(kept) == MAX_EXPANSIONS:
+                    break
+                kept[found[0]] = found[1]
+        self.layouts = {s: dataclasses.replace(lay, expand=kept.get(s, "")) for s, lay in layouts.items()}
         self._calls = {}
 
 
@@ -287,7 +323,10 @@ __all__ = [
     "SHARED",
     "CallLayout",
     "classify",
-    "expandable",
+    "PREPEND",
+    "REPLACE",
+    "expanded",
+    "expansion",
     "first_examples",
     "kind",
     "measuring",

@@ -44,11 +44,13 @@ from dptrain.errors import ConfigError, ModelError
 from dptrain.models.losses import cross_entropy_per_example  # noqa: F401  (the default classification loss, re-exported)
 from dptrain.stages.batch_layout import (
     EXPANDED,
+    REPLACE,
     ROOT,
     ROWS,
     SHARED,
     CallLayout,
     Layouts,
+    expanded,
     rows_per_example,
     view_rows,
 )
@@ -419,12 +421,14 @@ class LayerwiseGradSampler:
             return None  # (not recording, or a forward under no_grad: nothing to differentiate)
         a, b = inputs[0].detach(), self._batch
         layout = self._layout_of.call(module)
-        if b > 1 and isinstance(layout, CallLayout) and layout.expand and output.dim() and output.shape[0] == 1:
+        if isinstance(layout, CallLayout) and layout.expand == REPLACE and not (a.dim() and a.shape[0] == 1):
+            layout = None  # (not the shape the measurement saw: measured again)
+        if b > 1 and isinstance(layout, CallLayout) and layout.expand:
             # A layer applied to an input shared by the whole batch (Hugging Face's position_ids of shape [1, T]): its
             # output is broadcast against the batch later, where autograd would sum the examples' output gradients.
             # The layer's output expanded to the batch (a view of the same values) gives each example its own; the
-            # measurement verified that the model's outputs do not change.
-            output, a = output.expand(b, *output.shape[1:]), a.expand(b, *a.shape[1:]) if a.dim() else a
+            # measurement verified that the model's outputs do not change (dptrain.stages.batch_layout).
+            output, a = expanded(output, b, layout.expand), expanded(a, b, layout.expand)
             self._records.setdefault(module, []).append((a, output, output._version, EXPANDED))
             return output
         self._records.setdefault(module, []).append((a, output, output._version, layout))
