@@ -72,12 +72,13 @@ def _marks(model, adapter, checkpointing):
 
 def per_example_loss(kind: str, virtual: int = 0):
     """The test's own loss, one per example: cross-entropy of the class, or the mean over each example's labelled
-    tokens (the next token's for a causal LM, after the prompt's virtual tokens)."""
+    tokens (the next token's for a causal LM, the prompt's virtual tokens labelled -100)."""
 
     def loss(outputs, labels):
         logits = outputs.logits
-        if kind == "causal":
-            logits, labels = logits[:, virtual:][:, :-1], labels[:, 1:]
+        if kind == "causal":  # (peft's convention: the last virtual token predicts the first real one)
+            labels = torch.cat([labels.new_full((len(labels), virtual), -100), labels], 1)
+            logits, labels = logits[:, :-1], labels[:, 1:]
         if logits.dim() == 3:
             per_token = F.cross_entropy(logits.transpose(1, 2), labels, ignore_index=-100, reduction="none")
             return per_token.sum(1) / (labels != -100).sum(1).clamp_min(1)

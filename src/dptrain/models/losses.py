@@ -11,8 +11,8 @@ The default loss (:func:`default_loss`) reads what a model returns as transforme
 
 An example whose tokens are all ignored has loss 0 (and gradient 0), never NaN. A causal language model behind a peft
 prompt-learning adapter that prepends virtual tokens to the sequence (prompt tuning, p-tuning) returns logits for those
-first: the loss reads the logits of the real tokens (:func:`virtual_tokens`). Labels that do not fit the logits are a
-one-line DataError.
+first: the labels get as many ignored positions in front (:func:`virtual_tokens`), as peft does when it is given the
+labels. Labels that do not fit the logits are a one-line DataError.
 """
 
 from __future__ import annotations
@@ -108,24 +108,27 @@ def virtual_tokens(model: nn.Module) -> int:
 
 
 class _AfterVirtualTokens:
-    """Causal-LM cross-entropy on the logits of the real tokens of a model whose first ``n`` positions are virtual."""
+    """Causal-LM cross-entropy of a model whose sequence starts with ``n`` virtual tokens: the labels get ``n`` ignored
+    positions in front, as peft gives them to the model (the last virtual token predicts the first real one)."""
 
     def __init__(self, n: int):
         self.n = n
 
+    def labels(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        if logits.dim() == 3 and labels.dim() == 2 and logits.shape[1] == labels.shape[1] + self.n:
+            return torch.cat([labels.new_full((labels.shape[0], self.n), IGNORE_INDEX), labels], 1)
+        return labels
+
     def __call__(self, outputs, labels: torch.Tensor) -> torch.Tensor:
         logits = logits_of(outputs)
-        if logits.dim() == 3 and labels.dim() == 2 and logits.shape[1] == labels.shape[1] + self.n:
-            logits = logits[:, self.n :]
-        return causal_lm_per_example(logits, labels)
+        return causal_lm_per_example(logits, self.labels(logits, labels))
 
 
 def scored_tokens(loss_fn, logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The [B, T, K] scores and [B, T] labels that ``loss_fn`` (a default loss) compares: shifted by one for a causal
     language model, after its virtual tokens for prompt tuning."""
     if isinstance(loss_fn, _AfterVirtualTokens):
-        if logits.shape[1] == labels.shape[1] + loss_fn.n:
-            logits = logits[:, loss_fn.n :]
+        labels = loss_fn.labels(logits, labels)
         return logits[:, :-1], labels[:, 1:]
     if loss_fn is causal_lm_per_example:
         return logits[:, :-1], labels[:, 1:]
