@@ -39,6 +39,13 @@ def qwen2():
     return transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**DECODER))
 
 
+def mixtral():
+    """A mixture of experts: a router returning its logits and the top-k weights computed from them, the experts'
+    weights fused in 3-D parameters, each expert fed the rows of the tokens routed to it."""
+    return transformers.MixtralForCausalLM(transformers.MixtralConfig(**DECODER, num_local_experts=4,
+                                                                      num_experts_per_tok=2))
+
+
 def bert():
     return transformers.BertForSequenceClassification(transformers.BertConfig(**ENCODER))
 
@@ -88,6 +95,7 @@ MODELS = {
     "llama": (llama, "causal", ["q_proj", "v_proj", "down_proj"], ["down_proj"]),
     "mistral": (mistral, "causal", ["q_proj", "v_proj", "down_proj"], ["down_proj"]),
     "qwen2": (qwen2, "causal", ["q_proj", "v_proj", "down_proj"], ["down_proj"]),
+    "mixtral": (mixtral, "causal", ["q_proj", "v_proj"], ["v_proj"]),
     "bert": (bert, "classify", ["query", "value", "output.dense"], ["output.dense"]),
     "roberta": (roberta, "classify", ["query", "value", "output.dense"], ["output.dense"]),
     "distilbert": (distilbert, "classify", ["q_lin", "v_lin", "lin2"], ["lin2"]),

@@ -12,6 +12,7 @@ every example's gradient summed: that is a FallbackError too.
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import torch
@@ -37,6 +38,29 @@ def tensors(out) -> list[torch.Tensor]:
     if isinstance(out, tuple | list):
         return [o for o in out if torch.is_tensor(o)]
     return []
+
+
+def separated(output):
+    """``output`` with each tensor that requires grad replaced by a view of it (same values, a node of its own), and
+    the list of its tensors: the gradient that reaches each returned tensor is then what the module's consumers send
+    it, not also what flows back into it from another output computed from it inside the module (Mixtral's router
+    returns its logits and the top-k weights computed from them: the weights' gradient would be counted twice). None
+    for the list when the output is a container this cannot rebuild."""
+
+    def view(t):
+        return t.view_as(t) if torch.is_tensor(t) and t.requires_grad else t
+
+    if torch.is_tensor(output):
+        output = view(output)
+    elif type(output) in (tuple, list):
+        output = type(output)(view(o) for o in output)
+    elif type(output) is dict:
+        output = {k: view(v) for k, v in output.items()}
+    elif isinstance(output, dict) and dataclasses.is_dataclass(output):  # (transformers' ModelOutput)
+        output = type(output)(**{k: view(v) for k, v in output.items()})
+    elif sum(t.requires_grad for t in tensors(output)) > 1:
+        return output, None
+    return output, tensors(output)
 
 
 def _tolerance(t: torch.Tensor) -> dict:
@@ -132,4 +156,4 @@ def per_module_gradients(
     return grads
 
 
-__all__ = ["FallbackError", "per_module_gradients", "tensors"]
+__all__ = ["FallbackError", "per_module_gradients", "separated", "tensors"]

@@ -60,7 +60,7 @@ from dptrain.stages.gradient_factors import (
     _LinearFactors,
     shared,
 )
-from dptrain.stages.module_func import FallbackError, per_module_gradients
+from dptrain.stages.module_func import FallbackError, per_module_gradients, separated
 from dptrain.stages.module_func import tensors as _tensors
 from dptrain.stages.precision import LOW, upcast
 
@@ -434,13 +434,17 @@ class LayerwiseGradSampler:
         self._records.setdefault(module, []).append((a, output, output._version, layout))
         return None
 
-    def _record_call(self, module, args, kwargs, output) -> None:
+    def _record_call(self, module, args, kwargs, output):
         if self._layout_of.probing:
             self._layout_of.probe_record(module, tree_flatten((tuple(args), dict(kwargs)))[0], output)
         elif self._records is not None and any(t.requires_grad for t in _tensors(output)):
             layout = self._layout_of.call(module)
             args = tuple(a.detach() if torch.is_tensor(a) else a for a in args)
-            self._records.setdefault(module, []).append((args, dict(kwargs), _tensors(output), layout))
+            output, outs = separated(output)  # (each output's own gradient, not also another's flowing into it)
+            record = (args, dict(kwargs), _tensors(output) if outs is None else outs, layout, outs is not None)
+            self._records.setdefault(module, []).append(record)
+            return output
+        return None
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> tuple[PerExampleGrads, torch.Tensor]:
         for attempt in range(2):
@@ -519,7 +523,7 @@ class LayerwiseGradSampler:
         if n == 0:  # (an empty Poisson batch: no example, no gradient)
             calls, fallbacks = [], []
         outs = [out for _, _, out, _, _ in calls]
-        fb_outs = [o for _, _, _, fouts, _ in fallbacks for o in fouts if o.requires_grad]
+        fb_outs = [o for _, _, _, fouts, _, _ in fallbacks for o in fouts if o.requires_grad]
         everything = outs + fb_outs
         grads_all = torch.autograd.grad(losses.sum(), everything, allow_unused=True) if everything else []
         grads_out, fb_grads = list(grads_all[: len(outs)]), dict(zip(map(id, fb_outs), grads_all[len(outs) :], strict=True))
@@ -532,10 +536,13 @@ class LayerwiseGradSampler:
                 g = upcast(g)  # (a bfloat16 model's per-example gradients are formed and clipped in float32)
                 per_example[key] = shared(per_example[key], g) if key in per_example else g
 
-        for m, args, kwargs, fouts, layout in fallbacks:
+        for m, args, kwargs, fouts, layout, separable in fallbacks:
             gos = [fb_grads.get(id(o)) for o in fouts]
             if all(g is None for g in gos):
                 continue  # (an output that does not reach the loss: no gradient, whatever its layout)
+            if not separable and sum(g is not None for g in gos) > 1:
+                raise FallbackError(f"{type(m).__name__} returns several tensors in a container that cannot be rebuilt "
+                                    "to tell their gradients apart")
             layout = self._fallback_layout(m, args, kwargs, fouts, layout)
             gos = [None if g is None else g.detach() for g in gos]
             for pname, g in per_module_gradients(m, args, kwargs, gos, fouts, layout, n).items():
