@@ -46,7 +46,7 @@ WHOLE_MODEL = {("t5", "full"), ("swin", "full")} | {(m, "prompt") for m in MODEL
 def applicable(model: str, adapter: str) -> bool:
     kind = MODELS[model][1]
     if adapter == "prefix":
-        return kind in ("causal", "seq2seq") and model != "t5"
+        return kind in ("causal", "seq2seq")
     if adapter == "prompt":
         return kind != "image"
     return not (adapter == "loha" and model == "gpt2")
