@@ -141,3 +141,24 @@ def test_a_tensor_is_rows_shared_or_neither_by_how_it_changes_with_the_batch():
     assert kind(seq_first, seq_first[:, :3], 4, 3) is None
     assert kind(x, x[[1, 0, 2]], 4, 3) is None  # the rows of the examples moved
     assert kind(x.flip(0), x[:3].flip(0), 4, 3) is None  # the examples in another order
+
+
+class TrainingOnly(Flattened):
+    """A model that cannot run in evaluation mode, where the layouts are measured."""
+
+    def forward(self, ids):
+        if not self.training:
+            raise RuntimeError("training only")
+        return super().forward(ids)
+
+
+def test_a_model_the_measurement_cannot_run_is_differentiated_whole_never_guessed():
+    torch.manual_seed(0)
+    model = TrainingOnly().double()
+    ids, y = torch.randint(0, V, (3, 4)), torch.randint(0, V, (3, 4))
+    sampler = make_grad_sampler(model, loss_fn, "auto")
+    got = sampler(ids, y)[0].materialize()
+    assert sampler.name == "func"
+    expected = LoopGradSampler(model, loss_fn)(ids, y)[0].materialize()
+    for n, g in expected.items():
+        torch.testing.assert_close(got[n], g, rtol=1e-9, atol=1e-12, msg=n)

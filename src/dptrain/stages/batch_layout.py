@@ -222,13 +222,15 @@ class Layouts:
         self._probe: dict | None = None  # the records of a measuring pass
         self._expanding: dict = {}  # the calls a measuring pass expands, and how
         self._batch = 0
+        #: why the last measurement knows nothing ("" when it succeeded)
+        self.failure = ""
 
     @property
     def probing(self) -> bool:
         return self._probe is not None
 
     def forget(self) -> None:
-        self.layouts = None
+        self.layouts, self.failure = None, ""
 
     def forward_begins(self, args, kwargs, batch: int) -> None:
         if self._probe is None:
@@ -273,9 +275,13 @@ class Layouts:
         layer fed an expanded output, as nanoGPT's projection of its positions, is no longer shared)."""
         b = batch
         fewer_inputs = first_examples((tuple(args), dict(kwargs)), b, b - 1)
-        kept, rejected = {}, set()
+        kept, rejected, layouts = {}, set(), {}
         with measuring(self.model):
-            _, out = self._pass(args, kwargs, b, {})
+            try:
+                full, out = self._pass(args, kwargs, b, {})
+            except Exception as e:  # (the model fails in evaluation mode: nothing is known, nothing is guessed)
+                self.failure = f"(the model fails in evaluation mode: {type(e).__name__})"
+                full = None
 
             def unchanged(expanding: dict) -> bool:
                 try:
@@ -283,8 +289,9 @@ class Layouts:
                 except Exception:  # (an expanded output the model cannot take: peft repeats its prompt to the batch)
                     return False
 
-            for _ in range(MAX_EXPANSIONS + 1):
-                full, _ = self._pass(args, kwargs, b, kept)
+            for _ in range(MAX_EXPANSIONS + 1 if full is not None else 0):
+                if kept:
+                    full, _ = self._pass(args, kwargs, b, kept)
                 fewer, _ = self._pass(*fewer_inputs, b - 1, kept)
                 missing = CallLayout((None,), (None,))
                 layouts = {s: classify(r, fewer[s], b, b - 1) if s in fewer else missing for s, r in full.items()}

@@ -480,7 +480,7 @@ class LayerwiseGradSampler:
             layout = CallLayout((ROWS,), (ROWS,)) if a.dim() and a.shape[0] == n else CallLayout((SHARED,), (SHARED,))
         if layout is None:
             raise LayoutChanged(f"{self._layers[m][0] or type(m).__name__} was called in a way the layout measurement "
-                                "did not see")
+                                f"did not see {self._layout_of.failure}".rstrip())
         if layout.shared:
             raise FallbackError(
                 f"{self._layers[m][0] or type(m).__name__} is computed once for the whole chunk (its input does not hold "
@@ -498,7 +498,8 @@ class LayerwiseGradSampler:
             kind = lambda t: "-" if not torch.is_tensor(t) else ROWS if t.dim() and t.shape[0] == n else SHARED  # noqa: E731
             return CallLayout(tuple(map(kind, tree_flatten((tuple(args), dict(kwargs)))[0])), tuple(map(kind, outs)))
         if layout is None and self._batch > 1:
-            raise LayoutChanged(f"{type(m).__name__} was called in a way the layout measurement did not see")
+            raise LayoutChanged(f"{type(m).__name__} was called in a way the layout measurement did not see "
+                                f"{self._layout_of.failure}".rstrip())
         return layout
 
     def from_losses(self, losses: torch.Tensor) -> PerExampleGrads:
