@@ -130,7 +130,8 @@ def probe_batch(source, k: int, device: torch.device):
     k = min(k, n)
     if n > k:  # collated together: a collator padding each batch to its longest sequence pads all k + 1 alike
         x, y = to_device(source.batch(torch.arange(k + 1, device="cpu")), device)
-        x, y, other_x, other_y = take(x, torch.arange(k, device=y.device)), y[:k], take(x, y.new_tensor([k])), y[k:]
+        first, last = torch.arange(k, device=y.device), torch.tensor([k], device=y.device)
+        x, y, other_x, other_y = take(x, first), y[:k], take(x, last), y[k:]
     else:
         x, y = to_device(source.batch(torch.arange(k, device="cpu")), device)
         generator = torch.Generator().manual_seed(20231)  # public and fixed
