@@ -149,3 +149,18 @@ def test_a_mixture_of_experts_router_gradient_is_not_counted_twice():
     grads, _ = trainer.grad_sampler(x, y)
     assert_exact(grads.materialize(), single_example_gradients(model, loss, one, params, len(y)), rtol=1e-4)
     assert trainer.grad_sampler.name == "layerwise+func"
+
+
+def test_t5_with_the_sequence_as_long_as_the_chunk_is_exact_not_refused():
+    """With T == the chunk size, T5's [T, T] relative-position buckets looked like a batch: the model was refused for
+    "mixing examples" through relative_attention_bias (and with T != the chunk, a raw RuntimeError)."""
+    from hf_zoo import LENGTH
+
+    model = build("t5")
+    loss = per_example_loss("seq2seq")
+    x, y, one = batch("t5", n=LENGTH)
+    trainer = private(model, x, y, loss, chunk=LENGTH)
+    model.train()
+    params = {k: p for k, p in model.named_parameters() if p.requires_grad}
+    grads, _ = trainer.grad_sampler(x, y)
+    assert_exact(grads.materialize(), single_example_gradients(model, loss, one, params, len(y)))

@@ -10,7 +10,9 @@ single-example backward passes):
   gradient it would throw away), and each layer's per-example weight gradient is formed from its
   input and output gradient: an outer product for Linear (on [B, in] or sequences [B, T, in]), a grouped
   convolution backward for Conv1d/Conv2d, torch's fused GroupNorm kernels on the batch seen as one example for
-  GroupNorm, the normalized input for LayerNorm/RMSNorm, the looked-up ids for Embedding. About twice as fast as
+  GroupNorm, the normalized input for LayerNorm/RMSNorm, the looked-up ids for Embedding, each on the rows of the
+  layer's tensors that are each example's (measured, not read off a size: :mod:`dptrain.stages.batch_layout`;
+  OPT's feed-forward layers see [B*T, d]). About twice as fast as
   ``func`` on the small CNNs of the DP literature. A module with parameters but no rule (attention, PReLU, a custom
   layer) is differentiated per example by torch.func on its own, from its recorded inputs and output gradient: the
   fallback is per module, not for the whole model.
