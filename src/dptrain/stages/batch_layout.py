@@ -72,6 +72,17 @@ class CallLayout:
         return self.consistent and ROWS not in self.inputs and ROWS not in self.outputs
 
 
+def tensors(out) -> list[torch.Tensor]:
+    """The tensors of a module's output (a tensor, or a tuple/list/dict holding some), as the sampler records them."""
+    if torch.is_tensor(out):
+        return [out]
+    if isinstance(out, dict):
+        out = list(out.values())
+    if isinstance(out, tuple | list):
+        return [o for o in out if torch.is_tensor(o)]
+    return []
+
+
 def _leaves(value) -> list:
     return tree_flatten(value)[0]
 
@@ -201,8 +212,6 @@ def view_rows(t: torch.Tensor, batch: int) -> torch.Tensor:
     return t.reshape(batch, t.shape[0] // batch, *t.shape[1:])
 
 
-
-
 #: Markers of a recorded call's layout: its output expanded to the batch while recording; a call of the model itself
 #: (its inputs are the examples along dimension 0, by the data convention).
 EXPANDED, ROOT = object(), object()
@@ -251,7 +260,7 @@ class Layouts:
         return None if self.layouts is None else self.layouts.get(slot)
 
     def probe_record(self, module, leaves: list, output):
-        outs = [o for o in _leaves_of_output(output)]
+        outs = tensors(output)
         if not any(t.requires_grad for t in outs):
             return None
         slot = self._slot(module)
@@ -311,17 +320,6 @@ class Layouts:
         self._calls = {}
 
 
-def _leaves_of_output(out) -> list[torch.Tensor]:
-    """The tensors of a module's output (a tensor, or a tuple/list/dict holding some), as the sampler records them."""
-    if torch.is_tensor(out):
-        return [out]
-    if isinstance(out, dict):
-        out = list(out.values())
-    if isinstance(out, tuple | list):
-        return [o for o in out if torch.is_tensor(o)]
-    return []
-
-
 __all__ = [
     "EXPANDED",
     "ROOT",
@@ -339,5 +337,6 @@ __all__ = [
     "measuring",
     "rows_per_example",
     "same_outputs",
+    "tensors",
     "view_rows",
 ]

@@ -21,23 +21,12 @@ from torch.func import functional_call, grad, vmap
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from dptrain.errors import ModelError
-from dptrain.stages.batch_layout import ROWS, SHARED, CallLayout, rows_per_example, view_rows
+from dptrain.stages.batch_layout import ROWS, SHARED, CallLayout, rows_per_example, tensors, view_rows
 from dptrain.stages.precision import LOW, upcast
 
 
 class FallbackError(ModelError):
     """A module without a layerwise rule could not be differentiated per example on its own."""
-
-
-def tensors(out) -> list[torch.Tensor]:
-    """The tensors of a module's output (a tensor, or a tuple/list/dict holding some)."""
-    if torch.is_tensor(out):
-        return [out]
-    if isinstance(out, dict):
-        out = list(out.values())
-    if isinstance(out, tuple | list):
-        return [o for o in out if torch.is_tensor(o)]
-    return []
 
 
 def separated(output):

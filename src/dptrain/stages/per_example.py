@@ -56,6 +56,7 @@ from dptrain.stages.batch_layout import (
     rows_per_example,
     view_rows,
 )
+from dptrain.stages.batch_layout import tensors as _tensors
 from dptrain.stages.gradient_factors import (
     PerExampleGrads,
     _EmbeddingFactors,
@@ -63,7 +64,6 @@ from dptrain.stages.gradient_factors import (
     shared,
 )
 from dptrain.stages.module_func import FallbackError, per_module_gradients, separated
-from dptrain.stages.module_func import tensors as _tensors
 from dptrain.stages.precision import LOW, upcast
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
