@@ -228,7 +228,8 @@ class Encoder(nn.Module):
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_keyword_tensors_of_a_fallback_module_are_split_by_example_and_checked():
-    from dptrain.stages.per_example import FallbackError, _per_module
+    from dptrain.stages.module_func import FallbackError
+    from dptrain.stages.module_func import per_module_gradients as _per_module
 
     torch.manual_seed(0)
     model = Encoder().double()

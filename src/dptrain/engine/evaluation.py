@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from dptrain.data.batches import as_source, call_model, loader_source
-from dptrain.models.losses import IGNORE_INDEX, causal_lm_per_example, logits_of
+from dptrain.models.losses import IGNORE_INDEX, logits_of, scored_tokens
 from dptrain.stages.devices import to_device
 
 
@@ -35,8 +35,7 @@ def accuracy(model, source, device, batch_size: int = 1024, loss_fn=None) -> flo
         inputs, labels = to_device(source.batch(idx), device)
         logits = logits_of(call_model(model, inputs))
         if logits.dim() == 3 and labels.dim() == 2:
-            if loss_fn is causal_lm_per_example:
-                logits, labels = logits[:, :-1], labels[:, 1:]
+            logits, labels = scored_tokens(loss_fn, logits, labels)
             counted = labels != IGNORE_INDEX
             correct += int(((logits.argmax(-1) == labels) & counted).sum())
             total += int(counted.sum())

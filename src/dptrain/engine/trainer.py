@@ -47,7 +47,7 @@ from dptrain.preflight.buffers import check_buffer_updates
 from dptrain.randomness.generators import Randomness
 from dptrain.stages.augmentation import Multiplicity, make_augmentation
 from dptrain.stages.batch_selection import REPLACE_ONE_SCHEMES, BatchSampler, make_sampler
-from dptrain.stages.clipping import Clipping, ClipStats, clipped_sum, make_clipping
+from dptrain.stages.clipping import Clipping, ClipStats, clipped_sum, make_clipping, sum_dtype
 from dptrain.stages.devices import resolve_device, to_device
 from dptrain.stages.noise import add_gaussian_noise, check_noise_schedule
 from dptrain.stages.per_example import (
@@ -502,7 +502,8 @@ class PrivateTrainer(Checkpointing, PrivacySide):
         for c in range(g.rank, len(chunks), g.world):
             s, stats, loss = clipped_sum(self.per_example(chunks[c]), self.clipping, self.params, self.report_not_private)
             mine.append((c, {n: t.cpu() for n, t in s.items()}, stats, loss))
-        summed = {n: torch.zeros_like(p, memory_format=torch.contiguous_format) for n, p in self.params.items()}
+        summed = {n: torch.zeros_like(p, dtype=sum_dtype(p), memory_format=torch.contiguous_format)
+                  for n, p in self.params.items()}
         stats, loss_sum = ClipStats(0, 0, 0.0), 0.0
         for _, s, chunk_stats, loss in sorted(distributed.gather(g, mine), key=lambda item: item[0]):
             for n in summed:

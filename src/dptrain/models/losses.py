@@ -9,7 +9,10 @@ The default loss (:func:`default_loss`) reads what a model returns as transforme
   ``*ForCausalLM`` / ``*LMHeadModel``, also behind a peft wrapper) position t predicts label t + 1 (the shift
   transformers applies when it is given ``labels``).
 
-An example whose tokens are all ignored has loss 0 (and gradient 0), never NaN.
+An example whose tokens are all ignored has loss 0 (and gradient 0), never NaN. A causal language model behind a peft
+prompt-learning adapter that prepends virtual tokens to the sequence (prompt tuning, p-tuning) returns logits for those
+first: the labels get as many ignored positions in front (:func:`virtual_tokens`), as peft does when it is given the
+labels. Labels that do not fit the logits are a one-line DataError.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from dptrain.errors import DataError
 
 IGNORE_INDEX = -100
 
@@ -43,6 +48,11 @@ def logits_of(outputs) -> torch.Tensor:
 
 def _token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """[B, T, K] scores and [B, T] labels -> [B]: the mean cross-entropy of each example's labelled tokens."""
+    if logits.shape[:2] != labels.shape:
+        raise DataError(
+            f"token labels of shape {list(labels.shape)} do not fit the model's scores {list(logits.shape)}: each "
+            "example needs one label per position (-100 where none)"
+        )
     per_token = F.cross_entropy(
         logits.transpose(1, 2).float(), labels, ignore_index=IGNORE_INDEX, reduction="none"
     )  # [B, T], 0 where ignored
@@ -83,10 +93,55 @@ def is_causal_lm(model: nn.Module) -> bool:
     return False
 
 
+def virtual_tokens(model: nn.Module) -> int:
+    """Positions a peft prompt-learning adapter prepends to the sequence (prompt tuning, p-tuning: ``torch.cat((prompts,
+    inputs_embeds), dim=1)``), so that the logits hold them first; 0 for any other model (prefix tuning's prefix lives
+    in the attention cache, not in the sequence)."""
+    try:
+        config = getattr(model, "active_peft_config", None)
+    except (AttributeError, KeyError, ValueError):
+        return 0
+    if config is None or not getattr(config, "is_prompt_learning", False):
+        return 0
+    kind = str(getattr(config.peft_type, "value", config.peft_type))
+    return 0 if kind in ("PREFIX_TUNING", "CARTRIDGE") else int(getattr(config, "num_virtual_tokens", 0) or 0)
+
+
+class _AfterVirtualTokens:
+    """Causal-LM cross-entropy of a model whose sequence starts with ``n`` virtual tokens: the labels get ``n`` ignored
+    positions in front, as peft gives them to the model (the last virtual token predicts the first real one)."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def labels(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        if logits.dim() == 3 and labels.dim() == 2 and logits.shape[1] == labels.shape[1] + self.n:
+            return torch.cat([labels.new_full((labels.shape[0], self.n), IGNORE_INDEX), labels], 1)
+        return labels
+
+    def __call__(self, outputs, labels: torch.Tensor) -> torch.Tensor:
+        logits = logits_of(outputs)
+        return causal_lm_per_example(logits, self.labels(logits, labels))
+
+
+def scored_tokens(loss_fn, logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The [B, T, K] scores and [B, T] labels that ``loss_fn`` (a default loss) compares: shifted by one for a causal
+    language model, after its virtual tokens for prompt tuning."""
+    if isinstance(loss_fn, _AfterVirtualTokens):
+        labels = loss_fn.labels(logits, labels)
+        return logits[:, :-1], labels[:, 1:]
+    if loss_fn is causal_lm_per_example:
+        return logits[:, :-1], labels[:, 1:]
+    return logits, labels
+
+
 def default_loss(model: nn.Module) -> Callable:
-    """The per-example loss a model gets when none is given: causal-LM cross-entropy for a causal language model,
-    else :func:`cross_entropy_per_example`."""
-    return causal_lm_per_example if is_causal_lm(model) else cross_entropy_per_example
+    """The per-example loss a model gets when none is given: causal-LM cross-entropy for a causal language model
+    (after the virtual tokens of prompt tuning), else :func:`cross_entropy_per_example`."""
+    if not is_causal_lm(model):
+        return cross_entropy_per_example
+    n = virtual_tokens(model)
+    return _AfterVirtualTokens(n) if n else causal_lm_per_example
 
 
 __all__ = [
@@ -96,4 +151,6 @@ __all__ = [
     "default_loss",
     "is_causal_lm",
     "logits_of",
+    "scored_tokens",
+    "virtual_tokens",
 ]

@@ -128,10 +128,12 @@ def probe_batch(source, k: int, device: torch.device):
     or when the data set has no more, a public synthetic input with example 0's label), on ``device``."""
     n = len(source)
     k = min(k, n)
-    x, y = to_device(source.batch(torch.arange(k, device="cpu")), device)
-    if n > k:
-        other_x, other_y = to_device(source.batch(torch.tensor([k], device="cpu")), device)
+    if n > k:  # collated together: a collator padding each batch to its longest sequence pads all k + 1 alike
+        x, y = to_device(source.batch(torch.arange(k + 1, device="cpu")), device)
+        first, last = torch.arange(k, device=y.device), torch.tensor([k], device=y.device)
+        x, y, other_x, other_y = take(x, first), y[:k], take(x, last), y[k:]
     else:
+        x, y = to_device(source.batch(torch.arange(k, device="cpu")), device)
         generator = torch.Generator().manual_seed(20231)  # public and fixed
         other_x, other_y = probe_like(take(x, torch.arange(1, device=y.device)), 1, generator), y[:1]
     return x, y, other_x, other_y

@@ -197,13 +197,22 @@ def clipped_sum(chunks, clipping: Clipping, params: dict[str, torch.Tensor], wit
             elif with_loss:
                 loss_sum += chunk_loss
         if summed is None:  # the first chunk's sums as they are: no zeros to add them to
-            summed = {n: clipped[n].reshape(p.shape).to(p.dtype).contiguous() for n, p in params.items()}
+            summed = {n: clipped[n].reshape(p.shape).to(sum_dtype(p)).contiguous() for n, p in params.items()}
         else:  # out of place: never writes into a tensor a clipping rule returned
             summed = {n: t + clipped[n].reshape(t.shape) for n, t in summed.items()}
         stats = stats.merge(chunk_stats)
     if summed is None:  # an empty batch: the sum is zero (and is noised like any other)
-        summed = {n: torch.zeros_like(p, memory_format=torch.contiguous_format) for n, p in params.items()}
+        summed = {n: torch.zeros_like(p, dtype=sum_dtype(p), memory_format=torch.contiguous_format)
+                  for n, p in params.items()}
     return summed, stats, loss_sum
+
+
+def sum_dtype(p: torch.Tensor) -> torch.dtype:
+    """The dtype a parameter's clipped sum and its noise are formed in: float32 for a bfloat16 or float16 parameter
+    (rounding the sum to 8 bits of mantissa before the noise is added would move it by up to 2^-8 of its size, more
+    than one example's clipped contribution in a large batch: the noise would no longer cover the sensitivity); the
+    noisy gradient is cast to the parameter's dtype afterwards (post-processing)."""
+    return torch.float32 if p.dtype in (torch.bfloat16, torch.float16) else p.dtype
 
 
 def make_clipping(name: str, max_grad_norm: float, linf_p: int | None = None) -> Clipping:

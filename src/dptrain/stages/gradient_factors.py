@@ -200,4 +200,4 @@ def _sq_norms(part) -> torch.Tensor:
 def _weighted_sum(part, f: torch.Tensor) -> torch.Tensor:
     if isinstance(part, _FACTORS):
         return part.weighted_sum(f)
-    return torch.tensordot(f, part, dims=1)
+    return torch.tensordot(f.to(part.dtype), part, dims=1)  # (the factors in the gradients' dtype: float32 or float64)

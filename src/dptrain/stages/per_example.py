@@ -10,7 +10,9 @@ single-example backward passes):
   gradient it would throw away), and each layer's per-example weight gradient is formed from its
   input and output gradient: an outer product for Linear (on [B, in] or sequences [B, T, in]), a grouped
   convolution backward for Conv1d/Conv2d, torch's fused GroupNorm kernels on the batch seen as one example for
-  GroupNorm, the normalized input for LayerNorm/RMSNorm, the looked-up ids for Embedding. About twice as fast as
+  GroupNorm, the normalized input for LayerNorm/RMSNorm, the looked-up ids for Embedding, each on the rows of the
+  layer's tensors that are each example's (measured, not read off a size: :mod:`dptrain.stages.batch_layout`;
+  OPT's feed-forward layers see [B*T, d]). About twice as fast as
   ``func`` on the small CNNs of the DP literature. A module with parameters but no rule (attention, PReLU, a custom
   layer) is differentiated per example by torch.func on its own, from its recorded inputs and output gradient: the
   fallback is per module, not for the whole model.
@@ -31,23 +33,37 @@ where that is cheaper, decided per layer from its shapes (:func:`ghost_pays`), a
 from __future__ import annotations
 
 import contextlib
-import warnings
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad, vmap
+from torch.utils._pytree import tree_flatten
 
 from dptrain.data.batches import batch_len, call_model, take, unsqueezed
 from dptrain.errors import ConfigError, ModelError
 from dptrain.models.losses import cross_entropy_per_example  # noqa: F401  (the default classification loss, re-exported)
+from dptrain.stages.batch_layout import (
+    EXPANDED,
+    REPLACE,
+    ROOT,
+    ROWS,
+    SHARED,
+    CallLayout,
+    Layouts,
+    expanded,
+    rows_per_example,
+    view_rows,
+)
+from dptrain.stages.batch_layout import tensors as _tensors
 from dptrain.stages.gradient_factors import (
     PerExampleGrads,
     _EmbeddingFactors,
     _LinearFactors,
     shared,
 )
+from dptrain.stages.module_func import FallbackError, per_module_gradients, separated
 from dptrain.stages.precision import LOW, upcast
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -93,7 +109,7 @@ class FuncGradSampler:
                 "tensor's value (data-dependent control flow, as in transformers' attention-mask code); use "
                 "grad_sampler='auto' or 'loop'"
             ) from None
-        return PerExampleGrads(grads), losses
+        return PerExampleGrads({n: upcast(g) for n, g in grads.items()}), losses
 
     def close(self) -> None:
         pass
@@ -111,7 +127,7 @@ class LoopGradSampler:
     def __call__(self, x, y) -> tuple[PerExampleGrads, torch.Tensor]:
         params = trainable_parameters(self.model)
         n = batch_len(y)
-        grads = {name: p.new_zeros((n, *p.shape)) for name, p in params.items()}
+        grads = {name: p.new_zeros((n, *p.shape), dtype=_grad_dtype(p)) for name, p in params.items()}
         losses = []
         for i in range(n):
             idx = torch.tensor([i], device=y.device)
@@ -308,74 +324,6 @@ def _layerwise_rule(m: nn.Module):
     return None
 
 
-class FallbackError(ModelError):
-    """A module without a layerwise rule could not be differentiated per example on its own."""
-
-
-def _per_module(
-    m: nn.Module, args: tuple, kwargs: dict, gos: list, recorded: list
-) -> dict[str, torch.Tensor]:
-    """Per-example gradients of every parameter of module ``m`` (and its submodules) with torch.func, for that
-    module only: vmap over the examples of grad of <m(args_i), output gradient_i>. Tensor arguments (positional or
-    keyword) whose first dimension is the batch's are split by example, the others passed whole to every example.
-    That split is a guess for keyword tensors (a shared mask whose first dimension happens to equal the batch size
-    would be split), so the per-example outputs are checked against the ``recorded`` batch outputs: a mismatch is
-    a FallbackError (the whole model then goes to torch.func), never a wrong gradient."""
-    params = {n: p.detach() for n, p in m.named_parameters() if p.requires_grad}
-    buffers = dict(m.named_buffers())
-    b = int(recorded[0].shape[0]) if recorded else 0
-    is_batched = lambda v: torch.is_tensor(v) and v.dim() > 0 and v.shape[0] == b  # noqa: E731
-    where = [i for i, a in enumerate(args) if is_batched(a)]
-    keys = [k for k, v in kwargs.items() if is_batched(v)]
-    split = (tuple(args[i] for i in where), {k: kwargs[k] for k in keys})
-
-    def inner(params, tensors, gos_i):
-        positional, keyword = tensors
-        full, named = list(args), dict(kwargs)
-        for i, t in zip(where, positional, strict=True):
-            full[i] = t.unsqueeze(0)
-        for k in keys:
-            named[k] = keyword[k].unsqueeze(0)
-        outs = _tensors(functional_call(m, (params, buffers), tuple(full), named))
-        loss = sum((o * g.unsqueeze(0)).sum() for o, g in zip(outs, gos_i, strict=True))
-        return loss, [o.detach().squeeze(0) for o in outs]
-
-    try:
-        with warnings.catch_warnings():  # torch.func has no batching rule for some fused kernels (CPU attention)
-            warnings.filterwarnings("ignore", message="There is a performance drop because we have not yet")
-            grads, outs = vmap(grad(inner, has_aux=True), in_dims=(None, 0, 0), randomness="error")(params, split, gos)
-    except (RuntimeError, ValueError) as e:
-        raise FallbackError(
-            f"per-example gradients of {type(m).__name__} through torch.func failed ({' '.join(str(e).split())[:200]})"
-        ) from None
-    if len(outs) != len(recorded) or not all(
-        o.shape == r.shape and torch.allclose(upcast(o), upcast(r.detach()), **_tolerance(r))
-        for o, r in zip(outs, recorded, strict=True)
-    ):
-        raise FallbackError(
-            f"{type(m).__name__} computed example by example does not reproduce its batch output (an argument was split "
-            "or shared wrongly)"
-        )
-    return grads
-
-
-def _tolerance(t: torch.Tensor) -> dict:
-    """How close a module's output recomputed example by example must be to its batch output: float rounding, or
-    bfloat16's (autocast) for a low-precision output."""
-    return {"rtol": 3e-2, "atol": 1e-3} if t.dtype in LOW else {"rtol": 1e-4, "atol": 1e-6}
-
-
-def _tensors(out) -> list[torch.Tensor]:
-    """The tensors of a module's output (a tensor, or a tuple/list/dict holding some)."""
-    if torch.is_tensor(out):
-        return [out]
-    if isinstance(out, dict):
-        out = list(out.values())
-    if isinstance(out, tuple | list):
-        return [o for o in out if torch.is_tensor(o)]
-    return []
-
-
 def layerwise_supported(model: nn.Module) -> bool:
     """True when every trainable parameter belongs directly to a layer the layerwise backend handles."""
     for m in model.modules():
@@ -383,6 +331,34 @@ def layerwise_supported(model: nn.Module) -> bool:
         if own and _layerwise_rule(m) is None:
             return False
     return True
+
+
+class LayoutChanged(FallbackError):
+    """A recorded call the layout measurement did not see (the sampler measures again, once)."""
+
+
+#: Rules of layers that treat every leading dimension as positions of one example (Linear on sequences, Embedding on
+#: ids of any shape, the normalizations): k rows per example are k positions of it.
+_ROWWISE = {"_linear", "_embedding", "_layer_norm", "_rms_norm"}
+
+
+def _by_rows(rule, m: nn.Module, a: torch.Tensor, go: torch.Tensor, n: int, k: int) -> dict:
+    """A layer's per-example gradients when example i owns rows i k .. i k + k - 1 of its input and output (k = 1:
+    [B, ...] as usual): row-wise rules see [B, k, ...] (k more positions), the others each row as an example, their
+    gradients then summed over each example's rows."""
+    if k == 1 and a.dim() and a.shape[0] == n:
+        return rule(m, a, go)
+    if not a.dim():
+        a, go = a.reshape(1), go.reshape(1, *go.shape)
+    if rule.__name__ in _ROWWISE:
+        return rule(m, view_rows(a, n), view_rows(go, n))
+    return {p: view_rows(g.materialize() if hasattr(g, "materialize") else g, n).sum(1)
+            for p, g in rule(m, a, go).items()}
+
+
+def _grad_dtype(p: torch.Tensor) -> torch.dtype:
+    """The dtype per-example gradients of ``p`` are formed in: float32 for a bfloat16/float16 parameter."""
+    return torch.float32 if p.dtype in LOW else p.dtype
 
 
 class InplaceOutputError(ModelError):
@@ -422,38 +398,68 @@ class LayerwiseGradSampler:
         self._records: dict[nn.Module, list] | None = None
         self._recorded: dict[nn.Module, list] | None = None
         self._batch = 0
+        #: the layout of each recorded call (rows or shared per tensor), measured on the first forward pass of two
+        #: examples or more (dptrain.stages.batch_layout)
+        self._layout_of = Layouts(model, set(self._layers))
         #: the trainable parameters when the hooks were placed (the engine's, too: it fixes them when it is made)
         self._params = trainable_parameters(model)
         #: a parameter's name in the model by identity: a tied parameter (GPT-2's token embedding, also its output
         #: layer's weight) is reached from several modules under several names, and every use adds to its gradient
         self._names = {id(p): n for n, p in self._params.items()}
-        self._handles = [m.register_forward_hook(self._record) for m in self._layers]
+        self._handles = [model.register_forward_pre_hook(self._before_forward, with_kwargs=True)]
+        self._handles += [m.register_forward_hook(self._record) for m in self._layers]
         self._handles += [m.register_forward_hook(self._record_call, with_kwargs=True) for m in self._fallback]
 
+    def _before_forward(self, module, args, kwargs):
+        """A forward pass of the model begins (the first one recorded on two examples or more measures the layout of
+        every call first, so that the recording can expand what must be)."""
+        if self._records is not None:
+            self._layout_of.forward_begins(args, kwargs, self._batch)
+
     def _record(self, module, inputs, output):
+        if self._layout_of.probing:
+            return self._layout_of.probe_record(module, [inputs[0]], output)
         if self._records is None or not (torch.is_tensor(output) and output.requires_grad):
             return None  # (not recording, or a forward under no_grad: nothing to differentiate)
         a, b = inputs[0].detach(), self._batch
-        if b > 1 and a.dim() and a.shape[0] == 1 and torch.is_tensor(output) and output.dim() and output.shape[0] == 1:
+        layout = self._layout_of.call(module)
+        if isinstance(layout, CallLayout) and layout.expand == REPLACE and not (a.dim() and a.shape[0] == 1):
+            layout = None  # (not the shape the measurement saw: measured again)
+        if b > 1 and isinstance(layout, CallLayout) and layout.expand:
             # A layer applied to an input shared by the whole batch (Hugging Face's position_ids of shape [1, T]): its
             # output is broadcast against the batch later, where autograd would sum the examples' output gradients.
-            # The layer's output expanded to the batch (a view of the same values) gives each example its own.
-            output, a = output.expand(b, *output.shape[1:]), a.expand(b, *a.shape[1:])
-            self._records.setdefault(module, []).append((a, output, output._version))
+            # The layer's output expanded to the batch (a view of the same values) gives each example its own; the
+            # measurement verified that the model's outputs do not change (dptrain.stages.batch_layout).
+            output, a = expanded(output, b, layout.expand), expanded(a, b, layout.expand)
+            self._records.setdefault(module, []).append((a, output, output._version, EXPANDED))
             return output
-        self._records.setdefault(module, []).append((a, output, output._version))
+        self._records.setdefault(module, []).append((a, output, output._version, layout))
         return None
 
-    def _record_call(self, module, args, kwargs, output) -> None:
-        if self._records is not None and any(t.requires_grad for t in _tensors(output)):
+    def _record_call(self, module, args, kwargs, output):
+        if self._layout_of.probing:
+            self._layout_of.probe_record(module, tree_flatten((tuple(args), dict(kwargs)))[0], output)
+        elif self._records is not None and any(t.requires_grad for t in _tensors(output)):
+            layout = self._layout_of.call(module)
             args = tuple(a.detach() if torch.is_tensor(a) else a for a in args)
-            self._records.setdefault(module, []).append((args, dict(kwargs), _tensors(output)))
+            output, outs = separated(output)  # (each output's own gradient, not also another's flowing into it)
+            record = (args, dict(kwargs), _tensors(output) if outs is None else outs, layout, outs is not None)
+            self._records.setdefault(module, []).append(record)
+            return output
+        return None
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> tuple[PerExampleGrads, torch.Tensor]:
-        with self.recording(batch_len(y)):
-            with torch.enable_grad():
-                losses = self.loss_fn(call_model(self.model, x), y)
-        return self.from_losses(losses), losses.detach()
+        for attempt in range(2):
+            with self.recording(batch_len(y)):
+                with torch.enable_grad():
+                    losses = self.loss_fn(call_model(self.model, x), y)
+            try:
+                return self.from_losses(losses), losses.detach()
+            except LayoutChanged:
+                if attempt:
+                    raise
+                self._layout_of.forget()  # measured again on this chunk
+        raise AssertionError("unreachable")
 
     @contextlib.contextmanager
     def recording(self, batch: int):
@@ -465,16 +471,49 @@ class LayerwiseGradSampler:
         finally:
             self._recorded, self._records = self._records, None
 
+    def _rows(self, m: nn.Module, a: torch.Tensor, out: torch.Tensor, layout) -> int:
+        """Rows per example of a recorded call of a layer with a rule (module docstring of batch_layout)."""
+        n = self._batch
+        if n == 1:  # one example: whatever the layer saw is that example's
+            return a.shape[0] if a.dim() else 1
+        if layout is EXPANDED:
+            return 1
+        if layout is ROOT:
+            layout = CallLayout((ROWS,), (ROWS,)) if a.dim() and a.shape[0] == n else CallLayout((SHARED,), (SHARED,))
+        if layout is None:
+            raise LayoutChanged(f"{self._layers[m][0] or type(m).__name__} was called in a way the layout measurement "
+                                f"did not see {self._layout_of.failure}".rstrip())
+        if layout.shared:
+            raise FallbackError(
+                f"{self._layers[m][0] or type(m).__name__} is computed once for the whole chunk (its input does not hold "
+                "the examples' rows) and its output's gradient sums every example's"
+            )
+        k = rows_per_example(a, n)
+        if not layout.consistent or k is None or k != rows_per_example(out, n):
+            raise FallbackError(f"{self._layers[m][0] or type(m).__name__} sees tensors whose rows are not laid out by "
+                                "example (e.g. the examples along another dimension than the first)")
+        return k
+
+    def _fallback_layout(self, m, args, kwargs, outs, layout) -> CallLayout | None:
+        if layout is ROOT:  # the model's inputs and outputs: the examples along dimension 0
+            n = self._batch
+            kind = lambda t: "-" if not torch.is_tensor(t) else ROWS if t.dim() and t.shape[0] == n else SHARED  # noqa: E731
+            return CallLayout(tuple(map(kind, tree_flatten((tuple(args), dict(kwargs)))[0])), tuple(map(kind, outs)))
+        if layout is None and self._batch > 1:
+            raise LayoutChanged(f"{type(m).__name__} was called in a way the layout measurement did not see "
+                                f"{self._layout_of.failure}".rstrip())
+        return layout
+
     def from_losses(self, losses: torch.Tensor) -> PerExampleGrads:
         """The per-example gradients of ``losses`` (one per example, computed from the forward pass recorded by the
-        last :meth:`recording`): one backward pass to the recorded layer outputs, then each layer's rule. The records
-        are used once."""
+        last :meth:`recording`): one backward pass to the recorded layer outputs, then each layer's rule on the rows
+        of each example (dptrain.stages.batch_layout). The records are used once."""
         records, self._recorded = self._recorded, None
         if records is None:
             raise ModelError("per-example gradients need the forward pass recorded first (and use it once)")
-        calls = [(m, a, out) for m, recs in records.items() if m in self._layers for a, out, _ in recs]
-        fallbacks = [rec for m, recs in records.items() if m in self._fallback for rec in [(m, *r) for r in recs]]
-        if any(out._version != v for m, recs in records.items() if m in self._layers for _, out, v in recs):
+        calls = [(m, *r) for m, recs in records.items() if m in self._layers for r in recs]
+        fallbacks = [(m, *r) for m, recs in records.items() if m in self._fallback for r in recs]
+        if any(out._version != v for _, _, out, v, _ in calls):
             raise InplaceOutputError(
                 "a layer's output is modified in place (e.g. ReLU(inplace=True)), which the layerwise "
                 "per-example gradient backend cannot see through; use grad_sampler='func'"
@@ -484,8 +523,10 @@ class LayerwiseGradSampler:
             raise ModelError(
                 f"the loss function must return one loss per example (shape [{n}]), got shape {list(losses.shape)}"
             )
-        outs = [out for _, _, out in calls]
-        fb_outs = [o for _, _, _, fouts in fallbacks for o in fouts if o.requires_grad]
+        if n == 0:  # (an empty Poisson batch: no example, no gradient)
+            calls, fallbacks = [], []
+        outs = [out for _, _, out, _, _ in calls]
+        fb_outs = [o for _, _, _, fouts, _, _ in fallbacks for o in fouts if o.requires_grad]
         everything = outs + fb_outs
         grads_all = torch.autograd.grad(losses.sum(), everything, allow_unused=True) if everything else []
         grads_out, fb_grads = list(grads_all[: len(outs)]), dict(zip(map(id, fb_outs), grads_all[len(outs) :], strict=True))
@@ -495,24 +536,32 @@ class LayerwiseGradSampler:
             """Every use of a parameter adds to its gradient: a layer called twice, a weight tied to another layer's."""
             key = self._names.get(id(m.get_parameter(pname)))
             if key is not None:  # (a frozen parameter has no gradient to report)
+                g = upcast(g)  # (a bfloat16 model's per-example gradients are formed and clipped in float32)
                 per_example[key] = shared(per_example[key], g) if key in per_example else g
 
-        for m, args, kwargs, fouts in fallbacks:
+        for m, args, kwargs, fouts, layout, separable in fallbacks:
             gos = [fb_grads.get(id(o)) for o in fouts]
-            gos = [torch.zeros_like(o) if g is None else g.detach() for o, g in zip(fouts, gos, strict=True)]
-            for pname, g in _per_module(m, args, kwargs, gos, fouts).items():
+            if all(g is None for g in gos):
+                continue  # (an output that does not reach the loss: no gradient, whatever its layout)
+            if not separable and sum(g is not None for g in gos) > 1:
+                raise FallbackError(f"{type(m).__name__} returns several tensors in a container that cannot be rebuilt "
+                                    "to tell their gradients apart")
+            layout = self._fallback_layout(m, args, kwargs, fouts, layout)
+            gos = [None if g is None else g.detach() for g in gos]
+            for pname, g in per_module_gradients(m, args, kwargs, gos, fouts, layout, n).items():
                 add(m, pname, g)
-        for (m, a, out), go in zip(calls, grads_out, strict=True):
+        for (m, a, out, _, layout), go in zip(calls, grads_out, strict=True):
             if go is None:
-                go = torch.zeros_like(out)
+                continue  # (an output that does not reach the loss, such as DoRA's weight norm: no gradient)
+            k = self._rows(m, a, out, layout)
             _, rule = self._layers[m]
             with torch.autocast(a.device.type, enabled=False):  # (mixed precision: formed in float32)
-                for pname, g in rule(m, upcast(a), upcast(go.detach())).items():
+                for pname, g in _by_rows(rule, m, upcast(a), upcast(go.detach()), n, k).items():
                     add(m, pname, g)
         result = {}
         for name, p in self._params.items():  # parameters the forward pass did not use: zero
             result[name] = (
-                per_example[name] if name in per_example else p.new_zeros((n, *p.shape))
+                per_example[name] if name in per_example else p.new_zeros((n, *p.shape), dtype=_grad_dtype(p))
             )
         return PerExampleGrads(result)
 

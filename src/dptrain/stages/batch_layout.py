@@ -1,0 +1,342 @@
+"""Which rows of a layer's input and output belong to which example: found by running the model at two batch sizes,
+never guessed from a size.
+
+A layerwise rule forms example i's gradient from the rows of the layer's input and output gradient that belong to
+example i. The model's own inputs have the examples along dimension 0 (the data convention of
+:mod:`dptrain.data.batches`), but inside the model a layer may see
+
+- the examples' rows flattened: OPT's feed-forward layers see [B*T, d], Swin's attention [B*windows, N, C];
+- a tensor computed once for the whole batch: T5's relative position buckets [T, T], the positions [1, T] of GPT-2,
+  a prompt [1, n] that peft repeats afterwards, DoRA's identity matrix [in, in];
+- the examples along another dimension (a sequence-first layer [T, B, d]), or rows in a data-dependent order (the
+  tokens routed to one expert of a mixture).
+
+A size cannot tell these apart: T5's buckets are [B, B] when the sequence is as long as the chunk, a sequence-first
+input is [B, B, d] then too. So the layout of every recorded call is *measured*: the model runs (in evaluation mode,
+under forked randomness, buffers restored) on the batch of B examples and on its first B - 1, and each tensor of each
+call is classified by how it changes:
+
+- ``rows`` (k rows per example): dimension 0 is k B, then k (B - 1), the rest of the shape is the same, and the first
+  k (B - 1) rows are the same values in both passes: example i owns rows i k .. i k + k - 1 (k = 1: the usual
+  [B, ...]);
+- ``shared``: the same shape and values in both passes: one tensor for every example;
+- anything else (the shape's other dimensions change, or rows move): no layout, and a layer with trainable
+  parameters there is differentiated by torch.func over the whole model.
+
+A shared call's output gradient is the sum of every example's, so a layer with a rule and a shared output (GPT-2's
+position embeddings [1, T, d], a nanoGPT's ``wpe(arange(T))`` [T, d]) has its output expanded to the batch while it is
+recorded ([B, T, d], a view of the same values): each example then gets its own output gradient. That is only right
+where the model broadcasts the output against the batch, so the measurement runs the model a third time with the
+expansion and keeps it only if the model's outputs do not change (peft's prompt tuning repeats its prompt to the
+batch: expanded, it would hold B x B rows; T5 permutes its [T, T, heads] bias: expanded, it fails); a shared output
+that cannot be expanded and whose gradient reaches the loss sends the whole model to torch.func.
+
+A call of a module is laid out the same way in every forward pass (it is the model's code, not its data); the shape of
+each later call is checked against its class (rows: divisible by the chunk), and a call the measurement did not see
+sends the sampler back to measuring. What the measurement cannot see: code whose layout depends on the data in ways
+two passes on the same examples do not show (rows per example that vary with each example's length, as a
+padding-free collator's packed rows would): the gradient check against single-example passes is the net under it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_map
+
+ROWS, SHARED = "rows", "shared"
+
+
+@dataclass(frozen=True)
+class CallLayout:
+    """The layout of one call of a module: the kind of each tensor leaf of its arguments (positional and keyword, in
+    ``tree_flatten`` order; "-" for a leaf that is not a tensor, None for a tensor without a layout) and of each
+    tensor of its output; ``expand``: how the sampler expands the shared output (and input) of this call to the batch
+    while recording (:func:`expanded`), verified not to change the model's outputs; "" for not at all."""
+
+    inputs: tuple[str | None, ...]
+    outputs: tuple[str | None, ...]
+    expand: str = ""
+
+    @property
+    def consistent(self) -> bool:
+        """Every tensor has a layout (rows or shared)."""
+        return None not in self.inputs and None not in self.outputs
+
+    @property
+    def shared(self) -> bool:
+        """Computed once for the whole batch: no input and no output is laid out by example."""
+        return self.consistent and ROWS not in self.inputs and ROWS not in self.outputs
+
+
+def tensors(out) -> list[torch.Tensor]:
+    """The tensors of a module's output (a tensor, or a tuple/list/dict holding some), as the sampler records them."""
+    if torch.is_tensor(out):
+        return [out]
+    if isinstance(out, dict):
+        out = list(out.values())
+    if isinstance(out, tuple | list):
+        return [o for o in out if torch.is_tensor(o)]
+    return []
+
+
+def _leaves(value) -> list:
+    return tree_flatten(value)[0]
+
+
+def rows_per_example(t: torch.Tensor, batch: int) -> int | None:
+    """k when ``t`` holds k rows per example of a batch of ``batch`` (its dimension 0 a multiple of it), else None."""
+    if not torch.is_tensor(t) or t.dim() == 0 or batch < 1 or t.shape[0] % batch:
+        return None
+    return t.shape[0] // batch
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal up to the rounding of a batched computation (the alternative, another example's rows, differs by the
+    values' own scale); NaN and infinities where the other has them."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.dtype.is_complex:
+        a, b = torch.view_as_real(a), torch.view_as_real(b)
+    if not a.dtype.is_floating_point:
+        return bool(torch.equal(a, b))
+    rtol = 3e-2 if a.dtype in (torch.bfloat16, torch.float16) else 1e-3
+    a, b = a.detach().double(), b.detach().double()
+    finite = torch.isfinite(a)
+    if not torch.equal(finite, torch.isfinite(b)) or not torch.equal(a.isnan(), b.isnan()):
+        return False
+    if not bool((a[a.isinf()] == b[b.isinf()]).all()):
+        return False
+    if not bool(finite.any()):
+        return True
+    a, b = a[finite], b[finite]
+    return bool((a - b).abs().max() <= rtol * float(a.abs().max()) + 1e-9)
+
+
+def kind(full, sub, batch: int, sub_batch: int) -> str | None:
+    """The layout of one tensor seen in a pass on ``batch`` examples (``full``) and on their first ``sub_batch``
+    (``sub``): ROWS, SHARED, or None (neither). "-" for a leaf that is not a tensor."""
+    if not torch.is_tensor(full) or not torch.is_tensor(sub):
+        return "-" if not torch.is_tensor(full) and not torch.is_tensor(sub) else None
+    if full.dim() != sub.dim():
+        return None
+    if full.dim() == 0 or full.shape == sub.shape:
+        return SHARED if _same(full, sub) else None
+    if full.shape[1:] != sub.shape[1:]:
+        return None
+    k = rows_per_example(full, batch)
+    if k is None or sub.shape[0] != k * sub_batch:
+        return None
+    return ROWS if _same(full[: k * sub_batch], sub) else None
+
+
+def classify(full: list, sub: list, batch: int, sub_batch: int) -> CallLayout:
+    """A call's layout from its records in the two passes: (input leaves, output tensors) each."""
+    (fin, fout), (sin, sout) = full, sub
+    if len(fin) != len(sin) or len(fout) != len(sout):
+        return CallLayout((None,), (None,))
+    return CallLayout(
+        tuple(kind(a, b, batch, sub_batch) for a, b in zip(fin, sin, strict=True)),
+        tuple(kind(a, b, batch, sub_batch) for a, b in zip(fout, sout, strict=True)),
+    )
+
+
+REPLACE, PREPEND = "replace", "prepend"
+#: At most this many shared calls are expanded (each costs a few forward passes, once); the others of a model with more
+#: send it to torch.func.
+MAX_EXPANSIONS = 8
+
+
+def expansion(layout: CallLayout, record) -> str:
+    """How a shared call of a layer (one input, one output) would be expanded to the batch: REPLACE a leading
+    dimension of 1 of both ([1, T] -> [1, T, d] becomes [B, T] -> [B, T, d]), PREPEND one ([T] -> [T, d] becomes
+    [B, T] -> [B, T, d]), or "" (not a shared call of one tensor)."""
+    ins, outs = record
+    if not layout.shared or len(ins) != 1 or len(outs) != 1 or not torch.is_tensor(ins[0]):
+        return ""
+    ones = all(t.dim() and t.shape[0] == 1 for t in (ins[0], outs[0]))
+    return REPLACE if ones else PREPEND
+
+
+def expanded(t: torch.Tensor, batch: int, how: str) -> torch.Tensor:
+    """``t`` expanded to ``batch`` examples (a view): its leading dimension of 1 replaced, or one prepended."""
+    if how == REPLACE:
+        return t.expand(batch, *t.shape[1:])
+    return t.unsqueeze(0).expand(batch, *t.shape)
+
+
+def first_examples(inputs, batch: int, keep: int):
+    """The model's inputs (a pytree: the data convention puts the examples along dimension 0 of every tensor) for
+    their first ``keep`` examples; tensors without that dimension are passed whole."""
+
+    def cut(t):
+        return t[:keep] if torch.is_tensor(t) and t.dim() and t.shape[0] == batch else t
+
+    return tree_map(cut, inputs)
+
+
+def same_outputs(a, b) -> bool:
+    """Two forward passes' outputs agree (every tensor leaf)."""
+    la, lb = _leaves(a), _leaves(b)
+    if len(la) != len(lb):
+        return False
+    return all(_same(x, y) if torch.is_tensor(x) and torch.is_tensor(y) else type(x) is type(y) for x, y in zip(la, lb, strict=True))
+
+
+@contextlib.contextmanager
+def measuring(model: torch.nn.Module):
+    """The model as the layout measurement runs it: evaluation mode (no dropout, so that two passes can be compared),
+    gradients on (a call records what training records: outputs that require grad), torch's generators forked, and
+    every buffer and the training flags of every module as they were."""
+    modes = [(m, m.training) for m in model.modules()]
+    saved = {n: b.detach().clone() for n, b in model.named_buffers()}
+    devices = sorted({p.device for p in model.parameters() if p.device.type != "cpu"}, key=str)
+    try:
+        with torch.random.fork_rng(devices=devices), torch.enable_grad():
+            model.eval()
+            yield
+    finally:
+        for m, mode in modes:
+            m.training = mode
+        with torch.no_grad():
+            for n, b in model.named_buffers():
+                if n in saved and b.shape == saved[n].shape:
+                    b.copy_(saved[n])
+
+
+def view_rows(t: torch.Tensor, batch: int) -> torch.Tensor:
+    """[k B, ...] -> [B, k, ...]: example i's rows along dimension 1."""
+    return t.reshape(batch, t.shape[0] // batch, *t.shape[1:])
+
+
+#: Markers of a recorded call's layout: its output expanded to the batch while recording; a call of the model itself
+#: (its inputs are the examples along dimension 0, by the data convention).
+EXPANDED, ROOT = object(), object()
+
+
+class Layouts:
+    """The layout of every recorded call of a model's modules, by (module, its i-th recorded call in one forward pass of
+    the model): measured on the first forward pass of two examples or more, again after :meth:`forget`. The sampler's
+    hooks report each call (:meth:`call`) and, while a measuring pass runs (:attr:`probing`), what it saw
+    (:meth:`probe_record`). ``expandable_modules``: the modules whose shared output may be expanded to the batch
+    (the layers with a rule)."""
+
+    def __init__(self, model: torch.nn.Module, expandable_modules: set):
+        self.model, self.expandable_modules = model, expandable_modules
+        self.layouts: dict[tuple, CallLayout] | None = None
+        self._calls: dict = {}  # recorded calls per module in the current forward pass
+        self._probe: dict | None = None  # the records of a measuring pass
+        self._expanding: dict = {}  # the calls a measuring pass expands, and how
+        self._batch = 0
+        #: why the last measurement knows nothing ("" when it succeeded)
+        self.failure = ""
+
+    @property
+    def probing(self) -> bool:
+        return self._probe is not None
+
+    def forget(self) -> None:
+        self.layouts, self.failure = None, ""
+
+    def forward_begins(self, args, kwargs, batch: int) -> None:
+        if self._probe is None:
+            if self.layouts is None and batch > 1:
+                self.measure(args, kwargs, batch)
+            self._calls = {}
+
+    def _slot(self, module) -> tuple:
+        i = self._calls.get(module, 0)
+        self._calls[module] = i + 1
+        return module, i
+
+    def call(self, module):
+        """The layout of a recorded call (counted): a CallLayout, ROOT, or None when not measured."""
+        slot = self._slot(module)
+        if module is self.model:
+            return ROOT
+        return None if self.layouts is None else self.layouts.get(slot)
+
+    def probe_record(self, module, leaves: list, output):
+        outs = tensors(output)
+        if not any(t.requires_grad for t in outs):
+            return None
+        slot = self._slot(module)
+        self._probe[slot] = ([t.detach() if torch.is_tensor(t) else t for t in leaves], [o.detach() for o in outs])
+        if slot in self._expanding:
+            return expanded(output, self._batch, self._expanding[slot])
+        return None
+
+    def _pass(self, args, kwargs, batch: int, expanding: dict):
+        self._probe, self._calls, self._expanding, self._batch = {}, {}, expanding, batch
+        try:
+            out = self.model.forward(*args, **kwargs)  # (not through __call__: the model's own hooks stay out of it)
+            return self._probe, out
+        finally:
+            self._probe, self._expanding = None, {}
+
+    def measure(self, args, kwargs, batch: int) -> None:
+        """A pass on the chunk's examples and one on all but the last classify every call (module docstring). Then,
+        in the order the model calls them, the shared outputs of layers whose expansion to the batch leaves the
+        model's outputs unchanged are marked to be expanded, one at a time, the calls measured again after each (a
+        layer fed an expanded output, as nanoGPT's projection of its positions, is no longer shared)."""
+        b = batch
+        fewer_inputs = first_examples((tuple(args), dict(kwargs)), b, b - 1)
+        kept, rejected, layouts = {}, set(), {}
+        with measuring(self.model):
+            try:
+                full, out = self._pass(args, kwargs, b, {})
+            except Exception as e:  # (the model fails in evaluation mode: nothing is known, nothing is guessed)
+                self.failure = f"(the model fails in evaluation mode: {type(e).__name__})"
+                full = None
+
+            def unchanged(expanding: dict) -> bool:
+                try:
+                    return same_outputs(self._pass(args, kwargs, b, expanding)[1], out)
+                except Exception:  # (an expanded output the model cannot take: peft repeats its prompt to the batch)
+                    return False
+
+            for _ in range(MAX_EXPANSIONS + 1 if full is not None else 0):
+                if kept:
+                    full, _ = self._pass(args, kwargs, b, kept)
+                fewer, _ = self._pass(*fewer_inputs, b - 1, kept)
+                missing = CallLayout((None,), (None,))
+                layouts = {s: classify(r, fewer[s], b, b - 1) if s in fewer else missing for s, r in full.items()}
+                candidates = [(s, expansion(lay, full[s])) for s, lay in layouts.items()
+                              if s[0] in self.expandable_modules and s not in kept and s not in rejected]
+                found = None
+                for slot, how in candidates:
+                    if how and found is None:
+                        if unchanged({**kept, slot: how}):
+                            found = slot, how
+                        else:
+                            rejected.add(slot)
+                if found is None or len(kept) == MAX_EXPANSIONS:
+                    break
+                kept[found[0]] = found[1]
+        self.layouts = {s: dataclasses.replace(lay, expand=kept.get(s, "")) for s, lay in layouts.items()}
+        self._calls = {}
+
+
+__all__ = [
+    "EXPANDED",
+    "ROOT",
+    "ROWS",
+    "Layouts",
+    "SHARED",
+    "CallLayout",
+    "classify",
+    "PREPEND",
+    "REPLACE",
+    "expanded",
+    "expansion",
+    "first_examples",
+    "kind",
+    "measuring",
+    "rows_per_example",
+    "same_outputs",
+    "tensors",
+    "view_rows",
+]

@@ -1,0 +1,148 @@
+"""Per-example gradients of one module without a layerwise rule (attention, a custom layer, peft's DoRA magnitude):
+torch.func over that module alone, from the inputs and output gradients the layerwise backend recorded.
+
+vmap runs over the examples of grad of <m(inputs_i), output gradient_i>, each example's inputs being its rows of every
+tensor the module receives (positional, keyword, inside tuples: every leaf), as the layout measurement of
+:mod:`dptrain.stages.batch_layout` found them: ``rows`` (k rows per example: [B, ...] gives each example [1, ...],
+Swin's [B * windows, N, C] gives it its windows) or ``shared`` (passed whole to every example). The per-example outputs
+are checked against the recorded batch outputs: a mismatch is a :class:`FallbackError` (the whole model then goes to
+torch.func), never a wrong gradient. An output computed once for the whole batch whose gradient reaches the loss holds
+every example's gradient summed: that is a FallbackError too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+import torch
+from torch import nn
+from torch.func import functional_call, grad, vmap
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from dptrain.errors import ModelError
+from dptrain.stages.batch_layout import ROWS, SHARED, CallLayout, rows_per_example, tensors, view_rows
+from dptrain.stages.precision import LOW, upcast
+
+
+class FallbackError(ModelError):
+    """A module without a layerwise rule could not be differentiated per example on its own."""
+
+
+def separated(output):
+    """``output`` with each tensor that requires grad replaced by a view of it (same values, a node of its own), and
+    the list of its tensors: the gradient that reaches each returned tensor is then what the module's consumers send
+    it, not also what flows back into it from another output computed from it inside the module (Mixtral's router
+    returns its logits and the top-k weights computed from them: the weights' gradient would be counted twice). None
+    for the list when the output is a container this cannot rebuild."""
+
+    def view(t):
+        return t.view_as(t) if torch.is_tensor(t) and t.requires_grad else t
+
+    if torch.is_tensor(output):
+        output = view(output)
+    elif type(output) in (tuple, list):
+        output = type(output)(view(o) for o in output)
+    elif type(output) is dict:
+        output = {k: view(v) for k, v in output.items()}
+    elif isinstance(output, dict) and dataclasses.is_dataclass(output):  # (transformers' ModelOutput)
+        output = type(output)(**{k: view(v) for k, v in output.items()})
+    elif sum(t.requires_grad for t in tensors(output)) > 1:
+        return output, None
+    return output, tensors(output)
+
+
+def _tolerance(t: torch.Tensor) -> dict:
+    """How close a module's output recomputed example by example must be to its batch output: float rounding, or
+    bfloat16's (autocast) for a low-precision output."""
+    return {"rtol": 3e-2, "atol": 1e-3} if t.dtype in LOW else {"rtol": 1e-4, "atol": 1e-6}
+
+
+def _by_size(leaves: list, recorded: list) -> CallLayout:
+    """The layout a caller without a measured one gets: tensors whose first dimension is the outputs' are rows."""
+    b = int(recorded[0].shape[0]) if recorded and recorded[0].dim() else 0
+
+    def kind(t):
+        return "-" if not torch.is_tensor(t) else ROWS if t.dim() and t.shape[0] == b else SHARED
+
+    return CallLayout(tuple(kind(t) for t in leaves), tuple(ROWS for _ in recorded))
+
+
+def _one_example(leaves: list, recorded: list) -> CallLayout:
+    """A chunk of one example: everything the module sees is that example's."""
+
+    def kind(t):
+        return "-" if not torch.is_tensor(t) else ROWS if t.dim() else SHARED
+
+    return CallLayout(tuple(kind(t) for t in leaves), tuple(kind(o) for o in recorded))
+
+
+def per_module_gradients(
+    m: nn.Module, args: tuple, kwargs: dict, gos: list, recorded: list, layout: CallLayout | None = None,
+    batch: int | None = None,
+) -> dict[str, torch.Tensor]:
+    """Per-example gradients [B, ...] of every trainable parameter of ``m`` (and its submodules) for one recorded call
+    ``m(*args, **kwargs)`` -> ``recorded`` (its output tensors), ``gos`` their gradients (None: the output does not
+    reach the loss), laid out as ``layout`` says for a chunk of ``batch`` examples (None: tensors whose first
+    dimension is the outputs' are split by example, the others passed whole)."""
+    params = {n: p.detach() for n, p in m.named_parameters() if p.requires_grad}
+    buffers = dict(m.named_buffers())
+    leaves, spec = tree_flatten((tuple(args), dict(kwargs)))
+    if batch == 1:
+        layout = _one_example(leaves, recorded)
+    elif layout is None:
+        layout = _by_size(leaves, recorded)
+        batch = int(recorded[0].shape[0]) if recorded and recorded[0].dim() else 0
+    if len(layout.inputs) != len(leaves) or len(layout.outputs) != len(recorded) or not layout.consistent:
+        raise FallbackError(f"{type(m).__name__}: its inputs are not laid out by example (see dptrain.stages.batch_layout)")
+    whole = [j for j, k in enumerate(layout.outputs) if k == SHARED and gos[j] is not None]
+    if whole and batch != 1:
+        raise FallbackError(
+            f"{type(m).__name__} returns a tensor computed once for the whole batch whose gradient reaches the loss: "
+            "it holds every example's gradient summed"
+        )
+    split = [i for i, k in enumerate(layout.inputs) if k == ROWS]
+    rows = [j for j, k in enumerate(layout.outputs) if k == ROWS]
+    if any(rows_per_example(leaves[i], batch) is None for i in split) or any(
+        rows_per_example(recorded[j], batch) is None for j in rows
+    ):
+        raise FallbackError(f"{type(m).__name__}: a tensor's rows are not a multiple of the chunk's {batch} examples")
+    inputs = [view_rows(leaves[i], batch) for i in split]
+    out_grads = [view_rows(torch.zeros_like(recorded[j]) if gos[j] is None else gos[j], batch) for j in rows]
+
+    def inner(params, tensors_i, gos_i):
+        full = list(leaves)
+        for i, t in zip(split, tensors_i, strict=True):
+            full[i] = t
+        a, kw = tree_unflatten(full, spec)
+        outs = tensors(functional_call(m, (params, buffers), tuple(a), kw))
+        if len(outs) != len(recorded):
+            raise ValueError(f"{len(outs)} output tensors example by example, {len(recorded)} for the batch")
+        picked = [outs[j] for j in rows]
+        loss = sum((o * g).sum() for o, g in zip(picked, gos_i, strict=True))
+        loss = loss + sum((outs[j] * gos[j]).sum() for j in whole)
+        return loss, [o.detach() for o in picked]
+
+    try:
+        with warnings.catch_warnings():  # torch.func has no batching rule for some fused kernels (CPU attention)
+            warnings.filterwarnings("ignore", message="There is a performance drop because we have not yet")
+            grads, outs = vmap(grad(inner, has_aux=True), in_dims=(None, 0, 0), randomness="error")(
+                params, inputs, out_grads
+            )
+    except (RuntimeError, ValueError, TypeError) as e:
+        raise FallbackError(
+            f"per-example gradients of {type(m).__name__} through torch.func failed ({' '.join(str(e).split())[:200]})"
+        ) from None
+    expected = [view_rows(recorded[j], batch) for j in rows]
+    if len(outs) != len(expected) or not all(
+        o.shape == r.shape and torch.allclose(upcast(o), upcast(r.detach()), **_tolerance(r))
+        for o, r in zip(outs, expected, strict=True)
+    ):
+        raise FallbackError(
+            f"{type(m).__name__} computed example by example does not reproduce its batch output (an argument was split "
+            "or shared wrongly)"
+        )
+    return grads
+
+
+__all__ = ["FallbackError", "per_module_gradients", "separated", "tensors"]

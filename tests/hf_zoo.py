@@ -1,0 +1,186 @@
+"""Tiny stock Hugging Face models and peft adapters for the tests: each model built from its transformers config object
+(2 layers, width 16, random weights, dropout off: nothing downloaded), each adapter as peft makes it, and a padded batch
+of a few examples for each kind of model."""
+
+from __future__ import annotations
+
+import torch
+import transformers
+
+VOCAB, LENGTH, IMAGE = 32, 6, 8
+TEXT = dict(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
+            max_position_embeddings=32)
+DECODER = dict(TEXT, num_key_value_heads=1, pad_token_id=0, tie_word_embeddings=False)
+ENCODER = dict(TEXT, num_labels=3, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+
+
+def gpt2():
+    return transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=VOCAB, n_positions=32, n_embd=16, n_layer=2, n_head=2, resid_pdrop=0.0, embd_pdrop=0.0,
+        attn_pdrop=0.0, bos_token_id=1, eos_token_id=1, pad_token_id=0))
+
+
+def opt():
+    return transformers.OPTForCausalLM(transformers.OPTConfig(
+        vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2, ffn_dim=32, num_attention_heads=2,
+        max_position_embeddings=32, word_embed_proj_dim=16, pad_token_id=0, bos_token_id=1, eos_token_id=1,
+        dropout=0.0, attention_dropout=0.0, activation_dropout=0.0))
+
+
+def llama():
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(**DECODER))
+
+
+def mistral():
+    return transformers.MistralForCausalLM(transformers.MistralConfig(**DECODER, sliding_window=4))
+
+
+def qwen2():
+    return transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**DECODER))
+
+
+def mixtral():
+    """A mixture of experts: a router returning its logits and the top-k weights computed from them, the experts'
+    weights fused in 3-D parameters, each expert fed the rows of the tokens routed to it."""
+    return transformers.MixtralForCausalLM(transformers.MixtralConfig(**DECODER, num_local_experts=4,
+                                                                      num_experts_per_tok=2))
+
+
+def bert():
+    return transformers.BertForSequenceClassification(transformers.BertConfig(**ENCODER))
+
+
+def roberta():
+    return transformers.RobertaForSequenceClassification(transformers.RobertaConfig(**ENCODER, pad_token_id=1))
+
+
+def distilbert():
+    return transformers.DistilBertForSequenceClassification(transformers.DistilBertConfig(
+        vocab_size=VOCAB, dim=16, n_layers=2, n_heads=2, hidden_dim=32, max_position_embeddings=32, num_labels=3,
+        dropout=0.0, attention_dropout=0.0, seq_classif_dropout=0.0))
+
+
+def t5():
+    return transformers.T5ForConditionalGeneration(transformers.T5Config(
+        vocab_size=VOCAB, d_model=16, d_kv=8, d_ff=32, num_layers=2, num_heads=2, relative_attention_num_buckets=8,
+        dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1))
+
+
+def vit():
+    return transformers.ViTForImageClassification(transformers.ViTConfig(
+        image_size=IMAGE, patch_size=4, num_channels=3, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=32, num_labels=3, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0))
+
+
+def convnext():
+    """Convolutions (a 2x2 patchify stem, depthwise 7x7 convolutions of groups = channels), a channels-first LayerNorm
+    of its own and a layer-scale parameter per block."""
+    return transformers.ConvNextForImageClassification(transformers.ConvNextConfig(
+        num_channels=3, patch_size=2, num_stages=2, hidden_sizes=[8, 16], depths=[1, 1], num_labels=3,
+        drop_path_rate=0.0))
+
+
+def swin():
+    """Windowed attention: its layers see the examples' windows flattened into rows ([B * windows, N, C]) and add a
+    learned relative-position bias indexed from a table."""
+    return transformers.SwinForImageClassification(transformers.SwinConfig(
+        image_size=IMAGE, patch_size=2, num_channels=3, embed_dim=8, depths=[1, 1], num_heads=[1, 2], window_size=2,
+        mlp_ratio=2.0, num_labels=3, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, drop_path_rate=0.0))
+
+
+#: name -> (builder, kind: causal | classify | seq2seq | image, the layers adapters target, IA3's feed-forward ones)
+MODELS = {
+    "gpt2": (gpt2, "causal", ["c_attn", "c_fc"], ["c_fc"]),
+    "opt": (opt, "causal", ["q_proj", "v_proj", "fc1"], ["fc1"]),
+    "llama": (llama, "causal", ["q_proj", "v_proj", "down_proj"], ["down_proj"]),
+    "mistral": (mistral, "causal", ["q_proj", "v_proj", "down_proj"], ["down_proj"]),
+    "qwen2": (qwen2, "causal", ["q_proj", "v_proj", "down_proj"], ["down_proj"]),
+    "mixtral": (mixtral, "causal", ["q_proj", "v_proj"], ["v_proj"]),
+    "bert": (bert, "classify", ["query", "value", "output.dense"], ["output.dense"]),
+    "roberta": (roberta, "classify", ["query", "value", "output.dense"], ["output.dense"]),
+    "distilbert": (distilbert, "classify", ["q_lin", "v_lin", "lin2"], ["lin2"]),
+    "t5": (t5, "seq2seq", ["q", "v", "wo"], ["wo"]),
+    "vit": (vit, "image", ["q_proj", "v_proj", "fc2"], ["fc2"]),
+    "convnext": (convnext, "image", ["pwconv1", "pwconv2"], ["pwconv2"]),
+    "swin": (swin, "image", ["q_proj", "v_proj", "fc2"], ["fc2"]),
+}
+TASKS = {"causal": "CAUSAL_LM", "classify": "SEQ_CLS", "seq2seq": "SEQ_2_SEQ_LM", "image": None}
+HEADS = {"classify": None, "image": ["classifier"]}  # (SEQ_CLS makes peft train the head itself)
+
+
+def adapter(name: str, model: str):
+    """The peft config of adapter ``name`` for ``model`` (None: full fine-tuning)."""
+    import peft
+
+    _, kind, targets, feedforward = MODELS[model]
+    common = {"task_type": TASKS[kind]} if TASKS[kind] else {"modules_to_save": HEADS[kind]}
+    fan = {"fan_in_fan_out": True} if model == "gpt2" else {}
+    if name == "full":
+        return None
+    if name in ("lora", "dora"):
+        return peft.LoraConfig(r=2, lora_alpha=4, target_modules=targets, use_dora=name == "dora", **fan, **common)
+    if name == "ia3":
+        return peft.IA3Config(target_modules=targets, feedforward_modules=feedforward, **fan, **common)
+    if name == "loha":
+        return peft.LoHaConfig(r=2, alpha=4, target_modules=targets, **common)
+    if name == "vera":
+        return peft.VeraConfig(r=2, target_modules=targets, **fan, **common)
+    if name == "prefix":
+        return peft.PrefixTuningConfig(num_virtual_tokens=2, **common)
+    if name == "prompt":  # (DistilBERT's config names its sizes in words peft does not read)
+        return peft.PromptTuningConfig(num_virtual_tokens=2, token_dim=16, num_attention_heads=2, num_layers=2,
+                                       **common)
+    raise ValueError(name)
+
+
+def build(model: str, adapter_name: str = "full", checkpointing: str = "off", dtype=torch.float64):
+    """Model ``model`` with ``adapter_name`` (peft) and gradient checkpointing off, "non_reentrant" or "reentrant",
+    in ``dtype``, in training mode (dropout is off in every config: training mode is deterministic)."""
+    import peft
+
+    torch.manual_seed(0)
+    net = MODELS[model][0]()
+    if checkpointing != "off":
+        net.gradient_checkpointing_enable({"use_reentrant": checkpointing == "reentrant"})
+    config = adapter(adapter_name, model)
+    if config is not None:
+        net = peft.get_peft_model(net, config)
+    return net.to(dtype).train()
+
+
+def lengths(n: int) -> list[int]:
+    """Each example's number of real tokens: the first full, the others padded by various amounts."""
+    return [LENGTH - (i * 2) % 4 for i in range(n)]
+
+
+def batch(model: str, n: int = 4, dtype=torch.float64):
+    """(inputs, labels, one_example) for ``n`` examples: token ids right-padded to LENGTH with an attention mask
+    (labels -100 on padding), or images; ``one_example(i)`` is example i alone, without padding, as a batch of one."""
+    kind = MODELS[model][1]
+    g = torch.Generator().manual_seed(1)
+    if kind == "image":
+        x = {"pixel_values": torch.randn(n, 3, IMAGE, IMAGE, generator=g, dtype=dtype)}
+        y = torch.randint(0, 3, (n,), generator=g)
+        return x, y, lambda i: ({"pixel_values": x["pixel_values"][i : i + 1]}, y[i : i + 1])
+    pad = 1 if model == "roberta" else 0
+    ids = torch.randint(2, VOCAB, (n, LENGTH), generator=g)
+    mask = torch.zeros(n, LENGTH, dtype=torch.long)
+    for i, k in enumerate(lengths(n)):
+        mask[i, :k] = 1
+    ids = ids.masked_fill(mask == 0, pad)
+    x = {"input_ids": ids, "attention_mask": mask}
+    if kind == "classify":
+        y = torch.randint(0, 3, (n,), generator=g)
+    elif kind == "causal":
+        y = ids.masked_fill(mask == 0, -100)
+    else:  # seq2seq: the decoder reads the shifted target
+        target = torch.randint(2, VOCAB, (n, 4), generator=g)
+        x["decoder_input_ids"] = torch.cat([torch.zeros(n, 1, dtype=torch.long), target[:, :-1]], 1)
+        y = target
+
+    def one(i):
+        k = lengths(n)[i]
+        xi = {key: (v[i : i + 1, :k] if key != "decoder_input_ids" else v[i : i + 1]) for key, v in x.items()}
+        return xi, (y[i : i + 1, :k] if kind == "causal" else y[i : i + 1])
+
+    return x, y, one

@@ -1,0 +1,144 @@
+"""What Hugging Face users feed dptrain: a DataLoader whose collator pads each batch to its own longest sequence
+(transformers' DataCollatorWithPadding, DataCollatorForLanguageModeling: the default), a causal LM behind peft's
+prompt tuning (its logits start with the virtual tokens), a model cast to bfloat16 weights."""
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+peft = pytest.importorskip("peft")
+
+from hf_zoo import build  # noqa: E402
+
+import dptrain  # noqa: E402
+from dptrain.models.losses import default_loss  # noqa: E402
+
+WORDS = ["[PAD]", "[UNK]", "[EOS]"] + [f"w{i}" for i in range(29)]
+
+
+def tokenizer():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", eos_token="[EOS]")
+
+
+class Texts(torch.utils.data.Dataset):
+    """Sentences of 2 to 9 words, tokenized one by one (no padding): a collator pads each batch."""
+
+    def __init__(self, tok, n: int = 24, classes: int = 0):
+        g = torch.Generator().manual_seed(0)
+        self.items = []
+        for i in range(n):
+            words = torch.randint(0, 29, (int(torch.randint(2, 10, (1,), generator=g)),), generator=g)
+            item = dict(tok(" ".join(f"w{int(w)}" for w in words)))
+            if classes:
+                item["labels"] = i % classes
+            self.items.append(item)
+
+    def __len__(self):
+        return len(self.items)
+
+    def __getitem__(self, i):
+        return self.items[i]
+
+
+def setups():
+    tok = tokenizer()
+    return {
+        "gpt2-language-modeling": (lambda: build("gpt2"), Texts(tok),
+                                   transformers.DataCollatorForLanguageModeling(tok, mlm=False)),
+        "bert-with-padding": (lambda: build("bert"), Texts(tok, classes=3), transformers.DataCollatorWithPadding(tok)),
+        "llama-lora-with-padding": (lambda: build("llama", "lora"), Texts(tok),
+                                    transformers.DataCollatorForLanguageModeling(tok, mlm=False)),
+    }
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("name", ["gpt2-language-modeling", "bert-with-padding", "llama-lora-with-padding"])
+def test_a_collator_padding_each_batch_trains_with_exact_per_example_gradients(name):
+    """The model probe used to collate its examples and the one replacing example 0 apart (lengths 9 and 8: a raw
+    RuntimeError for every model). Now it trains, and each example's gradient in a padded chunk equals its gradient
+    alone, unpadded (the attention mask hides the padding): chunks of one logical batch have different lengths."""
+    make, data, collate = setups()[name]
+    model = make()
+    loader = torch.utils.data.DataLoader(data, batch_size=8, collate_fn=collate)
+    params = [p for p in model.parameters() if p.requires_grad]
+    trainer = dptrain.make_private(model, torch.optim.SGD(params, lr=0.1), loader, noise_multiplier=1.0,
+                                   max_physical_batch_size=3)
+    trainer.train(steps=2)
+    assert trainer.steps == 2
+    idx = torch.tensor([0, 3, 5, 6])
+    x, y = trainer.data.batch(idx)
+    assert (x["attention_mask"] == 0).any()  # padded
+    model.train()
+    got = trainer.grad_sampler(x, y)[0].materialize()
+    named = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    for row, i in enumerate(idx.tolist()):
+        xi, yi = trainer.data.batch(torch.tensor([i]))  # alone: no padding
+        assert xi["attention_mask"].all()
+        ref = torch.autograd.grad(trainer.loss_fn(model(**xi), yi).sum(), list(named.values()), allow_unused=True)
+        whole = float(torch.sqrt(sum((r ** 2).sum() for r in ref if r is not None)))
+        for (n, p), r in zip(named.items(), ref, strict=True):
+            r = torch.zeros_like(p) if r is None else r
+            assert float((got[n][row] - r).norm()) <= 1e-4 * float(r.norm()) + 1e-9 * whole, n
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_your_own_loop_takes_dynamically_padded_chunks():
+    tok = tokenizer()
+    model = build("gpt2")
+    loader = torch.utils.data.DataLoader(Texts(tok), batch_size=8,
+                                         collate_fn=transformers.DataCollatorForLanguageModeling(tok, mlm=False))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    loop = dptrain.make_private_loop(model, optimizer, loader, noise_multiplier=1.0, max_physical_batch_size=3,
+                                     seed=0)
+    lengths = set()
+    for inputs, labels in loop.batches(steps=3):
+        lengths.add(inputs["input_ids"].shape[1])
+        loop.backward(loop.trainer.loss_fn(model(**inputs), labels))
+        optimizer.step()
+        optimizer.zero_grad()
+    assert loop.steps == 3 and len(lengths) > 1  # chunks of several lengths
+
+
+@pytest.mark.parametrize("model_name", ["gpt2", "llama"])
+def test_a_prompt_tuned_causal_lm_gets_the_loss_of_its_real_tokens(model_name):
+    """peft prepends the prompt's virtual tokens to the logits: the default loss reads the real tokens' (it raised
+    "Expected target size [2, 8], got [2, 5]"), and equals peft's own loss given the labels."""
+    model = build(model_name, "prompt")
+    ids = torch.randint(2, 32, (1, 6))
+    mask = torch.ones_like(ids)
+    mask[0, 5:] = 0
+    labels = ids.masked_fill(mask == 0, -100)
+    ours = default_loss(model)(model(input_ids=ids, attention_mask=mask), labels)
+    theirs = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+    torch.testing.assert_close(ours.double(), theirs.reshape(1).double(), rtol=1e-6, atol=1e-7)  # (both in float32)
+
+
+def test_a_model_cast_to_bfloat16_trains_with_float32_gradients_sums_and_noise():
+    """``model.to(torch.bfloat16)`` used to stop at "both inputs should have same dtype". Per-example gradients are
+    formed in float32 (within bfloat16's rounding of single-example passes), clipped, summed and noised in float32 (a
+    sum rounded to 8 bits of mantissa before the noise would move by more than one example's clipped gradient), and
+    the noisy gradient is cast to the weights' dtype."""
+    from dptrain.stages.clipping import FlatClipping, clipped_sum
+
+    model = build("gpt2", dtype=torch.bfloat16)
+    ids = torch.randint(2, 32, (12, 6))
+    trainer = dptrain.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), ({"input_ids": ids}, ids),
+                                   noise_multiplier=1.0, batch_size=4, max_physical_batch_size=4, seed=0)
+    x, y = {"input_ids": ids[:3]}, ids[:3]
+    grads = trainer.grad_sampler(x, y)[0]
+    got = grads.materialize()
+    assert all(g.dtype == torch.float32 for g in got.values())
+    for i in range(3):
+        ref = torch.autograd.grad(trainer.loss_fn(model(input_ids=ids[i : i + 1]), ids[i : i + 1]).sum(),
+                                  list(trainer.params.values()))
+        whole = float(torch.sqrt(sum((r.float() ** 2).sum() for r in ref)))
+        err = float(torch.sqrt(sum(((got[n][i] - r.float()) ** 2).sum() for n, r in zip(trainer.params, ref, strict=True))))
+        assert err <= 5e-2 * whole  # bfloat16 keeps 8 bits of mantissa
+    summed, _, _ = clipped_sum([(grads, torch.zeros(3))], FlatClipping(1.0), trainer.params)
+    assert all(s.dtype == torch.float32 for s in summed.values())
+    trainer.step()
+    assert trainer.steps == 1 and all(p.dtype == torch.bfloat16 for p in model.parameters())
