@@ -233,7 +233,7 @@ def test_bad_augment_settings_are_refused():
 
 
 def test_the_cli_refuses_a_bad_augment_key_in_one_line(tmp_path, capsys):
-    code = main(["train", "--config", "configs/default.toml", "--out", str(tmp_path / "r"), "--no-progress",
+    code = main(["train", "--config", "configs/cnn28_quick.toml", "--out", str(tmp_path / "r"), "--no-progress",
                  "--set", "training.augment.multiplicity=0"])
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1 and "multiplicity must be an integer >= 1" in err

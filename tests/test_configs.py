@@ -11,7 +11,7 @@ CONFIGS = sorted((Path(__file__).parent.parent / "configs").glob("*.toml"))
 
 
 def test_configs_are_shipped():
-    assert {p.name for p in CONFIGS} >= {"default.toml", "digits.toml", "synthetic.toml"}
+    assert {p.name for p in CONFIGS} >= {"default.toml", "cnn28_quick.toml", "digits.toml", "synthetic.toml"}
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)

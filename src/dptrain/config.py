@@ -31,6 +31,9 @@ from dptrain.stages.batch_selection import SAMPLING_NAMES
 from dptrain.stages.clipping import CLIPPING_NAMES
 from dptrain.stages.per_example import GRAD_SAMPLERS
 
+#: Data-independent transforms of the examples (``data.features``).
+FEATURES = ("none", "scatternet")
+
 
 @dataclass(frozen=True)
 class DataConfig:
@@ -43,6 +46,9 @@ class DataConfig:
     #: only where the test set is a separate file (fashion-mnist, an .npz with x_test), false where it is split off
     #: the private training examples (then test metrics are written only with training.log_not_private, labelled)
     test_is_public: bool | None = None
+    #: a data-independent transform of every example before training (no privacy cost): "none" or "scatternet"
+    #: (Tramer & Boneh's ScatterNet features of greyscale images, computed once and cached in runs/cache)
+    features: str = "none"
 
 
 @dataclass(frozen=True)
@@ -299,6 +305,7 @@ def validate(cfg: RunConfig) -> None:
     need(cfg.data.seed >= 0, "data.seed", "an integer >= 0", cfg.data.seed)
     need(t.algorithm in ALGORITHMS, "training.algorithm", f"one of {', '.join(ALGORITHMS)}", t.algorithm)
     need(cfg.data.name in DATASET_NAMES, "data.name", f"one of {', '.join(DATASET_NAMES)}", cfg.data.name)
+    need(cfg.data.features in FEATURES, "data.features", f"one of {', '.join(FEATURES)}", cfg.data.features)
     if cfg.data.classes is not None:
         labels = cfg.data.classes
         need(

@@ -42,7 +42,17 @@ __all__ = [
     "find_batch_mixing_layers",
 ]
 
-MODEL_NAMES = ("logistic", "mlp", "cnn28", "cnn32", "resnet20", "tiny_transformer", "hf")
+MODEL_NAMES = (
+    "logistic",
+    "mlp",
+    "cnn28",
+    "cnn32",
+    "resnet20",
+    "tiny_transformer",
+    "scatternet_linear",
+    "scatternet_cnn",
+    "hf",
+)
 
 # Layers whose output for one example depends on the other examples of the batch (in training mode they
 # normalize with batch statistics). The private base class also catches user subclasses of BatchNorm.
@@ -68,6 +78,8 @@ _DEFAULT_OPTIONS: dict[str, dict[str, Any]] = {
     "cnn32": {"activation": "tanh"},
     "resnet20": {"groups": 16},
     "tiny_transformer": {"vocab": 32, "d_model": 32, "heads": 2, "layers": 2, "lora_rank": 0},
+    "scatternet_linear": {},
+    "scatternet_cnn": {},
     "hf": {"path": None, "config": None, "task": None, "lora": None},
 }
 
@@ -349,6 +361,29 @@ def _hf(shape, num_classes, **options) -> nn.Module:
     return build_hf_model(shape, num_classes, **options)
 
 
+def _scattering_input(name: str, shape: tuple[int, ...], fixed: tuple[int, ...] | None = None) -> None:
+    if len(shape) != 3 or shape[0] % 27 or (fixed is not None and shape != fixed):
+        wanted = f"{fixed}" if fixed is not None else "(K, H, W) with K a multiple of 27"
+        raise ModelError(
+            f"model {name!r} takes ScatterNet features {wanted} (set data.features = \"scatternet\"), got examples "
+            f"of shape {shape}"
+        )
+
+
+def _scatternet_linear(shape: tuple[int, ...], classes: int) -> nn.Module:
+    from dptrain.models.scatternet import scatter_linear
+
+    _scattering_input("scatternet_linear", shape)
+    return scatter_linear(shape, classes)
+
+
+def _scatternet_cnn(shape: tuple[int, ...], classes: int) -> nn.Module:
+    from dptrain.models.scatternet import scatter_cnn_fmnist
+
+    _scattering_input("scatternet_cnn", shape, (81, 7, 7))
+    return scatter_cnn_fmnist(classes)
+
+
 _BUILDERS = {
     "logistic": _logistic,
     "mlp": _mlp,
@@ -356,6 +391,8 @@ _BUILDERS = {
     "cnn32": _cnn32,
     "resnet20": _resnet20,
     "tiny_transformer": _tiny_transformer,
+    "scatternet_linear": _scatternet_linear,
+    "scatternet_cnn": _scatternet_cnn,
     "hf": _hf,
 }
 

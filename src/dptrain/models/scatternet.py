@@ -33,6 +33,8 @@ from dptrain.errors import ConfigError, DataError
 
 __all__ = [
     "DEFAULT_CACHE_DIR",
+    "scatter_linear",
+    "scatternet_split",
     "cache_file",
     "cached_fashion_mnist_features",
     "cached_features",
@@ -247,4 +249,42 @@ def scatter_cnn_fmnist(num_classes: int = 10) -> nn.Sequential:
         nn.Linear(32 * 4 * 4, 32),
         nn.Tanh(),
         nn.Linear(32, num_classes),
+    )
+
+
+def scatter_linear(input_shape: tuple[int, ...], num_classes: int) -> nn.Sequential:
+    """Tramer & Boneh's linear model on ScatterNet features ("Differentially Private Learning Needs Better Features
+    (or Much More Data)", ScatterNet + linear): GroupNorm(27 groups, no affine parameters) on the (K, H, W) features,
+    then one Linear layer (3,969 x 10 weights for Fashion-MNIST's (81, 7, 7)). The GroupNorm normalises each example
+    by its own channels' statistics: a per-example function, no privacy cost (see :func:`scatter_cnn_fmnist`)."""
+    channels, height, width = input_shape
+    return nn.Sequential(
+        nn.GroupNorm(27, channels, affine=False), nn.Flatten(), nn.Linear(channels * height * width, num_classes)
+    )
+
+
+def scatternet_split(split, cache_dir: str | os.PathLike = DEFAULT_CACHE_DIR, J: int = 2, progress: bool = False):
+    """A :class:`~dptrain.data.datasets.DataSplit` of greyscale images (pixels in [0, 1]) as one of their ScatterNet
+    features (``data.features = "scatternet"``), computed once and cached in ``cache_dir`` by the images' SHA-256.
+    A fixed function of each image: no privacy cost, and the split's test set stays as public as it was."""
+    from dataclasses import replace
+
+    from dptrain.data.datasets import ArrayDataset
+
+    tr, te = split.train, split.test
+    for part in (tr, te):
+        if part.x.dim() != 4 or part.x.shape[1] != 1:
+            raise DataError(
+                f"data.features = \"scatternet\" takes greyscale images (N, 1, H, W), got examples of shape "
+                f"{tuple(part.x.shape[1:])}"
+            )
+    name = "".join(c if c.isalnum() or c in "-_" else "_" for c in tr.name)[:40] or "data"
+    x_train, y_train, x_test, y_test = cached_features(
+        cache_file(cache_dir, name, J), tr.x, tr.y, te.x, te.y, J=J, progress=progress
+    )
+    return replace(
+        split,
+        train=ArrayDataset(x_train, y_train, tr.num_classes, tr.name),
+        test=ArrayDataset(x_test, y_test, te.num_classes, te.name),
+        description=f"{split.description}, as ScatterNet features (J = {J}, {tuple(x_train.shape[1:])})",
     )

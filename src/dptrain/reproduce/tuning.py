@@ -1,6 +1,6 @@
 """What private tuning buys (``dptrain reproduce tuning``): three ways to pick hyperparameters, at one total budget.
 
-Fashion-MNIST, the default CNN (configs/default.toml: cnn28, one epoch, expected batch 256, clip norm 1, lr 2), total
+Fashion-MNIST, the default CNN (configs/cnn28_quick.toml: cnn28, one epoch, expected batch 256, clip norm 1, lr 2), total
 epsilon 1 and 3 at delta 1e-5, several seeds:
 
 - **default**: the untuned default config, calibrated to the whole budget (its defaults were themselves chosen by

@@ -45,6 +45,7 @@ from dptrain.engine.interrupts import Terminated, deferred_signals, terminate_as
 from dptrain.engine.trainer import Budget, PrivateTrainer, StepResult
 from dptrain.errors import AccountingError, ConfigError, RunDirectoryError
 from dptrain.models.builders import build_model
+from dptrain.models.scatternet import scatternet_split
 from dptrain.randomness.generators import SEEDED_WARNING, Randomness
 from dptrain.runs.averaged import evaluate_averaged, save_averaged
 from dptrain.runs.resume import (
@@ -150,15 +151,20 @@ def tokenizer_directory(cfg: RunConfig) -> str | None:
     return None
 
 
-def load_data(cfg: RunConfig) -> DataSplit:
+def load_data(cfg: RunConfig, progress: bool = False) -> DataSplit:
     """The run's data: the loader, then the class selection of data.classes if any. Text files for a Hugging Face
-    model saved in a directory with its tokenizer are tokenized by that tokenizer unless data.options names one."""
+    model saved in a directory with its tokenizer are tokenized by that tokenizer unless data.options names one. With
+    data.features = "scatternet", the examples become their ScatterNet features (cached; a bar while computed)."""
     options = dict(cfg.data.options)
     tokenizer = tokenizer_directory(cfg)
     if tokenizer is not None:
         options["tokenizer"] = tokenizer
+    if cfg.data.features == "scatternet" and cfg.data.name in ("fashion-mnist", "mnist"):
+        if options.setdefault("pixels", "raw") != "raw":  # ScatterNet's input: pixels in [0, 1] (Tramer & Boneh)
+            raise ConfigError('data.features = "scatternet" reads pixels in [0, 1]: data.options.pixels must be "raw"')
     data = load_dataset(cfg.data.name, cfg.data.path, seed=cfg.data.seed, **options)
-    return data if cfg.data.classes is None else select_classes(data, list(cfg.data.classes))
+    data = data if cfg.data.classes is None else select_classes(data, list(cfg.data.classes))
+    return scatternet_split(data, progress=progress) if cfg.data.features == "scatternet" else data
 
 
 def test_is_public(cfg: RunConfig, data: DataSplit) -> bool:
@@ -464,7 +470,7 @@ def _start(
     """A new run in ``rd``: the job, then (holding the lock) a checkpoint at step 0 before any other file, so that the
     directory is resumable from its first moment, then the config and the stages' released files, then training."""
     start = time.perf_counter()
-    data = load_data(cfg) if hooks.data is None else hooks.data
+    data = load_data(cfg, progress and main) if hooks.data is None else hooks.data
     job = hooks.ready(build_job(cfg, run_randomness(cfg), data=data))
     job.data_sha256 = fingerprint(data)
     if plan is not None and int(plan.get("dataset_size", -1)) != len(job.data.train):
@@ -513,7 +519,7 @@ def _resume(rd: RunDirectory, progress: bool, stop_after: int | None, main: bool
             return previous
         cfg, changed = resumed_config(rd, state)
         resumed = released_files(rd, state)
-        data = load_data(cfg) if hooks.data is None else hooks.data
+        data = load_data(cfg, progress and main) if hooks.data is None else hooks.data
         check_data(state, fingerprint(data))
         job = hooks.ready(
             build_job(cfg, run_randomness(cfg), ledger=ledger, accountant=state["accountant"], resumed=resumed, data=data)
