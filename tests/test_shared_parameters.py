@@ -107,14 +107,19 @@ def test_the_gradient_check_moves_a_wrong_layer_to_torch_func_and_training_is_ex
     torch.testing.assert_close(norms, torch.stack([torch.sqrt(sum((g**2).sum() for g in r.values())) for r in loop]))
 
 
-def test_a_chosen_backend_that_disagrees_is_refused_naming_the_parameter():
+def test_a_chosen_backend_that_misses_a_use_is_refused_naming_the_parameter_whatever_the_checks_asked():
+    """The functional reuse of lin.weight is outside every recorded call: coverage is proven on every chunk, so it is
+    refused even with the gradient check skipped (a skipped check is recorded as skipped on a covered model)."""
     from dptrain.engine.api import make_private
     from dptrain.errors import ModelError
 
     model = FunctionalReuse()
-    with pytest.raises(ModelError, match="per-example gradient of parameter 'lin.weight' from the layerwise backend"):
-        make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), _data(), noise_multiplier=1.0, batch_size=50,
-                     grad_sampler="layerwise")
-    trainer = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), _data(), noise_multiplier=1.0,
+    for check in (True, False):
+        with pytest.raises(ModelError, match="parameter 'lin.weight' is used outside every call that records") as e:
+            make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), _data(), noise_multiplier=1.0,
+                         batch_size=50, grad_sampler="layerwise", check_gradients=check)
+        assert "grad_sampler='auto'" in str(e.value) and "\n" not in str(e.value)
+    plain = nn.Sequential(nn.Linear(6, 2))
+    trainer = make_private(plain, torch.optim.SGD(plain.parameters(), lr=0.1), _data(), noise_multiplier=1.0,
                            batch_size=50, grad_sampler="layerwise", check_gradients=False)
     assert trainer.gradient_check is None  # skipped on request, and recorded as skipped

@@ -42,6 +42,7 @@ from torch.func import functional_call, grad, vmap
 from dptrain.data.batches import batch_len, call_model, take, unsqueezed
 from dptrain.errors import ConfigError, ModelError
 from dptrain.models.losses import cross_entropy_per_example  # noqa: F401  (the default classification loss, re-exported)
+from dptrain.stages.coverage import Call, check_coverage, input_nodes, nearest_called_ancestor
 from dptrain.stages.gradient_factors import (
     PerExampleGrads,
     _EmbeddingFactors,
@@ -409,7 +410,14 @@ class LayerwiseGradSampler:
         self._fallback: dict[nn.Module, str] = {}
         covered: set[int] = set()
         for prefix, m in model.named_modules():
-            if id(m) in covered or not any(p.requires_grad for p in m.parameters(recurse=False)):
+            if id(m) in covered:
+                continue
+            if m in to_func and not any(p.requires_grad for p in m.parameters(recurse=False)):
+                if any(p.requires_grad for p in m.parameters()):  # (a module that reads its children's parameters)
+                    self._fallback[m] = prefix
+                    covered.update(id(sub) for sub in m.modules())
+                continue
+            if not any(p.requires_grad for p in m.parameters(recurse=False)):
                 continue
             rule = None if m in to_func else _layerwise_rule(m)
             if rule is not None:
@@ -427,10 +435,20 @@ class LayerwiseGradSampler:
         #: a parameter's name in the model by identity: a tied parameter (GPT-2's token embedding, also its output
         #: layer's weight) is reached from several modules under several names, and every use adds to its gradient
         self._names = {id(p): n for n, p in self._params.items()}
+        #: module -> ids of the parameters whose per-example gradients its calls record (a layer's own, a fallback
+        #: module's whole subtree's): what :func:`dptrain.stages.coverage.check_coverage` holds every use against
+        self._covers = {m: {id(p) for p in m.parameters(recurse=False) if p.requires_grad} for m in self._layers}
+        self._covers.update({m: {id(p) for p in m.parameters() if p.requires_grad} for m in self._fallback})
+        self._calls: list[Call] = []  # the recorded calls of the forward pass being recorded (for coverage)
+        self._without_autograd: list[nn.Module] = []  # covering modules it ran with autograd off
+        self._recorded_calls: tuple[list[Call], list[nn.Module]] | None = None
         self._handles = [m.register_forward_hook(self._record) for m in self._layers]
         self._handles += [m.register_forward_hook(self._record_call, with_kwargs=True) for m in self._fallback]
 
+    @torch.compiler.disable  # (a hook runs eagerly: the tensors it records must be the layer's own, not a graph's)
     def _record(self, module, inputs, output):
+        if self._records is not None and not torch.is_grad_enabled() and module not in self._without_autograd:
+            self._without_autograd.append(module)
         if self._records is None or not (torch.is_tensor(output) and output.requires_grad):
             return None  # (not recording, or a forward under no_grad: nothing to differentiate)
         a, b = inputs[0].detach(), self._batch
@@ -440,12 +458,18 @@ class LayerwiseGradSampler:
             # The layer's output expanded to the batch (a view of the same values) gives each example its own.
             output, a = output.expand(b, *output.shape[1:]), a.expand(b, *a.shape[1:])
             self._records.setdefault(module, []).append((a, output, output._version))
+            self._calls.append(Call(module, [output], input_nodes(inputs[0])))
             return output
         self._records.setdefault(module, []).append((a, output, output._version))
+        self._calls.append(Call(module, [output], input_nodes(inputs[0])))
         return None
 
+    @torch.compiler.disable
     def _record_call(self, module, args, kwargs, output) -> None:
+        if self._records is not None and not torch.is_grad_enabled() and module not in self._without_autograd:
+            self._without_autograd.append(module)
         if self._records is not None and any(t.requires_grad for t in _tensors(output)):
+            self._calls.append(Call(module, _tensors(output), input_nodes(args, kwargs)))
             args = tuple(a.detach() if torch.is_tensor(a) else a for a in args)
             self._records.setdefault(module, []).append((args, dict(kwargs), _tensors(output)))
 
@@ -460,18 +484,24 @@ class LayerwiseGradSampler:
         """Record the layers' inputs and outputs of the forward pass(es) run inside (``batch`` examples), for
         :meth:`from_losses`. A caller's own training loop runs its forward pass inside it."""
         self._records, self._batch = {}, int(batch)
+        self._calls, self._without_autograd = [], []
         try:
             yield
         finally:
             self._recorded, self._records = self._records, None
+            self._recorded_calls = (self._calls, self._without_autograd)
+            self._calls, self._without_autograd = [], []
 
     def from_losses(self, losses: torch.Tensor) -> PerExampleGrads:
         """The per-example gradients of ``losses`` (one per example, computed from the forward pass recorded by the
         last :meth:`recording`): one backward pass to the recorded layer outputs, then each layer's rule. The records
         are used once."""
         records, self._recorded = self._recorded, None
+        calls, self._recorded_calls = self._recorded_calls or ([], []), None
         if records is None:
             raise ModelError("per-example gradients need the forward pass recorded first (and use it once)")
+        if torch.is_tensor(losses):  # every use of every trainable parameter is in a recorded call, or refused
+            check_coverage(losses, calls[0], self._covers, self._names, calls[1])
         calls = [(m, a, out) for m, recs in records.items() if m in self._layers for a, out, _ in recs]
         fallbacks = [rec for m, recs in records.items() if m in self._fallback for rec in [(m, *r) for r in recs]]
         if any(out._version != v for m, recs in records.items() if m in self._layers for _, out, v in recs):
@@ -564,6 +594,27 @@ class AutoGradSampler:
 
     def from_losses(self, losses: torch.Tensor) -> PerExampleGrads:
         return self.backend.from_losses(losses)
+
+    def cover(self, names: list[str], called: set[nn.Module]) -> bool:
+        """Cover the parameters ``names``, some of whose uses no recorded call covered (a CoverageError): the nearest
+        module above their covering modules that the forward pass called (in ``called``) is differentiated by
+        torch.func, per module; the model itself, or a model on torch.func already, goes to torch.func whole (covered
+        by construction). False when nothing is left to try."""
+        backend = self.backend
+        if not isinstance(backend, LayerwiseGradSampler):
+            return False
+        wider = set()
+        for n in names:
+            p = backend._params[n]
+            inside = [m for m, ids in backend._covers.items() if id(p) in ids]
+            a = nearest_called_ancestor(self.model, n, called, inside)
+            if a is None or a is self.model:
+                self._next()
+                return True
+            wider.add(a)
+        backend.close()
+        self.backend = LayerwiseGradSampler(self.model, self.loss_fn, to_func=frozenset(wider | backend._to_func))
+        return True
 
     def move_to_func(self, names: list[str]) -> bool:
         """Differentiate the parameters ``names`` another way (their gradients were found wrong): the modules owning
