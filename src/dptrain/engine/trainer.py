@@ -198,7 +198,7 @@ class PrivateTrainer(Checkpointing, PrivacySide):
         #: the check of the backend's per-example gradients on real examples (:mod:`dptrain.preflight.gradient_check`): the
         #: backend it settled on and its cost; None when skipped (check_gradients=False)
         self.gradient_check = None
-        self.max_physical_batch_size, self.not_private_buffers, self.gradient_check = preflight.probe_model(
+        self.max_physical_batch_size, self.not_private_buffers, self.gradient_check, probed = preflight.probe_model(
             self,
             max_physical_batch_size,
             self.independence_checked,
@@ -207,6 +207,10 @@ class PrivateTrainer(Checkpointing, PrivacySide):
             check_gradients=bool(check_gradients) and isinstance(grad_sampler, str),
         )
         self.randomness = randomness if randomness is not None else Randomness(seed, secure=secure_noise)
+        #: the probe's checks on the chunks of training: buffers written, batch sizes not yet checked, secret random
+        #: chunks compared with each example alone (:mod:`dptrain.preflight.sentinel`)
+        self.sentinel = preflight.sentinel_for(self, probed, self.independence_checked,
+                                               bool(check_gradients) and isinstance(grad_sampler, str), buffer_updates)
         bind = getattr(optimizer, "bind_randomness", None)
         if bind is not None:  # an update stage that draws secret randomness (ModelMix's mixing weights)
             bind(self.randomness)
@@ -434,10 +438,14 @@ class PrivateTrainer(Checkpointing, PrivacySide):
             raise
 
     def _tensor_chunks(self, idx: torch.Tensor):
-        for chunk in idx.split(self.max_physical_batch_size) if len(idx) else ():
+        for k, chunk in enumerate(idx.split(self.max_physical_batch_size) if len(idx) else ()):
             inputs, labels = to_device(self.data.batch(chunk), self.device)
             with preflight.loss_errors_named():
-                yield self.grad_sampler(inputs, labels)
+                watch = self.sentinel.watch()
+                out = self.grad_sampler(inputs, labels)
+                self.sentinel.written(watch)
+                self.sentinel.check(self.steps, k, inputs, labels)
+                yield out
 
     def _clipped_sum(self, idx: torch.Tensor):
         if self.group is None:

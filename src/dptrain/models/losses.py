@@ -44,7 +44,8 @@ def logits_of(outputs) -> torch.Tensor:
 def _token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """[B, T, K] scores and [B, T] labels -> [B]: the mean cross-entropy of each example's labelled tokens."""
     per_token = F.cross_entropy(
-        logits.transpose(1, 2).float(), labels, ignore_index=IGNORE_INDEX, reduction="none"
+        logits.transpose(1, 2).to(torch.promote_types(logits.dtype, torch.float32)), labels, ignore_index=IGNORE_INDEX,
+        reduction="none",
     )  # [B, T], 0 where ignored
     counted = (labels != IGNORE_INDEX).sum(1)
     return per_token.sum(1) / counted.clamp_min(1)
