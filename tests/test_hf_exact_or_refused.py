@@ -83,15 +83,19 @@ def assert_exact_per_parameter(trainer, x, y, rows=6) -> set[str]:
         model.float()
 
 
-@pytest.mark.parametrize("adapter", ["ia3", "loha", "vera"])
-@pytest.mark.parametrize("build", [bert, distilbert])
+@pytest.mark.parametrize(("build", "adapter"), [(b, a) for b in (bert, distilbert) for a in ("ia3", "loha", "vera")]
+                         + [(bert, a) for a in ("adalora", "boft", "hra")])
 def test_adapters_kept_in_a_container_never_called_are_exact_not_zero(build, adapter):
+    """IA3, LoHa, VeRA (the issue's), AdaLoRA's lora_E, BOFT's boft_R, HRA's hra_u (the same kind): all were 0."""
     torch.manual_seed(0)
     model, targets, feedforward = build()
     config = {
         "ia3": lambda: peft.IA3Config(target_modules=targets, feedforward_modules=feedforward, task_type="SEQ_CLS"),
         "loha": lambda: peft.LoHaConfig(r=2, target_modules=targets, task_type="SEQ_CLS"),
         "vera": lambda: peft.VeraConfig(r=4, target_modules=targets[:2], task_type="SEQ_CLS"),
+        "adalora": lambda: peft.AdaLoraConfig(r=4, target_modules=targets[:2], task_type="SEQ_CLS", total_step=10),
+        "boft": lambda: peft.BOFTConfig(boft_block_size=8, target_modules=targets[:2], task_type="SEQ_CLS"),
+        "hra": lambda: peft.HRAConfig(r=4, target_modules=targets[:2], task_type="SEQ_CLS"),
     }[adapter]()
     model = peft.get_peft_model(model, config)  # (at the adapters' initial values, as a user starts)
     x, y = _data(True)

@@ -207,3 +207,24 @@ def test_your_own_loop_is_watched_by_the_same_sentinel():
             opt.zero_grad()
     assert loop.ledger.releases == loop.steps < 30 and not loop.trainer.private
     loop.close()
+
+
+# --- precision -----------------------------------------------------------------------------------------------------
+
+
+class Float32Inside(nn.Module):
+    """Casts to float32 in its forward pass: it cannot run in float64."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(6, 8), nn.Linear(8, 2)
+
+    def forward(self, x):
+        return self.b(torch.tanh(self.a(x)).float())
+
+
+def test_a_model_that_cannot_run_in_float64_is_checked_in_its_own_precision_and_says_so():
+    trainer = _private(Float32Inside())
+    assert trainer.gradient_check.precision == "float32" and trainer.gradient_check.moved_to_func == []
+    assert _private(nn.Linear(6, 2)).gradient_check.precision == "float64"
+    assert all(p.dtype == torch.float32 for p in trainer.model.parameters())  # (cast back exactly)

@@ -21,10 +21,12 @@ rule 1e-3 off from rounding; in float32 (:data:`FLOAT`) rounding of a cancellati
 gradient, so a parameter fails only beyond 5e-2 of its own gradient and 1e-4 of the example's whole gradient (a
 missing gradient, a mixing model; a rule 1e-3 off is the float64 check's to find).
 
-:func:`settle` runs one batch through the backend and compares chosen rows; the model probe
-(:mod:`dptrain.preflight.checks`) runs it in float64 on a few examples and at the run's largest chunk in the training
-precision, and the sentinel (:mod:`dptrain.preflight.sentinel`) on the chunks of training. Its only outcomes are the
-backend that trains, or a one-line refusal.
+:func:`settle` runs one batch through the backend and compares chosen rows (:func:`compare`), widening the automatic
+backend until every parameter is covered and agrees; :func:`forward_check` compares the model's outputs only, by
+forward passes (mixing, at a batch size the backward passes were not compared at). The model probe
+(:mod:`dptrain.preflight.checks`) settles in float64 on a few examples and checks forward at the run's largest chunk;
+the sentinel (:mod:`dptrain.preflight.sentinel`) checks forward at every new batch size of training and compares
+forward and backward at secret chunks. Their only outcomes are the backend that trains, or a one-line refusal.
 """
 
 from __future__ import annotations
@@ -172,9 +174,9 @@ def compare(model, sampler, loss_fn, x, y, grads, losses, rows: list[int], tol: 
     return moved, bad
 
 
-def _outputs(out, k: int) -> list[torch.Tensor]:
-    """The tensors of a model's output with a batch dimension of ``k`` (logits, hidden states; not a cache)."""
-    return [t.detach() for t in tree_flatten(out)[0] if torch.is_tensor(t) and t.dim() and len(t) == k]
+def _leaves(out) -> list:
+    """The leaves of a model's output (a tensor, or tuples, lists, dicts and ModelOutputs holding some)."""
+    return tree_flatten(out)[0]
 
 
 def forward_check(trainer, x, y, rows: list[int], tol: Tolerance, buffer_updates: str, written: set[str]) -> None:
@@ -187,21 +189,21 @@ def forward_check(trainer, x, y, rows: list[int], tol: Tolerance, buffer_updates
     watch = BufferWatch(model)
     try:
         with torch.no_grad(), autocast:
-            batched = _outputs(call_model(model, x), k)
+            batched = _leaves(call_model(model, x))
     finally:
         written.update(watch.written())
         watch.restore()
     check_buffers(sorted(written), buffer_updates)
     for i in rows:
         with restored(model), torch.no_grad(), autocast:
-            alone = _outputs(call_model(model, take(x, torch.tensor([i], device=y.device))), 1)
-        if len(alone) != len(batched):
-            raise mixing_error(i, k)
-        for a, b in zip(alone, batched, strict=True):
+            alone = _leaves(call_model(model, take(x, torch.tensor([i], device=y.device))))
+        for a, b in zip(alone, batched, strict=False):  # (the same output, leaf by leaf: an example's rows)
+            if not (torch.is_tensor(a) and torch.is_tensor(b) and a.dim() and b.dim() and len(a) == 1 and len(b) == k
+                    and a.shape[1:] == b.shape[1:]):
+                continue
             a, b = a[0].double(), b[i].double()
-            if a.shape != b.shape or not float((a - b).norm()) <= tol.loss * float(a.norm()) + 1e-30:
-                if bool(a.isfinite().all()):  # (a non-finite output is the step's to refuse)
-                    raise mixing_error(i, k)
+            if not float((a - b).norm()) <= tol.loss * float(a.norm()) + 1e-30 and bool(a.isfinite().all()):
+                raise mixing_error(i, k)  # (a non-finite output of the example alone is the step's to refuse)
 
 
 def settle(trainer, x, y, rows: list[int], tol: Tolerance, *, mixing: bool, gradients: bool, buffer_updates: str,

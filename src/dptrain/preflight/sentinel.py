@@ -122,7 +122,8 @@ class Sentinel:
             what = ("an example's output or loss in its chunk differs from the example's alone (the model mixes "
                     "examples)" if moved else
                     f"the per-example gradient of parameter {bad[0]!r} differs from the example's alone")
-            self.stopped = f"the sentinel stopped the run at step {step + 1}: {what} in a chunk of {len(y)}"
+            # (not the chunk's size: a Poisson batch's realized size is secret)
+            self.stopped = f"the sentinel stopped the run at step {step + 1}: {what}"
             trainer.ledger.private = False
             raise SentinelError(
                 f"{self.stopped}; nothing of that step was released and the run is not certified (earlier steps may "
