@@ -58,10 +58,34 @@ class MixesAtOddSizes(nn.Module):
         return h - 0.5 * h.mean(0, keepdim=True) if len(x) % 2 and len(x) > self.low else h
 
 
-@pytest.mark.parametrize("model", [BatchMax, lambda: MixesBelow(16), MixesAtOddSizes], ids=["max", "remainder", "odd"])
+class ClampedByBatch(nn.Module):
+    """x / max(1, the batch's maximum): mixes only when some example exceeds 1."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(6, 2)
+
+    def forward(self, x):
+        return self.lin(x / torch.clamp(x.abs().max(), min=1.0))
+
+
+class FunctionalBatchNorm(nn.Module):
+    """Batch statistics without a buffer; fails on a batch of one example."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(6, 2)
+
+    def forward(self, x):
+        return self.lin(nn.functional.batch_norm(x, None, None, training=True))
+
+
+@pytest.mark.parametrize("model", [BatchMax, lambda: MixesBelow(16), MixesAtOddSizes, ClampedByBatch,
+                                   FunctionalBatchNorm], ids=["max", "remainder", "odd", "clamped", "functional-bn"])
 def test_the_issues_mixing_models_are_refused_before_training(model):
     """Each example against itself alone: removing all the others sees any dependence on them (the batch maximum moves
-    every example but the one holding it; a batch of one is smaller than a chunk, and odd)."""
+    every example but the one holding it; a batch of one is smaller than a chunk, and odd). The issue's three, and two
+    of the same kind (a clamped batch maximum was accepted too; functional batch norm was a raw ValueError)."""
     with pytest.raises(ModelError, match="independence check failed") as e:
         _private(model(), batch_size=40, max_physical_batch_size=16)
     assert "\n" not in str(e.value)

@@ -120,8 +120,14 @@ def check_labels(model: nn.Module, source, loss_fn, device: torch.device, own_ba
     with torch.no_grad(), torch.random.fork_rng(devices=[]), buffers.restored(model):
         was_training = model.training
         model.eval()
-        outputs = call_model(model, tree_map(torch.zeros_like, inputs))
-        model.train(was_training)
+        try:
+            outputs = call_model(model, tree_map(torch.zeros_like, inputs))
+        except (RuntimeError, ValueError) as e:  # (a model that cannot run one example: the probe refuses it)
+            if isinstance(e, DPTrainError):
+                raise
+            return
+        finally:
+            model.train(was_training)
     if not torch.is_tensor(outputs) or outputs.dim() != 2 or y.dim() != 1:
         return
     k = outputs.shape[1]

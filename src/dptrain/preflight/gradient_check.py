@@ -31,13 +31,14 @@ forward and backward at secret chunks. Their only outcomes are the backend that 
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 import torch
 from torch.utils._pytree import tree_flatten
 
 from dptrain.data.batches import call_model, take
-from dptrain.errors import ModelError
+from dptrain.errors import DPTrainError, ModelError
 from dptrain.preflight.buffers import BufferWatch, check_buffers, restored
 from dptrain.stages.coverage import CoverageError, ModuleCalls
 from dptrain.stages.per_example import AutoGradSampler, LayerwiseGradSampler, trainable_parameters
@@ -95,10 +96,26 @@ def _batched_forward(sampler) -> bool:
     return isinstance(inner, LayerwiseGradSampler)
 
 
+@contextlib.contextmanager
+def _one_example():
+    """A model that fails on a batch of one example (it needs the others: batch statistics) as a one-line refusal."""
+    try:
+        yield
+    except (RuntimeError, ValueError) as e:
+        if isinstance(e, DPTrainError):
+            raise
+        raise ModelError(
+            f"{CHECK_NAME} failed: the model cannot compute an example alone (a batch of one example raised "
+            f"{type(e).__name__}), so it needs the other examples of a batch to compute one (batch statistics) and "
+            "per-example clipping does not bound one example's influence (and a chunk of training may hold one "
+            "example); remove the cross-example operation (BatchNorm -> GroupNorm)"
+        ) from None
+
+
 def _alone(model, loss_fn, x, y, params, i: int, autocast):
     """Example i's loss and gradient (by parameter name) from a backward pass on a batch of that example alone."""
     idx = torch.tensor([i], device=y.device)
-    with torch.enable_grad(), autocast:
+    with torch.enable_grad(), autocast, _one_example():
         loss = loss_fn(call_model(model, take(x, idx)), y[i : i + 1]).reshape(())
         grads = torch.autograd.grad(loss, list(params.values()), allow_unused=True)
     out = {n: torch.zeros_like(p) if g is None else g.detach() for (n, p), g in zip(params.items(), grads, strict=True)}
@@ -195,7 +212,7 @@ def forward_check(trainer, x, y, rows: list[int], tol: Tolerance, buffer_updates
         watch.restore()
     check_buffers(sorted(written), buffer_updates)
     for i in rows:
-        with restored(model), torch.no_grad(), autocast:
+        with restored(model), torch.no_grad(), autocast, _one_example():
             alone = _leaves(call_model(model, take(x, torch.tensor([i], device=y.device))))
         for a, b in zip(alone, batched, strict=False):  # (the same output, leaf by leaf: an example's rows)
             if not (torch.is_tensor(a) and torch.is_tensor(b) and a.dim() and b.dim() and len(a) == 1 and len(b) == k
