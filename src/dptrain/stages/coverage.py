@@ -11,7 +11,8 @@ pass compiled by ``torch.compile`` (the layers' outputs are values of one compil
 from gradients looking plausible: :func:`check_coverage` reads autograd's graph of the very losses whose gradients are
 formed, on every chunk, and proves it:
 
-- a recorded call's *region* is the part of the graph between its outputs and its inputs (the operations it ran);
+- a recorded call's *region* is the part of the graph between its outputs and its inputs (the operations it ran),
+  less the regions of the recorded calls it made;
 - every edge of the graph into a trainable parameter (a use of it) lies in the region of a call that covers the
   parameter (a layer owning it, or a fallback module containing it); an edge anywhere else is an uncovered use;
 - a covering layer called with autograd off is an uncovered use too (its use is not in the graph at all).
@@ -105,7 +106,7 @@ def check_coverage(losses: torch.Tensor, calls: list[Call], covers: dict[nn.Modu
             for c in entries[node]:
                 if id(c) not in walked:
                     walked.add(id(c))
-                    stack.extend(_region(c, covers.get(c.module, set()), use))
+                    stack.extend(_region(c, covers.get(c.module, set()), use, entries))
             continue
         outside.add(node)
         compiled = compiled or _is_compiled(node)
@@ -132,9 +133,10 @@ def check_coverage(losses: torch.Tensor, calls: list[Call], covers: dict[nn.Modu
         )
 
 
-def _region(call: Call, allowed: set[int], use) -> list:
+def _region(call: Call, allowed: set[int], use, entries: dict) -> list:
     """Walk the region of ``call`` (from its outputs to its inputs), reporting each use of a parameter to ``use``;
-    returns the nodes where it ends (its inputs' nodes), for the walk outside."""
+    returns the nodes where it ends, for the walk outside: its inputs' nodes, and the outputs of other recorded calls
+    it made (a call nested in it, as DoRA's magnitude layer calls the LoRA layers handed to it: a region of its own)."""
     starts = {o.grad_fn for o in call.outputs if o.grad_fn is not None}
     seen, stack, ends = set(), list(starts), []
     while stack:
@@ -142,7 +144,7 @@ def _region(call: Call, allowed: set[int], use) -> list:
         if node in seen:
             continue
         seen.add(node)
-        if node in call.exits and node not in starts:  # (an output's own node is the call's, whatever else it is)
+        if node not in starts and (node in call.exits or node in entries):  # (an output's own node is the call's)
             ends.append(node)
             continue
         for nxt, _ in node.next_functions:

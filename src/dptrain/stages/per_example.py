@@ -497,11 +497,11 @@ class LayerwiseGradSampler:
         last :meth:`recording`): one backward pass to the recorded layer outputs, then each layer's rule. The records
         are used once."""
         records, self._recorded = self._recorded, None
-        calls, self._recorded_calls = self._recorded_calls or ([], []), None
+        (recorded, without_autograd), self._recorded_calls = self._recorded_calls or ([], []), None
         if records is None:
             raise ModelError("per-example gradients need the forward pass recorded first (and use it once)")
         if torch.is_tensor(losses):  # every use of every trainable parameter is in a recorded call, or refused
-            check_coverage(losses, calls[0], self._covers, self._names, calls[1])
+            check_coverage(losses, recorded, self._covers, self._names, without_autograd)
         calls = [(m, a, out) for m, recs in records.items() if m in self._layers for a, out, _ in recs]
         fallbacks = [rec for m, recs in records.items() if m in self._fallback for rec in [(m, *r) for r in recs]]
         if any(out._version != v for m, recs in records.items() if m in self._layers for _, out, v in recs):
