@@ -43,7 +43,7 @@ def make_private(
     seed (None: secret randomness from the operating system; an integer makes the run reproducible and NOT
     private), secure_noise (AES-CTR noise, :mod:`dptrain.randomness.secure`), budget (a :class:`Budget` the run
     must not exceed), ledger (to continue an earlier one), check_independence (default True: refuse models
-    that mix examples, :mod:`dptrain.preflight.independence`), report_not_private (per-step loss and clip statistics,
+    that mix examples, :mod:`dptrain.preflight.gradient_check`), report_not_private (per-step loss and clip statistics,
     NOT private), non_private (a baseline for experiments: the same sampling, clipping and optimizer with
     noise_multiplier=0, nothing recorded in the ledger, no epsilon: NOT private), augment (augmentation multiplicity
     for images, e.g. ``{"multiplicity": 8, "crop_padding": 4, "flip": True}``: each example's gradient the mean over

@@ -87,7 +87,7 @@ class PrivacySide:
     @property
     def not_private_reasons(self) -> list[str]:
         """Why this run is not private whatever its epsilon (empty for a private run): seeded randomness (the noise can
-        be recomputed), buffers written from private batches (released unnoised)."""
+        be recomputed), buffers written from private batches (released unnoised), a run the sentinel stopped."""
         reasons = []
         if self.randomness.seeded:
             reasons.append("seeded randomness: the noise and the batches can be recomputed from the seed")
@@ -95,6 +95,9 @@ class PrivacySide:
             reasons.append(
                 f"buffers written from private batches are released unnoised ({', '.join(self.not_private_buffers)})"
             )
+        stopped = getattr(getattr(self, "sentinel", None), "stopped", None)
+        if stopped:  # (dptrain.preflight.sentinel: examples found mixed during training)
+            reasons.append(stopped)
         return reasons
 
     @property

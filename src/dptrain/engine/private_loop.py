@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_map
 
 from dptrain.data.batches import as_source, loader_batch_size
 from dptrain.engine.api import _check_options, make_private, make_private_with_epsilon
@@ -121,6 +122,9 @@ class _Chunk:
     handed: list[torch.Tensor]
     floats: list[torch.Tensor]
     recording: contextlib.ExitStack
+    index: int = 0  # its place in the logical batch
+    batch: tuple = ()  # (inputs, labels) as handed out, for the sentinel (dptrain.preflight.sentinel)
+    watch: object = None  # the model's buffers when it was handed out
     outputs: list[torch.Tensor] = field(default_factory=list)  # the model's outputs on the chunk
     layer_outputs: list[torch.Tensor] = field(default_factory=list)  # outputs of the modules with parameters
     calls: int = 0
@@ -243,6 +247,7 @@ class PrivateLoop:
             else:
                 self._check_per_example(chunk, losses)
                 grads = self.trainer.grad_sampler.from_losses(losses)
+                self.trainer.sentinel.written(chunk.watch)  # (a buffer the chunk's passes wrote: refused, or not private)
                 if extra is not None:  # (after the chunk's backward: the check writes the chunk's tensors, then restores)
                     self._extra_replayed(chunk, extra, extra_grads)
                 summed, stats, _ = clipped_sum([(grads, losses.detach())], self.trainer.clipping, self.trainer.params)
@@ -256,6 +261,9 @@ class PrivateLoop:
                 batch.extra = {**acc, **{n: acc[n] + g if n in acc else g for n, g in extra_grads.items()}}
             chunk.done = True
             chunk.handed = chunk.floats = chunk.outputs = chunk.layer_outputs = []  # (the chunk's activations, freed)
+            inputs, labels = tree_map(lambda t: t.detach() if torch.is_tensor(t) else t, chunk.batch)
+            chunk.batch = ()
+            self.trainer.sentinel.check(self.trainer.steps, chunk.index, inputs, labels)  # before the release
             if chunk.last:
                 self._release(batch)
         except BaseException:
@@ -349,7 +357,8 @@ class PrivateLoop:
                 recording = contextlib.ExitStack()
                 recording.enter_context(trainer.grad_sampler.recording(len(c)))
                 recording.enter_context(autocast_of(trainer.grad_sampler))
-                chunk = self._chunk = _Chunk(k == len(chunks) - 1, len(c), handed, floats, recording)
+                chunk = self._chunk = _Chunk(k == len(chunks) - 1, len(c), handed, floats, recording, k,
+                                             (inputs, labels), trainer.sentinel.watch())
                 yield inputs, labels
                 if self._batch is not batch:
                     raise LoopError(

@@ -211,7 +211,7 @@ class PrivateTrainer(Checkpointing, PrivacySide):
         #: the check of the backend's per-example gradients on real examples (:mod:`dptrain.preflight.gradient_check`): the
         #: backend it settled on and its cost; None when skipped (check_gradients=False)
         self.gradient_check = None
-        self.max_physical_batch_size, self.not_private_buffers, self.gradient_check = preflight.probe_model(
+        self.max_physical_batch_size, self.not_private_buffers, self.gradient_check, probed = preflight.probe_model(
             self,
             max_physical_batch_size,
             self.independence_checked,
@@ -222,6 +222,10 @@ class PrivateTrainer(Checkpointing, PrivacySide):
         if self.augment is not None:  # (the backend sees K rows per example: the chunk's memory is for its views)
             self.max_physical_batch_size = self.augment.examples_per_chunk(self.max_physical_batch_size)
         self.randomness = randomness if randomness is not None else Randomness(seed, secure=secure_noise)
+        #: the probe's checks on the chunks of training: buffers written, batch sizes not yet checked, secret random
+        #: chunks compared with each example alone (:mod:`dptrain.preflight.sentinel`)
+        self.sentinel = preflight.sentinel_for(self, probed, self.independence_checked,
+                                               bool(check_gradients) and isinstance(grad_sampler, str), buffer_updates)
         bind = getattr(optimizer, "bind_randomness", None)
         if bind is not None:  # an update stage that draws secret randomness (ModelMix's mixing weights)
             bind(self.randomness)
@@ -483,13 +487,18 @@ class PrivateTrainer(Checkpointing, PrivacySide):
             raise
 
     def _tensor_chunks(self, idx: torch.Tensor):
-        for chunk in idx.split(self.max_physical_batch_size) if len(idx) else ():
+        for k, chunk in enumerate(idx.split(self.max_physical_batch_size) if len(idx) else ()):
             inputs, labels = to_device(self.data.batch(chunk), self.device)
             with preflight.loss_errors_named():
-                if self.augment is None:
-                    yield self.grad_sampler(inputs, labels)
-                else:
-                    yield self.augment(self.grad_sampler, inputs, labels, chunk)
+                watch = self.sentinel.watch()
+
+                def sampled(rows, row_labels, k=k, watch=watch):
+                    got = self.grad_sampler(rows, row_labels)
+                    self.sentinel.written(watch)  # a buffer the passes wrote: refused, or the run not private
+                    self.sentinel.check(self.steps, k, rows, row_labels)  # the rows the model saw (K views each)
+                    return got
+
+                yield sampled(inputs, labels) if self.augment is None else self.augment(sampled, inputs, labels, chunk)
 
     def _clipped_sum(self, idx: torch.Tensor):
         if self.group is None:

@@ -54,7 +54,8 @@ def _token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
             "example needs one label per position (-100 where none)"
         )
     per_token = F.cross_entropy(
-        logits.transpose(1, 2).float(), labels, ignore_index=IGNORE_INDEX, reduction="none"
+        logits.transpose(1, 2).to(torch.promote_types(logits.dtype, torch.float32)), labels, ignore_index=IGNORE_INDEX,
+        reduction="none",
     )  # [B, T], 0 where ignored
     counted = (labels != IGNORE_INDEX).sum(1)
     return per_token.sum(1) / counted.clamp_min(1)

@@ -1,25 +1,22 @@
-"""Buffers are part of the released model: a buffer written from a private batch is a release.
+"""Buffers are part of the released model: a buffer that a training-mode forward writes is a release.
 
 DP-SGD's guarantee covers the noisy gradients and what is computed from them. A module whose training-mode forward
-writes a statistic of its batch into a buffer (BatchNorm's running mean, a user's running average, an example
-count) puts that statistic, unnoised, into ``model.state_dict()`` and ``model.pt``; a buffer that later forwards read
-also makes one example's gradient depend on other examples. BatchNorm is refused by type
-(:func:`dptrain.models.builders.check_private_compatible`), but any module can do this, so before training
-:func:`batch_dependent_buffers` runs the model itself: training-mode forwards on a batch of real training examples, on
-the same batch with one example replaced and on the batch less one example, each from the same starting state. A
-buffer whose value after the forward differs between them (it depends on the batch's values or on its size) is
-written from private data; the model is refused naming it (:func:`check_buffers`), unless the user explicitly opts
-out (``buffer_updates="not_private"``), which labels the whole run not private.
-
-A buffer that a forward changes the same way whatever the batch (a step counter, a cache computed from shapes) holds
-no private data and is allowed. Every probe restores the buffers exactly as they were: the check leaves no trace of
-the examples it read.
+writes into a buffer (BatchNorm's running mean, a running maximum of |x|, an outlier counter, torch.ao's
+``MinMaxObserver``) puts something computed from the private batch, unnoised, into ``model.state_dict()`` and
+``model.pt``. Which statistic it is does not matter (a counter of calls counts the chunks, hence the secret batch
+sizes), so the rule is the sound one: any write is a release. A :class:`BufferWatch` sees every kind of write to every
+buffer slot of the model between two points: the tensor in the slot replaced (``self.buf = ...``), written in place
+(its version counter), its storage swapped (``set_``), or its value changed by a path that bypasses the version counter
+(``buf.data.copy_(...)``, through numpy). Before training the model probe watches its training-mode passes; during
+training every chunk's forward and backward are watched (:mod:`dptrain.preflight.sentinel`). A written buffer refuses
+the model with one line naming it (:func:`check_buffers`), unless the user opts out (``buffer_updates="not_private"``),
+which labels the whole run not private. The probe restores every buffer exactly: it leaves no trace of the examples it
+read.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable
 
 import torch
 from torch import nn
@@ -85,14 +82,8 @@ def restored(model: nn.Module):
         restore(model, saved)
 
 
-def _state(model: nn.Module) -> dict[str, torch.Tensor | None]:
-    return {name: (None if t is None else t.detach().clone()) for name, (_, _, t) in _buffers(model).items()}
-
-
-def _same(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
-    """Equal slots: both empty, or tensors of one shape and dtype with equal values (NaN equal to NaN)."""
-    if a is None or b is None:
-        return a is b
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal tensors: one shape and dtype, equal values (NaN equal to NaN)."""
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
     if a.is_floating_point() or a.is_complex():
@@ -100,21 +91,60 @@ def _same(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
     return bool(torch.equal(a, b))
 
 
-def batch_dependent_buffers(model: nn.Module, forwards: Iterable[Callable[[], object]]) -> list[str]:
-    """Names of the buffers whose state after a forward depends on which forward ran: each of ``forwards`` (e.g. a
-    training-mode forward on different batches) runs from the same starting state, which is restored after each."""
-    saved = snapshot(model)
-    states = []
-    try:
-        for forward in forwards:
-            with torch.no_grad():
-                forward()
-            states.append(_state(model))
-            restore(model, saved)
-    finally:
-        restore(model, saved)
-    names = sorted({n for s in states for n in s})
-    return [n for n in names if any(not _same(s.get(n), states[0].get(n)) for s in states[1:])]
+#: Buffers up to this size (bytes) have their values compared as well during training (larger ones are watched by
+#: slot, version and storage only there; before training every value is compared).
+COMPARED_BYTES = 2**22
+
+
+class BufferWatch:
+    """Every buffer slot of a model at one point: the tensor in it, its version counter, its storage and (for
+    buffers of at most ``max_bytes``, every one by default) a copy of its value. :meth:`written` names the buffers
+    written since."""
+
+    def __init__(self, model: nn.Module, max_bytes: int | None = None):
+        self.model = model
+        self.slots = {}
+        for name, (_, _, t) in _buffers(model).items():
+            if t is None:
+                self.slots[name] = None
+                continue
+            keep = max_bytes is None or t.numel() * t.element_size() <= max_bytes
+            self.slots[name] = (t, t._version, t.data_ptr(), t.shape, t.detach().clone() if keep else None)
+
+    def written(self) -> list[str]:
+        now = _buffers(self.model)
+        names = []
+        for name in sorted(set(now) | set(self.slots)):
+            before, after = self.slots.get(name, None), now[name][2] if name in now else None
+            if name not in now or name not in self.slots:
+                names.append(name)
+            elif before is None or after is None:
+                if before is not after:
+                    names.append(name)
+            else:
+                t, version, ptr, shape, value = before
+                if after is not t or t._version != version or t.data_ptr() != ptr or t.shape != shape:
+                    names.append(name)
+                elif value is not None and not _same(value, t):
+                    names.append(name)
+        return names
+
+    def restore(self) -> None:
+        """Every slot as it was: the same tensors, with their values put back where a copy was kept."""
+        current = _buffers(self.model)
+        for name, (module, local, _) in current.items():
+            if name not in self.slots:
+                del module._buffers[local]
+        for name, slot in self.slots.items():
+            module, local, _ = current.get(name) or _slot(self.model, name)
+            if slot is not None and slot[4] is not None:
+                tensor, value = slot[0], slot[4]
+                with torch.no_grad():
+                    if tensor.shape != value.shape or tensor.dtype != value.dtype:
+                        tensor.set_(value.clone())
+                    else:
+                        tensor.copy_(value)
+            module._buffers[local] = None if slot is None else slot[0]
 
 
 def check_buffers(names: list[str], buffer_updates: str) -> list[str]:
@@ -123,8 +153,8 @@ def check_buffers(names: list[str], buffer_updates: str) -> list[str]:
     if names and buffer_updates != "not_private":
         more = f" (and {len(names) - 1} more)" if len(names) > 1 else ""
         raise ModelError(
-            f"model buffer {names[0]!r}{more} is written from the training batch by a training-mode forward (a running "
-            "statistic of private data, released unnoised with the model); compute it without buffers, or pass "
+            f"model buffer {names[0]!r}{more} is written by a training-mode forward pass (whatever it holds, a statistic "
+            "or a count of private batches, it is released unnoised with the model); compute it without buffers, or pass "
             'buffer_updates="not_private" (config: training.buffer_updates) to train anyway with the run labelled '
             "NOT private"
         )
@@ -133,7 +163,7 @@ def check_buffers(names: list[str], buffer_updates: str) -> list[str]:
 
 __all__ = [
     "BUFFER_UPDATES",
-    "batch_dependent_buffers",
+    "BufferWatch",
     "check_buffer_updates",
     "check_buffers",
     "restored",

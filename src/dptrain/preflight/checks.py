@@ -4,9 +4,12 @@ Each check refuses in one line what DP-SGD cannot train correctly, before anythi
 
 - the model has trainable parameters, and with the default cross-entropy loss the labels are integer class
   indices in range (a one-line error instead of a raw torch error in the middle of a step);
-- buffers written from a private batch (:mod:`dptrain.preflight.buffers`) and examples that influence each other
-  (:mod:`dptrain.preflight.independence`), both probed on real training examples, as many as one physical chunk of the run
-  holds: the chunk size is settled first (:func:`auto_physical_batch_size`), so the probe sees what training sees.
+- every example of real training batches against the same example alone (:mod:`dptrain.preflight.gradient_check`):
+  in float64 on EXACT_EXAMPLES examples, every parameter's gradient on its own scale (which settles the backend and
+  proves coverage, :mod:`dptrain.stages.coverage`), then by forward passes at the run's largest chunk (the chunk size
+  is settled in between, :func:`auto_physical_batch_size`); mixing examples is refused, a wrong rule moved to
+  torch.func or refused; any buffer these training-mode passes write (:mod:`dptrain.preflight.buffers`);
+- the sentinel that continues these checks on the chunks of training (:func:`sentinel_for`).
 
 Errors name the rule that failed, never a statistic of the private data (a label's value, a count of bad rows).
 """
@@ -15,19 +18,32 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 
 import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_map
 
-from dptrain.data.batches import TensorSource, call_model, probe_like, take, with_first_replaced
-from dptrain.errors import DataError, ModelError
-from dptrain.preflight import buffers, gradient_check, independence
+from dptrain.data.batches import TensorSource, call_model
+from dptrain.errors import DataError, DPTrainError, ModelError
+from dptrain.preflight import buffers, exact, gradient_check
+from dptrain.preflight.sentinel import Sentinel
 from dptrain.stages.devices import to_device
-from dptrain.stages.per_example import cross_entropy_per_example
+from dptrain.stages.per_example import (
+    AutoGradSampler,
+    FuncGradSampler,
+    LayerwiseGradSampler,
+    LoopGradSampler,
+    cross_entropy_per_example,
+)
+from dptrain.stages.precision import MixedPrecision
 
 #: Memory the materialized per-example gradients of one physical chunk may take by default.
 PER_EXAMPLE_GRADIENT_MEMORY = 256 * 2**20
+#: Examples compared with a backward pass on each alone in float64 before training (every one of them).
+EXACT_EXAMPLES = 6
+#: The backends whose per-example gradients are those of the trainer's loss (compared with backward passes).
+OWN_BACKENDS = (AutoGradSampler, LayerwiseGradSampler, FuncGradSampler, LoopGradSampler)
 
 
 def eager(model: nn.Module) -> nn.Module:
@@ -101,11 +117,17 @@ def check_labels(model: nn.Module, source, loss_fn, device: torch.device, own_ba
     if y.dtype.is_floating_point:
         return  # class probabilities, one row per example
     inputs, _ = to_device(source.example(), device)
-    with torch.no_grad(), torch.random.fork_rng(devices=[]):
+    with torch.no_grad(), torch.random.fork_rng(devices=[]), buffers.restored(model):
         was_training = model.training
         model.eval()
-        outputs = call_model(model, tree_map(torch.zeros_like, inputs))
-        model.train(was_training)
+        try:
+            outputs = call_model(model, tree_map(torch.zeros_like, inputs))
+        except (RuntimeError, ValueError) as e:  # (a model that cannot run one example: the probe refuses it)
+            if isinstance(e, DPTrainError):
+                raise
+            return
+        finally:
+            model.train(was_training)
     if not torch.is_tensor(outputs) or outputs.dim() != 2 or y.dim() != 1:
         return
     k = outputs.shape[1]
@@ -124,27 +146,9 @@ def largest_batch(sampler) -> int:
 
 
 def probe_batch(source, k: int, device: torch.device):
-    """(x, y, other_x, other_y): the first ``k`` training examples and one more to replace example 0 with (example k,
-    or when the data set has no more, a public synthetic input with example 0's label), on ``device``."""
-    n = len(source)
-    k = min(k, n)
-    if n > k:  # collated together: a collator padding each batch to its longest sequence pads all k + 1 alike
-        x, y = to_device(source.batch(torch.arange(k + 1, device="cpu")), device)
-        first, last = torch.arange(k, device=y.device), torch.tensor([k], device=y.device)
-        x, y, other_x, other_y = take(x, first), y[:k], take(x, last), y[k:]
-    else:
-        x, y = to_device(source.batch(torch.arange(k, device="cpu")), device)
-        generator = torch.Generator().manual_seed(20231)  # public and fixed
-        other_x, other_y = probe_like(take(x, torch.arange(1, device=y.device)), 1, generator), y[:1]
-    return x, y, other_x, other_y
-
-
-def _settle(grad_sampler, source, device) -> None:
-    """One pass of the backend on two real examples: the automatic backend switches to torch.func, if it must, at its
-    first pass (the chunk size depends on which backend trains)."""
-    x, y = to_device(source.batch(torch.arange(min(2, len(source)), device="cpu")), device)
-    with torch.random.fork_rng(devices=[]), loss_errors_named():
-        grad_sampler(x, y)
+    """(x, y): the first ``k`` training examples (all of them if fewer), on ``device``."""
+    k = min(k, len(source))
+    return to_device(source.batch(torch.arange(k, device="cpu")), device)
 
 
 def chunk_size(trainer, requested: int | None, settled: bool) -> int:
@@ -155,58 +159,92 @@ def chunk_size(trainer, requested: int | None, settled: bool) -> int:
     return auto_physical_batch_size(trainer.params, factored)
 
 
+def _rows(k: int) -> list[int]:
+    """The rows of a probe chunk compared with each example alone: the first, the middle and the last."""
+    return sorted({0, k // 2, k - 1})
+
+
+def _reference(sampler) -> str:
+    """How an example alone is computed: a backward pass ("autograd"), or, for a backend object of the caller's own
+    (a GLM's closed form, which need not use the loss), that backend on a batch of one ("backend")."""
+    inner = sampler.backend if isinstance(sampler, MixedPrecision) else sampler
+    return "autograd" if isinstance(inner, OWN_BACKENDS) else "backend"
+
+
 def probe_model(
     trainer, requested_chunk: int | None, check_independence: bool, buffer_updates: str, check_gradients: bool = True
 ):
-    """Settle the backend and the chunk size, then probe the model on real training examples at that chunk size:
-    buffers, the backend's per-example gradients against single-example backward passes (:mod:`dptrain.preflight.gradient_check`,
-    which may settle on another backend), independence. Returns (physical chunk size, names of the buffers written
-    from the batch: empty unless ``buffer_updates == "not_private"``, the gradient check or None). The model's buffers
-    and torch's generator are left as they were."""
+    """The checks before the first step, on real training examples, in training mode with dropout off
+    (:mod:`dptrain.preflight.exact`), each example of a batch against the same example alone
+    (:func:`dptrain.preflight.gradient_check.settle`):
+
+    1. in float64 on the first EXACT_EXAMPLES examples, every one compared (the backend's rules exactly, per
+       parameter; coverage; mixing): this settles the backend, which the chunk size depends on;
+    2. in the training precision at the run's largest chunk (its physical chunk, or the largest batch the sampler
+       will plausibly draw if smaller): coverage, buffers and mixing at the shape training uses, three rows compared.
+
+    Returns (physical chunk size, names of the buffers a training-mode pass writes: empty unless ``buffer_updates ==
+    "not_private"``, the gradient check or None when ``check_gradients`` is off, the chunk size the probe verified).
+    The model's buffers and torch's generator are left as they were."""
+    start = time.perf_counter()
     model, source, device = trainer.model, trainer.data, trainer.device
-    with buffers.restored(model):
-        if check_independence:
-            _settle(trainer.grad_sampler, source, device)
-    # Automatic chunks count an Embedding's gradients as factored only once the backend is known to keep them so; on
-    # torch.func, or without the settling pass, all are materialized.
-    settled = check_independence and getattr(trainer.grad_sampler, "name", "").startswith("layerwise")
-    chunk = chunk_size(trainer, requested_chunk, settled)
-    x, y, other_x, other_y = probe_batch(source, min(chunk, largest_batch(trainer.sampler)), device)
-    changed = with_first_replaced(x, other_x)
-    k = len(y)
-
-    def forward(inputs):
-        def run():
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(1)
-                was_training = model.training
-                model.train()
-                try:
-                    call_model(model, inputs)
-                finally:
-                    model.train(was_training)
-
-        return run
-
-    forwards = [forward(x), forward(changed)] + ([forward(take(x, torch.arange(k - 1, device=y.device)))] if k > 1 else [])
-    written = buffers.check_buffers(buffers.batch_dependent_buffers(model, forwards), buffer_updates)
-
-    def independent() -> None:
-        if check_independence:
-            with loss_errors_named():
-                independence.check_independence(model, trainer.grad_sampler, x, y, other_x, other_y)
-
-    independent()  # first: a model that mixes examples gets that diagnosis, not a gradient mismatch
+    sampler = trainer.grad_sampler
+    reference = _reference(sampler)
+    mixing = bool(check_independence)
+    gradients = bool(check_gradients) and reference == "autograd"
+    written: set[str] = set()
+    precision = "float64"
+    xs, ys = probe_batch(source, EXACT_EXAMPLES, device)
+    with _probing(model):
+        inner = sampler.backend if isinstance(sampler, MixedPrecision) else sampler
+        try:
+            with exact.float64(model):
+                first = gradient_check.settle(
+                    trainer, exact.as_float64(xs), exact.as_float64(ys), list(range(len(ys))), gradient_check.EXACT,
+                    mixing=mixing, gradients=gradients, buffer_updates=buffer_updates, backend=inner,
+                    reference=reference,
+                )
+        except (RuntimeError, TypeError) as e:  # a model that cannot run in float64 (a dtype fixed in its code)
+            if isinstance(e, DPTrainError):
+                raise
+            precision = str(next(iter(trainer.params.values())).dtype).removeprefix("torch.")
+            first = gradient_check.settle(
+                trainer, xs, ys, list(range(len(ys))), gradient_check.tolerance_of(sampler, model), mixing=mixing,
+                gradients=gradients, buffer_updates=buffer_updates, reference=reference,
+            )
+    written |= first.written
+    # Automatic chunks count an Embedding's gradients as factored only when the settled backend keeps them so.
+    chunk = chunk_size(trainer, requested_chunk, getattr(trainer.grad_sampler, "name", "").startswith("layerwise"))
+    x, y = probe_batch(source, min(chunk, largest_batch(trainer.sampler)), device)
+    with _probing(model):
+        if mixing:
+            gradient_check.forward_check(trainer, x, y, _rows(len(y)), gradient_check.tolerance_of(sampler, model),
+                                         buffer_updates, written)
+        else:  # (the buffers a training-mode forward writes at the run's chunk, all the same)
+            gradient_check.forward_check(trainer, x, y, [], gradient_check.FLOAT, buffer_updates, written)
+    kept = buffers.check_buffers(sorted(written), buffer_updates)
     checked = None
-    if check_gradients:
-        backend = getattr(trainer.grad_sampler, "name", None)
-        with buffers.restored(model), loss_errors_named():
-            checked = gradient_check.verified_backend(trainer, x, y)
-        if checked.backend != backend:  # the backend that trains changed: probe it too
-            independent()
-            if not requested_chunk:  # (torch.func materializes what layerwise kept factored)
-                chunk = min(chunk, chunk_size(trainer, None, checked.backend.startswith("layerwise")))
-    return chunk, written, checked
+    if gradients:
+        checked = gradient_check.GradientCheck(
+            trainer.grad_sampler.name, first.rows, time.perf_counter() - start, first.moved, precision, len(y)
+        )
+    return chunk, kept, checked, len(y)
+
+
+def sentinel_for(trainer, probed: int, check_independence: bool, check_gradients: bool, buffer_updates: str):
+    """The sentinel of a trainer's run (:mod:`dptrain.preflight.sentinel`): the probe's comparisons on the chunks of
+    training, from the batch size ``probed`` on, at places keyed by the run's secret entropy."""
+    reference = _reference(trainer.grad_sampler)
+    mixing = bool(check_independence)
+    gradients = bool(check_gradients) and reference == "autograd"
+    return Sentinel(trainer, {probed} if mixing else set(), trainer.randomness.derived_key("sentinel"),
+                    mixing=mixing, gradients=gradients, reference=reference, buffer_updates=buffer_updates)
+
+
+@contextlib.contextmanager
+def _probing(model):
+    with exact.probing(model), loss_errors_named():
+        yield
 
 
 __all__ = [
@@ -217,4 +255,5 @@ __all__ = [
     "largest_batch",
     "probe_batch",
     "probe_model",
+    "sentinel_for",
 ]

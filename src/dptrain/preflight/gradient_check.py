@@ -1,51 +1,280 @@
-"""Per-example gradients verified on the user's own model before training.
+"""Per-example gradients verified on the user's own model: each example's gradient computed inside its batch, by the
+backend that trains, against the same example's gradient computed alone.
 
-Every backend is tested against a loop of single-example backward passes on the models of the test suite, but a
-user brings a model nobody tested: tied weights, inputs broadcast against the batch, a custom layer, a hook. So
-before the first step :func:`verified_backend` takes a few real training examples of the probe batch (one physical
-chunk of the run), computes their per-example gradients with the chosen backend inside that chunk, and compares each
-parameter with an ordinary backward pass on each example alone. A mismatch is never trained on:
+One comparison answers both questions a per-example gradient raises. Example i's loss and gradient computed in a
+batch must equal its loss and gradient computed on a batch of i alone:
 
-- the automatic backend first hands the modules owning the mismatched parameters to torch.func (per module), then the
-  whole model, checking again after each change;
-- a backend the user chose, or one that still disagrees, refuses the model with a one-line
-  :class:`~dptrain.errors.ModelError` naming the parameter.
+- if they differ for the **loss**, the model mixes examples (its output for one example depends on the others: a
+  normalization by the batch maximum, ``h - h.mean(0)``, a layer that mixes only in batches of some sizes), and
+  per-example clipping would not bound one example's influence: the model is refused (the independence check);
+- if the losses agree but a **parameter's gradient** differs, the backend's rule for it is wrong or incomplete on this
+  model (or the model mixes examples in its backward pass only): the automatic backend differentiates the modules
+  owning it by torch.func, then the whole model, and checks again; a backend the user chose is refused naming the
+  parameter.
 
-Both computations run with the model in evaluation mode (dropout off), so that they see the same function; the
-check's only outcome is the backend that trains, or a refusal.
+Removing every other example at once sees any dependence on them, whichever example carries it: a model normalizing
+by the batch maximum moves the gradient of every example but the one holding the maximum. Each parameter is compared
+on its own scale, not against the whole gradient (a missing adapter is 100% wrong on its own parameters and 2e-4 of
+the whole), in training mode with dropout off (:mod:`dptrain.preflight.exact`). The tolerance depends on the precision
+(:class:`Tolerance`): in float64 (:data:`EXACT`) rounding is about 1e-11 of a parameter's gradient, so 1e-6 tells a
+rule 1e-3 off from rounding; in float32 (:data:`FLOAT`) rounding of a cancellation reaches 4e-3 of a parameter's
+gradient, so a parameter fails only beyond 5e-2 of its own gradient and 1e-4 of the example's whole gradient (a
+missing gradient, a mixing model; a rule 1e-3 off is the float64 check's to find).
+
+:func:`settle` runs one batch through the backend and compares chosen rows (:func:`compare`), widening the automatic
+backend until every parameter is covered and agrees; :func:`forward_check` compares the model's outputs only, by
+forward passes (mixing, at a batch size the backward passes were not compared at). The model probe
+(:mod:`dptrain.preflight.checks`) settles in float64 on a few examples and checks forward at the run's largest chunk;
+the sentinel (:mod:`dptrain.preflight.sentinel`) checks forward at every new batch size of training and compares
+forward and backward at secret chunks. Their only outcomes are the backend that trains, or a one-line refusal.
 """
 
 from __future__ import annotations
 
-import time
+import contextlib
 from dataclasses import dataclass, field
 
 import torch
+from torch.utils._pytree import tree_flatten
 
 from dptrain.data.batches import call_model, take
-from dptrain.errors import ModelError
-from dptrain.stages.per_example import AutoGradSampler, trainable_parameters
+from dptrain.errors import DPTrainError, ModelError
+from dptrain.preflight.buffers import BufferWatch, check_buffers, restored
+from dptrain.stages.coverage import CoverageError, ModuleCalls
+from dptrain.stages.per_example import AutoGradSampler, LayerwiseGradSampler, trainable_parameters
 from dptrain.stages.precision import LOW, MixedPrecision, autocast_of
 
-#: Examples of the probe batch whose gradients are checked (the first, the second and the last of the chunk).
-CHECKED = 3
-#: A parameter's gradient agrees when its error is within this fraction of the example's whole gradient norm (float32
-#: rounding of a batched computation against a single one is around 1e-6 of it).
-RTOL = 1e-3
-ATOL = 1e-7
-#: Under bf16/fp16 autocast the batched and the single passes round differently (about 1e-2 of the norm for bf16);
-#: the errors the check exists for (a use of a weight missed: GPT-2's tied embedding was 80% off) are far larger.
-RTOL_LOW = 5e-2
+CHECK_NAME = "the per-example independence check"
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """A parameter's gradient agrees when ||batch - alone|| <= param x ||its alone gradient|| + whole x ||the example's
+    whole alone gradient||; a loss when |batch - alone| <= loss x |alone loss| (+ loss x 1e-12)."""
+
+    param: float
+    whole: float
+    loss: float
+
+
+#: float64: rounding is about 1e-11 of a parameter's gradient.
+EXACT = Tolerance(1e-6, 1e-9, 1e-9)
+#: float32: rounding reaches 4e-3 of a tiny parameter gradient (a cancellation), about 1e-6 of the whole.
+FLOAT = Tolerance(5e-2, 1e-4, 1e-4)
+#: bf16 / fp16 (autocast or weights): a batched and a single pass round differently, about 1e-2 of the whole.
+HALF = Tolerance(0.0, 5e-2, 5e-2)
+
+
+def tolerance_of(sampler, model) -> Tolerance:
+    """The tolerance for the precision a backend runs in: its autocast dtype, else its parameters' dtype."""
+    if getattr(sampler, "dtype", None) in LOW or any(p.dtype in LOW for p in trainable_parameters(model).values()):
+        return HALF
+    if all(p.dtype == torch.float64 for p in trainable_parameters(model).values()):
+        return EXACT
+    return FLOAT
+
+
+@dataclass
+class Settled:
+    """What a settle did: the examples it compared, the parameters moved to torch.func (coverage or mismatch), the
+    buffers the passes wrote."""
+
+    rows: int = 0
+    moved: list[str] = field(default_factory=list)
+    written: set[str] = field(default_factory=set)
+
+
+def auto_of(sampler) -> AutoGradSampler | None:
+    inner = sampler.backend if isinstance(sampler, MixedPrecision) else sampler
+    return inner if isinstance(inner, AutoGradSampler) else None
+
+
+def _batched_forward(sampler) -> bool:
+    """Whether the backend's losses come from one forward pass on the batch (layerwise), not example by example."""
+    inner = sampler.backend if isinstance(sampler, MixedPrecision) else sampler
+    inner = inner.backend if isinstance(inner, AutoGradSampler) else inner
+    return isinstance(inner, LayerwiseGradSampler)
+
+
+@contextlib.contextmanager
+def _one_example():
+    """A model that fails on a batch of one example (it needs the others: batch statistics) as a one-line refusal."""
+    try:
+        yield
+    except (RuntimeError, ValueError) as e:
+        if isinstance(e, DPTrainError):
+            raise
+        raise ModelError(
+            f"{CHECK_NAME} failed: the model cannot compute an example alone (a batch of one example raised "
+            f"{type(e).__name__}), so it needs the other examples of a batch to compute one (batch statistics) and "
+            "per-example clipping does not bound one example's influence (and a chunk of training may hold one "
+            "example); remove the cross-example operation (BatchNorm -> GroupNorm)"
+        ) from None
+
+
+def _alone(model, loss_fn, x, y, params, i: int, autocast):
+    """Example i's loss and gradient (by parameter name) from a backward pass on a batch of that example alone."""
+    idx = torch.tensor([i], device=y.device)
+    with torch.enable_grad(), autocast, _one_example():
+        loss = loss_fn(call_model(model, take(x, idx)), y[i : i + 1]).reshape(())
+        grads = torch.autograd.grad(loss, list(params.values()), allow_unused=True)
+    out = {n: torch.zeros_like(p) if g is None else g.detach() for (n, p), g in zip(params.items(), grads, strict=True)}
+    return out, loss.detach()
+
+
+def _row(grads, i: int, n: int, like: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Row i of a chunk's per-example gradients (the others zeroed, not multiplied by 0: a NaN must not leak)."""
+    others = torch.ones(n, dtype=torch.bool, device=like.device)
+    others[i] = False
+    return grads.zero_examples(others).weighted_sum(torch.ones(n, dtype=like.dtype, device=like.device))
+
+
+def mixing_error(i: int, k: int) -> ModelError:
+    return ModelError(
+        f"{CHECK_NAME} failed: an example's output or loss computed in a batch of {k} differs from the same example's "
+        "computed alone, so the model mixes the examples of a batch (a statistic of the batch: its mean, its maximum, "
+        "BatchNorm, ...) and per-example clipping does not bound one example's influence; remove the cross-example "
+        "operation (BatchNorm -> GroupNorm), or pass check_independence=False only if you are sure"
+    )
+
+
+def refusal(name: str, backend: str, k: int) -> ModelError:
+    return ModelError(
+        f"the per-example gradient of parameter {name!r} from the {backend} backend, computed in a batch of {k}, does "
+        "not match a backward pass on the example alone, so this model cannot be trained with correct per-example "
+        "clipping (the backend's rule is wrong for it, or the model mixes examples in its backward pass); report the "
+        "model, or try grad_sampler='func' or 'loop'"
+    )
+
+
+def compare(model, sampler, loss_fn, x, y, grads, losses, rows: list[int], tol: Tolerance, *,
+            mixing: bool, gradients: bool, reference: str = "autograd") -> tuple[list[int], list[str]]:
+    """(rows whose loss moved, names of the parameters whose gradient disagrees) between the batch's per-example
+    ``grads`` / ``losses`` and each row of ``rows`` computed alone. ``reference``: "autograd" (a backward pass on the
+    example alone) or "backend" (the backend itself on a batch of one: a backend of the caller's own that need not use
+    ``loss_fn``, checked for mixing only)."""
+    params = trainable_parameters(model)
+    first = next(iter(params.values()))
+    n = len(y)
+    autocast = autocast_of(sampler)
+    gradients = gradients or (mixing and reference == "backend")  # (a backend's own: mixing shows in its rows)
+    if mixing and reference == "autograd" and (losses is None or not _batched_forward(sampler)):
+        with torch.no_grad(), autocast:  # (torch.func and the loop compute each loss alone: the batch's, here)
+            losses = loss_fn(call_model(model, x), y)
+    moved, bad = [], []
+    for i in rows:
+        if reference == "autograd":
+            with restored(model):
+                alone, alone_loss = _alone(model, loss_fn, x, y, params, i, autocast)
+        else:
+            with restored(model):
+                one, alone_loss = sampler(take(x, torch.tensor([i], device=y.device)), y[i : i + 1])
+            alone = _row(one, 0, 1, first)
+            alone_loss = None if alone_loss is None else alone_loss.reshape(-1)[0]
+        if mixing and losses is not None and alone_loss is not None:
+            a, b = float(alone_loss), float(losses[i])
+            if not abs(a - b) <= tol.loss * (abs(a) + 1e-12):  # (NaN fails too)
+                if abs(a) < float("inf"):
+                    moved.append(i)
+                    continue
+        if not gradients:
+            continue
+        batched = _row(grads, i, n, first)
+        whole = float(torch.sqrt(sum((g.double() ** 2).sum() for g in alone.values())))
+        if not whole < float("inf"):
+            continue  # a non-finite gradient is the step's to refuse (NonFiniteError), not the backend's
+        for name, g in alone.items():
+            err = float((batched[name].reshape(g.shape).double() - g.double()).norm())
+            own = float(g.double().norm())
+            if not err <= tol.param * own + tol.whole * whole and name not in bad:  # (NaN fails too)
+                bad.append(name)
+    return moved, bad
+
+
+def _leaves(out) -> list:
+    """The leaves of a model's output (a tensor, or tuples, lists, dicts and ModelOutputs holding some)."""
+    return tree_flatten(out)[0]
+
+
+def forward_check(trainer, x, y, rows: list[int], tol: Tolerance, buffer_updates: str, written: set[str]) -> None:
+    """The mixing half of the comparison, forward passes only: the model's outputs (every tensor with a batch
+    dimension) for ``rows`` of the batch against each example's outputs alone; a mixing model is refused
+    (ModelError). The forwards' buffer writes are added to ``written`` (and refused unless ``buffer_updates`` says not
+    private). For a batch size the backward passes were not compared at: mixing shows in the outputs."""
+    model, k = trainer.model, len(y)
+    autocast = autocast_of(trainer.grad_sampler)
+    watch = BufferWatch(model)
+    try:
+        with torch.no_grad(), autocast:
+            batched = _leaves(call_model(model, x))
+    finally:
+        written.update(watch.written())
+        watch.restore()
+    check_buffers(sorted(written), buffer_updates)
+    for i in rows:
+        with restored(model), torch.no_grad(), autocast, _one_example():
+            alone = _leaves(call_model(model, take(x, torch.tensor([i], device=y.device))))
+        for a, b in zip(alone, batched, strict=False):  # (the same output, leaf by leaf: an example's rows)
+            if not (torch.is_tensor(a) and torch.is_tensor(b) and a.dim() and b.dim() and len(a) == 1 and len(b) == k
+                    and a.shape[1:] == b.shape[1:]):
+                continue
+            a, b = a[0].double(), b[i].double()
+            if not float((a - b).norm()) <= tol.loss * float(a.norm()) + 1e-30 and bool(a.isfinite().all()):
+                raise mixing_error(i, k)  # (a non-finite output of the example alone is the step's to refuse)
+
+
+def settle(trainer, x, y, rows: list[int], tol: Tolerance, *, mixing: bool, gradients: bool, buffer_updates: str,
+           backend=None, reference: str = "autograd") -> Settled:
+    """Run the batch (``x``, ``y``) through the trainer's backend (or ``backend``, the one under the trainer's mixed
+    precision) and compare ``rows`` with each example alone; the automatic backend widens what torch.func
+    differentiates until every parameter is covered and agrees. Refuses (ModelError) a written buffer (unless
+    ``buffer_updates`` says not private), a mixing model, a parameter no backend gets right."""
+    model, loss_fn = trainer.model, trainer.loss_fn
+    sampler = backend if backend is not None else trainer.grad_sampler
+    auto = auto_of(sampler)
+    names = {id(p): n for n, p in trainable_parameters(model).items()}
+    out = Settled(rows=len(rows) if (mixing or gradients) else 0)
+    while True:
+        watch, calls = BufferWatch(model), ModuleCalls(model)
+        try:
+            with calls.watching():
+                grads, losses = sampler(x, y)
+        except CoverageError as e:
+            if e.fixable and auto is not None and auto.cover(e.names, calls.called):
+                out.moved += [n for n in e.names if n not in out.moved]
+                continue
+            raise
+        finally:
+            out.written.update(watch.written())
+            watch.restore()
+        check_buffers(sorted(out.written), buffer_updates)
+        if not _batched_forward(sampler):  # (the layerwise backend refuses those itself, on every chunk)
+            calls.refuse_without_autograd(names)
+        if not (mixing or gradients):
+            return out
+        moved, bad = compare(model, sampler, loss_fn, x, y, grads, losses, rows, tol, mixing=mixing,
+                             gradients=gradients, reference=reference)
+        if moved:
+            raise mixing_error(moved[0], len(y))
+        if not bad:
+            return out
+        if auto is not None and auto.move_to_func(bad):
+            out.moved += [n for n in bad if n not in out.moved]
+            continue
+        raise refusal(bad[0], getattr(sampler, "name", type(sampler).__name__), len(y))
 
 
 @dataclass
 class GradientCheck:
-    """What the check did: the backend it settled on, the parameters handed to torch.func, its cost."""
+    """What the checks before training did: the backend they settled on, the examples compared with single-example
+    passes (in float64 and at the run's largest chunk), the parameters handed to torch.func, their cost."""
 
     backend: str
     examples: int
     seconds: float
     moved_to_func: list[str] = field(default_factory=list)
+    precision: str = "float64"
+    chunk: int = 0
 
     def to_dict(self) -> dict:
         return {
@@ -53,72 +282,10 @@ class GradientCheck:
             "examples": self.examples,
             "seconds": self.seconds,
             "moved_to_func": self.moved_to_func,
+            "precision": self.precision,
+            "chunk": self.chunk,
         }
 
 
-def _single(model, loss_fn, x, y, params: dict[str, torch.Tensor], i: int, autocast) -> dict[str, torch.Tensor]:
-    idx = torch.tensor([i], device=y.device)
-    with torch.enable_grad(), autocast:
-        loss = loss_fn(call_model(model, take(x, idx)), y[i : i + 1]).sum()
-        grads = torch.autograd.grad(loss, list(params.values()), allow_unused=True)
-    return {n: torch.zeros_like(p) if g is None else g.detach() for (n, p), g in zip(params.items(), grads, strict=True)}
-
-
-def mismatched(model, grad_sampler, loss_fn, x, y, rows: list[int]) -> list[str]:
-    """Names of the parameters whose per-example gradient (from ``grad_sampler`` on the batch ``x``, ``y``) differs
-    from a single-example backward pass for any example in ``rows``. The model runs in evaluation mode."""
-    params = trainable_parameters(model)
-    rtol = RTOL_LOW if getattr(grad_sampler, "dtype", None) in LOW else RTOL
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.random.fork_rng(devices=[]):
-            grads, _ = grad_sampler(x, y)
-            first = next(iter(params.values()))
-            bad: list[str] = []
-            for i in rows:
-                others = torch.ones(len(y), dtype=torch.bool, device=y.device)
-                others[i] = False  # (zeroed, not multiplied by 0: another example's NaN must not leak into this row)
-                batched = grads.zero_examples(others).weighted_sum(torch.ones(len(y), dtype=first.dtype,
-                                                                              device=first.device))
-                alone = _single(model, loss_fn, x, y, params, i, autocast_of(grad_sampler))
-                scale = float(torch.sqrt(sum((g.double() ** 2).sum() for g in alone.values())))
-                if not scale < float("inf"):
-                    continue  # a non-finite gradient is the step's to refuse (NonFiniteError), not the backend's
-                for n, g in alone.items():
-                    err = float((batched[n].reshape(g.shape).double() - g.double()).norm())
-                    if not err <= rtol * scale + ATOL and n not in bad:  # (NaN fails too)
-                        bad.append(n)
-    finally:
-        model.train(was_training)
-    return bad
-
-
-def _refuse(name: str, backend: str) -> ModelError:
-    return ModelError(
-        f"the per-example gradient of parameter {name!r} from the {backend} backend does not match a backward pass on "
-        "each example alone, so this model cannot be trained with correct per-example clipping; report the model, or "
-        "try grad_sampler='func' or 'layerwise'"
-    )
-
-
-def verified_backend(trainer, x, y) -> GradientCheck:
-    """Check the trainer's backend on the probe batch (``x``, ``y``: real examples, one chunk) and settle on one that
-    agrees with the single-example loop (module docstring); the trainer's ``grad_sampler`` may be replaced."""
-    start = time.perf_counter()
-    k = len(y)
-    rows = sorted({0, min(1, k - 1), k - 1})[:CHECKED]
-    sampler, model, loss_fn = trainer.grad_sampler, trainer.model, trainer.loss_fn
-    moved: list[str] = []
-    bad = mismatched(model, sampler, loss_fn, x, y, rows)
-    if bad and isinstance(getattr(sampler, "backend", None) if isinstance(sampler, MixedPrecision) else sampler,
-                          AutoGradSampler):
-        while bad and sampler.move_to_func(bad):  # the owning modules to torch.func, then the whole model
-            moved += [n for n in bad if n not in moved]
-            bad = mismatched(model, sampler, loss_fn, x, y, rows)
-    if bad:
-        raise _refuse(bad[0], getattr(sampler, "name", type(sampler).__name__))
-    return GradientCheck(getattr(sampler, "name", type(sampler).__name__), len(rows), time.perf_counter() - start, moved)
-
-
-__all__ = ["GradientCheck", "mismatched", "verified_backend"]
+__all__ = ["EXACT", "FLOAT", "HALF", "GradientCheck", "Settled", "Tolerance", "compare", "forward_check", "settle",
+           "tolerance_of"]

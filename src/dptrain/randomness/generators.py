@@ -22,6 +22,7 @@ Two kinds of stream implement one small interface (:class:`dptrain.randomness.st
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 import warnings
 
@@ -175,6 +176,13 @@ class Randomness:
             else:
                 self._streams[purpose] = TorchStream(int(seq.generate_state(1, np.uint64)[0]))
         return self._streams[purpose]
+
+    def derived_key(self, purpose: str) -> bytes:
+        """32 secret bytes for ``purpose``, a keyed hash (BLAKE2b) of the run's entropy: the same for the whole run and
+        across resumes, for decisions that must be a fixed secret function of the step (the sentinel's), not draws of a
+        stream that an error rolls back. Never written anywhere."""
+        entropy = self._entropy.to_bytes((max(self._entropy.bit_length(), 1) + 7) // 8, "little")
+        return hashlib.blake2b(entropy, digest_size=32, person=b"dptrain-key", salt=purpose.encode()[:16]).digest()
 
     def seed_torch(self, purpose: str = "init") -> None:
         """Seed torch's global generator (model initialization, dropout) from ``purpose``'s sequence."""

@@ -57,6 +57,7 @@ from dptrain.stages.batch_layout import (
     view_rows,
 )
 from dptrain.stages.batch_layout import tensors as _tensors
+from dptrain.stages.coverage import Call, check_coverage, input_nodes, nearest_called_ancestor
 from dptrain.stages.gradient_factors import (
     PerExampleGrads,
     _EmbeddingFactors,
@@ -385,7 +386,14 @@ class LayerwiseGradSampler:
         self._fallback: dict[nn.Module, str] = {}
         covered: set[int] = set()
         for prefix, m in model.named_modules():
-            if id(m) in covered or not any(p.requires_grad for p in m.parameters(recurse=False)):
+            if id(m) in covered:
+                continue
+            if m in to_func and not any(p.requires_grad for p in m.parameters(recurse=False)):
+                if any(p.requires_grad for p in m.parameters()):  # (a module that reads its children's parameters)
+                    self._fallback[m] = prefix
+                    covered.update(id(sub) for sub in m.modules())
+                continue
+            if not any(p.requires_grad for p in m.parameters(recurse=False)):
                 continue
             rule = None if m in to_func else _layerwise_rule(m)
             if rule is not None:
@@ -406,6 +414,13 @@ class LayerwiseGradSampler:
         #: a parameter's name in the model by identity: a tied parameter (GPT-2's token embedding, also its output
         #: layer's weight) is reached from several modules under several names, and every use adds to its gradient
         self._names = {id(p): n for n, p in self._params.items()}
+        #: module -> ids of the parameters whose per-example gradients its calls record (a layer's own, a fallback
+        #: module's whole subtree's): what :func:`dptrain.stages.coverage.check_coverage` holds every use against
+        self._covers = {m: {id(p) for p in m.parameters(recurse=False) if p.requires_grad} for m in self._layers}
+        self._covers.update({m: {id(p) for p in m.parameters() if p.requires_grad} for m in self._fallback})
+        self._calls: list[Call] = []  # the recorded calls of the forward pass being recorded (for coverage)
+        self._without_autograd: list[nn.Module] = []  # covering modules it ran with autograd off
+        self._recorded_calls: tuple[list[Call], list[nn.Module]] | None = None
         self._handles = [model.register_forward_pre_hook(self._before_forward, with_kwargs=True)]
         self._handles += [m.register_forward_hook(self._record) for m in self._layers]
         self._handles += [m.register_forward_hook(self._record_call, with_kwargs=True) for m in self._fallback]
@@ -416,9 +431,12 @@ class LayerwiseGradSampler:
         if self._records is not None:
             self._layout_of.forward_begins(args, kwargs, self._batch)
 
+    @torch.compiler.disable  # (a hook runs eagerly: the tensors it records must be the layer's own, not a graph's)
     def _record(self, module, inputs, output):
         if self._layout_of.probing:
             return self._layout_of.probe_record(module, [inputs[0]], output)
+        if self._records is not None and not torch.is_grad_enabled() and module not in self._without_autograd:
+            self._without_autograd.append(module)
         if self._records is None or not (torch.is_tensor(output) and output.requires_grad):
             return None  # (not recording, or a forward under no_grad: nothing to differentiate)
         a, b = inputs[0].detach(), self._batch
@@ -432,19 +450,27 @@ class LayerwiseGradSampler:
             # measurement verified that the model's outputs do not change (dptrain.stages.batch_layout).
             output, a = expanded(output, b, layout.expand), expanded(a, b, layout.expand)
             self._records.setdefault(module, []).append((a, output, output._version, EXPANDED))
+            self._calls.append(Call(module, [output], input_nodes(inputs[0])))
             return output
         self._records.setdefault(module, []).append((a, output, output._version, layout))
+        self._calls.append(Call(module, [output], input_nodes(inputs[0])))
         return None
 
+    @torch.compiler.disable
     def _record_call(self, module, args, kwargs, output):
         if self._layout_of.probing:
             self._layout_of.probe_record(module, tree_flatten((tuple(args), dict(kwargs)))[0], output)
-        elif self._records is not None and any(t.requires_grad for t in _tensors(output)):
+            return None
+        if self._records is not None and not torch.is_grad_enabled() and module not in self._without_autograd:
+            self._without_autograd.append(module)
+        if self._records is not None and any(t.requires_grad for t in _tensors(output)):
             layout = self._layout_of.call(module)
+            nodes = input_nodes(args, kwargs)
             args = tuple(a.detach() if torch.is_tensor(a) else a for a in args)
             output, outs = separated(output)  # (each output's own gradient, not also another's flowing into it)
             record = (args, dict(kwargs), _tensors(output) if outs is None else outs, layout, outs is not None)
             self._records.setdefault(module, []).append(record)
+            self._calls.append(Call(module, _tensors(output), nodes))
             return output
         return None
 
@@ -466,10 +492,13 @@ class LayerwiseGradSampler:
         """Record the layers' inputs and outputs of the forward pass(es) run inside (``batch`` examples), for
         :meth:`from_losses`. A caller's own training loop runs its forward pass inside it."""
         self._records, self._batch = {}, int(batch)
+        self._calls, self._without_autograd = [], []
         try:
             yield
         finally:
             self._recorded, self._records = self._records, None
+            self._recorded_calls = (self._calls, self._without_autograd)
+            self._calls, self._without_autograd = [], []
 
     def _rows(self, m: nn.Module, a: torch.Tensor, out: torch.Tensor, layout) -> int:
         """Rows per example of a recorded call of a layer with a rule (module docstring of batch_layout)."""
@@ -509,8 +538,11 @@ class LayerwiseGradSampler:
         last :meth:`recording`): one backward pass to the recorded layer outputs, then each layer's rule on the rows
         of each example (dptrain.stages.batch_layout). The records are used once."""
         records, self._recorded = self._recorded, None
+        (recorded, without_autograd), self._recorded_calls = self._recorded_calls or ([], []), None
         if records is None:
             raise ModelError("per-example gradients need the forward pass recorded first (and use it once)")
+        if torch.is_tensor(losses):  # every use of every trainable parameter is in a recorded call, or refused
+            check_coverage(losses, recorded, self._covers, self._names, without_autograd)
         calls = [(m, *r) for m, recs in records.items() if m in self._layers for r in recs]
         fallbacks = [(m, *r) for m, recs in records.items() if m in self._fallback for r in recs]
         if any(out._version != v for _, _, out, v, _ in calls):
@@ -631,6 +663,27 @@ class AutoGradSampler:
                 )
                 return True
         self._next()
+        return True
+
+    def cover(self, names: list[str], called: set[nn.Module]) -> bool:
+        """Cover the parameters ``names``, some of whose uses no recorded call covered (a CoverageError): the nearest
+        module above their covering modules that the forward pass called (in ``called``) is differentiated by
+        torch.func, per module; the model itself, or a model on torch.func already, goes to torch.func whole (covered
+        by construction). False when nothing is left to try."""
+        backend = self.backend
+        if not isinstance(backend, LayerwiseGradSampler):
+            return False
+        wider = set()
+        for n in names:
+            p = backend._params[n]
+            inside = [m for m, ids in backend._covers.items() if id(p) in ids]
+            a = nearest_called_ancestor(self.model, n, called, inside)
+            if a is None or a is self.model:
+                self._next()
+                return True
+            wider.add(a)
+        backend.close()
+        self.backend = LayerwiseGradSampler(self.model, self.loss_fn, to_func=frozenset(wider | backend._to_func))
         return True
 
     def close(self) -> None:

@@ -1,0 +1,136 @@
+"""The sentinel: the model probe's checks, continued on the chunks training actually forms.
+
+The probe before training (:mod:`dptrain.preflight.checks`) sees the shapes and examples it tries. A model may behave
+differently at others: mix examples only in the Poisson remainder chunk, only for odd batch sizes, only when an
+outlier is in the batch; write a buffer only on some batches. So during training, on every chunk, before anything of
+its step is released:
+
+- **buffers**: every buffer slot is watched across the chunk's forward and backward pass
+  (:class:`dptrain.preflight.buffers.BufferWatch`: slot, version counter, storage, and the value of buffers up to
+  4 MiB). A write refuses the step with one line naming the buffer (the buffer is put back: nothing of the batch stays
+  in the model), or, with ``buffer_updates="not_private"``, labels the run not private from then on;
+- **coverage** is proven on every chunk by the layerwise backend itself (:mod:`dptrain.stages.coverage`);
+- **mixing at every batch size**: the first chunk of every batch size the run meets (the probe checked one) is
+  compared with the same examples alone, by forward passes (:func:`dptrain.preflight.gradient_check.forward_check`:
+  training mode, dropout off, the training precision's tolerance), on ROWS secret rows. So no step is released from a
+  chunk of a batch size whose mixing was never checked (the Poisson remainder chunk, an odd size);
+- **per-example gradients at secret places**: RATE of the chunks, at secret random places, are compared forward and
+  backward (:func:`dptrain.preflight.gradient_check.compare`): data-dependent mixing or a rule wrong on some data
+  that the probe missed is caught with probability RATE per chunk where it occurs.
+
+A mismatch stops the run before the step's release with a :class:`SentinelError`, and the trainer is marked not
+private (its report is not certified: earlier steps may have mixed examples unseen). Which chunks and rows are
+checked is a keyed hash of the step with a secret key derived from the run's entropy
+(:meth:`dptrain.randomness.generators.Randomness.derived_key`): secret, and the same when a step is retried or the run
+resumed, so a stopped run stops again at the same place. The comparison's outcome is released only as "the run went
+on": for a model that computes each example's gradient from that example alone it passes whatever the data (float
+rounding is far inside the tolerance), so it says nothing about the data of a run that is certified.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from dptrain.errors import ModelError
+from dptrain.preflight import exact, gradient_check
+from dptrain.preflight.buffers import COMPARED_BYTES, BufferWatch, check_buffers
+
+#: The fraction of chunks compared at secret random places (besides the first chunk of each new batch size).
+RATE = 1 / 64
+#: Examples of a checked chunk compared with each example alone.
+ROWS = 2
+
+
+class SentinelError(ModelError):
+    """The sentinel found, during training, a chunk whose per-example gradients are not each example's alone."""
+
+
+class Sentinel:
+    """The checks of every chunk of a run (module docstring). ``verified``: batch sizes the probe compared;
+    ``key``: the secret key of the checked places; ``mixing`` / ``gradients``: which comparisons run;
+    ``reference``: how an example alone is computed (:func:`dptrain.preflight.gradient_check.compare`)."""
+
+    def __init__(self, trainer, verified: set[int], key: bytes, *, mixing: bool, gradients: bool, reference: str,
+                 buffer_updates: str):
+        self.trainer, self.verified, self._key = trainer, set(verified), key
+        self.mixing, self.gradients, self.reference = mixing, gradients, reference
+        self.buffer_updates = buffer_updates
+        #: why the sentinel stopped the run (None: it did not); such a run is not private
+        self.stopped: str | None = None
+        #: chunks compared so far (in this process)
+        self.checked = 0
+
+    # -- buffers -----------------------------------------------------------------------------------------------
+    def watch(self) -> BufferWatch:
+        """Every buffer of the model as it is before a chunk's forward pass."""
+        return BufferWatch(self.trainer.model, COMPARED_BYTES)
+
+    def written(self, watch: BufferWatch) -> None:
+        """After a chunk's forward and backward pass: a written buffer is put back and refused, or (not private by
+        the user's choice) recorded, labelling the run not private."""
+        names = watch.written()
+        if not names:
+            return
+        if self.buffer_updates != "not_private":
+            watch.restore()
+            check_buffers(names, self.buffer_updates)
+        trainer = self.trainer
+        trainer.not_private_buffers[:] = sorted({*trainer.not_private_buffers, *names})
+        trainer.ledger.private = trainer.private
+
+    # -- per-example gradients ---------------------------------------------------------------------------------
+    def _hash(self, step: int, index: int) -> bytes:
+        data = step.to_bytes(8, "little") + index.to_bytes(8, "little")
+        return hashlib.blake2b(data, key=self._key, digest_size=32).digest()
+
+    def due(self, step: int, index: int, size: int) -> tuple[list[int], bool, bool]:
+        """(rows, new size, secret place) of chunk ``index`` of step ``step`` (``size`` examples): the rows to compare
+        (none: not checked), whether the chunk's batch size is one not checked yet, whether it is a secret place."""
+        if size < 1 or not (self.mixing or self.gradients):
+            return [], False, False
+        h = self._hash(step, index)
+        new = self.mixing and size not in self.verified
+        secret = int.from_bytes(h[:8], "little") < RATE * 2**64
+        if not (new or secret):
+            return [], False, False
+        return sorted({int.from_bytes(h[8 + 8 * r : 16 + 8 * r], "little") % size for r in range(ROWS)}), new, secret
+
+    def check(self, step: int, index: int, x, y) -> None:
+        """Compare chunk ``index`` of step ``step`` (inputs ``x``, labels ``y``, on the trainer's device) with each
+        example alone if it is due: forward passes for a new batch size (mixing shows in the outputs), forward and
+        backward at a secret place. SentinelError (the run marked not private) on a mismatch."""
+        rows, new, secret = self.due(step, index, len(y))
+        if not rows:
+            return
+        trainer = self.trainer
+        sampler, model = trainer.grad_sampler, trainer.model
+        tol = gradient_check.tolerance_of(sampler, model)
+        moved, bad = [], []
+        with exact.probing(model):
+            if new:
+                try:
+                    gradient_check.forward_check(trainer, x, y, rows, tol, "not_private", set())
+                except ModelError:
+                    moved = rows
+            if secret and not moved:
+                grads, losses = sampler(x, y)
+                moved, bad = gradient_check.compare(model, sampler, trainer.loss_fn, x, y, grads, losses, rows, tol,
+                                                    mixing=self.mixing, gradients=self.gradients,
+                                                    reference=self.reference)
+        self.checked += 1
+        if moved or bad:
+            what = ("an example's output or loss in its chunk differs from the example's alone (the model mixes "
+                    "examples)" if moved else
+                    f"the per-example gradient of parameter {bad[0]!r} differs from the example's alone")
+            # (not the chunk's size: a Poisson batch's realized size is secret)
+            self.stopped = f"the sentinel stopped the run at step {step + 1}: {what}"
+            trainer.ledger.private = False
+            raise SentinelError(
+                f"{self.stopped}; nothing of that step was released and the run is not certified (earlier steps may "
+                "have mixed examples unseen): remove the cross-example operation, or report the model"
+            )
+        if new:
+            self.verified.add(len(y))
+
+
+__all__ = ["RATE", "ROWS", "Sentinel", "SentinelError"]
