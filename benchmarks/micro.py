@@ -23,6 +23,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+import dptrain.stages.layer_rules as rules
 import dptrain.stages.per_example as pe
 from dptrain.runs.cpu_memory import keep_freed_memory
 
@@ -34,7 +35,7 @@ CONV_LAYERS = (
     ("resnet20 64->64", 128, 64, 64, 8, 3, 1, 1),
     ("cnn28 conv1", 256, 1, 16, 28, 8, 2, 3),
     ("cnn28 conv2", 256, 16, 32, 13, 4, 2, 0),
-    # where the forward form stops paying (dptrain.stages.per_example.CONV_FORWARD_BELOW_CHANNELS)
+    # where the forward form stops paying (dptrain.stages.layer_rules.CONV_FORWARD_BELOW_CHANNELS)
     ("1->16, 32x32", 128, 1, 16, 32, 3, 1, 1),
     ("6->16, 32x32", 128, 6, 16, 32, 3, 1, 1),
     ("8->16, 32x32", 128, 8, 16, 32, 3, 1, 1),
@@ -85,17 +86,17 @@ def conv_row(b, c_in, c_out, size, k, s, p, repeat: int) -> list[float]:
         return out.permute(2, 3, 4, 0, 1)
 
     def grouped():
-        threshold = pe.CONV_FORWARD_BELOW_CHANNELS
-        pe.CONV_FORWARD_BELOW_CHANNELS = 0
+        threshold = rules.CONV_FORWARD_BELOW_CHANNELS
+        rules.CONV_FORWARD_BELOW_CHANNELS = 0
         try:
-            return pe._conv_weight_per_example(layer, a, go)
+            return rules._conv_weight_per_example(layer, a, go)
         finally:
-            pe.CONV_FORWARD_BELOW_CHANNELS = threshold
+            rules.CONV_FORWARD_BELOW_CHANNELS = threshold
 
     return [
-        timed(lambda: pe._conv_weight_per_example(layer, a, go), repeat),
+        timed(lambda: rules._conv_weight_per_example(layer, a, go), repeat),
         timed(grouped, repeat),
-        timed(lambda: pe._conv_weight_by_forward(layer, a, go), repeat),
+        timed(lambda: rules._conv_weight_by_forward(layer, a, go), repeat),
         timed(unfold, repeat),
         timed(depthwise_unfold, repeat),
         timed(shifted, repeat) if s == 1 else math.nan,

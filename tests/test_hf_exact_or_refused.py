@@ -14,7 +14,7 @@ peft = pytest.importorskip("peft")
 from dptrain.engine.api import make_private  # noqa: E402
 from dptrain.errors import ModelError  # noqa: E402
 from dptrain.models.losses import default_loss  # noqa: E402
-from dptrain.stages import per_example  # noqa: E402
+from dptrain.stages import layer_rules, per_example  # noqa: E402
 from dptrain.stages.per_example import trainable_parameters  # noqa: E402
 
 VOCAB, T, N = 97, 10, 40
@@ -167,11 +167,11 @@ def test_float32_rounding_of_a_tiny_gradient_passes_and_a_rule_one_in_a_thousand
 
     def one_in_a_thousand_off(m):
         rule = right(m)
-        if rule is not per_example._linear:
+        if rule is not layer_rules._linear:
             return rule
 
         def wrong(m, a, go):
-            out = per_example._linear(m, a, go)
+            out = layer_rules._linear(m, a, go)
             return {**out, "bias": out["bias"] * (1 + 1e-3)} if "bias" in out else out
 
         return wrong

@@ -27,15 +27,6 @@ from dptrain.engine.api import make_private  # noqa: E402
 from dptrain.errors import DPTrainError  # noqa: E402
 
 ADAPTERS = ("full", "lora", "dora", "ia3", "loha", "vera", "prefix", "prompt")
-PREFLIGHT = "covered by the preflight branch"  # issue 30 item 1, done on another branch
-#: Cells that fail on this branch until issue 30 item 1 is merged (every trainable parameter covered by a rule or
-#: refused; reentrant checkpointing refused): their adapters live in ParameterDicts no forward hook sees, or reentrant
-#: checkpointing runs the layers under no_grad.
-PREFLIGHT_CELLS = {
-    ("bert", "ia3"), ("bert", "loha"), ("bert", "vera"), ("roberta", "ia3"), ("roberta", "loha"),
-    ("roberta", "vera"), ("distilbert", "ia3"), ("distilbert", "loha"), ("distilbert", "vera"), ("convnext", "ia3"),
-    ("convnext", "loha"), ("convnext", "vera"), ("swin", "ia3"),
-}
 #: Cells whose per-example gradients need the whole model differentiated example by example (torch.func, or the loop
 #: backend where transformers' masking code defeats vmap): exact, and slower. T5's and Swin's relative-position biases
 #: are computed once for the whole batch, so their gradient sums every example's; so is peft's prompt, computed once
@@ -61,13 +52,7 @@ def _cells():
     for model in ("gpt2", "llama", "bert"):
         for adapter in ("full", "lora"):
             cells += [(model, adapter, "non_reentrant"), (model, adapter, "reentrant")]
-    return [pytest.param(*c, id="-".join(c), marks=_marks(*c)) for c in cells]
-
-
-def _marks(model, adapter, checkpointing):
-    if checkpointing == "reentrant" or (model, adapter) in PREFLIGHT_CELLS:
-        return [pytest.mark.xfail(strict=True, reason=PREFLIGHT)]
-    return []
+    return [pytest.param(*c, id="-".join(c)) for c in cells]
 
 
 def per_example_loss(kind: str, virtual: int = 0):

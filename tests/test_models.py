@@ -26,6 +26,8 @@ SHAPES = {
     "cnn32": (3, 32, 32),
     "resnet20": (3, 32, 32),
     "tiny_transformer": (16,),
+    "scatternet_linear": (81, 7, 7),
+    "scatternet_cnn": (81, 7, 7),
 }
 
 

@@ -93,9 +93,9 @@ def test_per_example_gradients_match_loop(case, backend):
 @pytest.mark.parametrize("case", ["conv_groupnorm_dilation_groups", "cnn28"])
 def test_grouped_convolutions_split_into_calls_match_loop(case, monkeypatch):
     """Per-example conv gradients computed a few examples per grouped convolution (7 = 3 + 3 + 1) match the loop."""
-    import dptrain.stages.per_example as pe
+    import dptrain.stages.layer_rules as rules
 
-    monkeypatch.setattr(pe, "CONV_GROUPS_PER_CALL", 3)
+    monkeypatch.setattr(rules, "CONV_GROUPS_PER_CALL", 3)
     torch.manual_seed(0)
     build, shape, classes = CASES[case]
     model = build().double()
@@ -151,7 +151,8 @@ class Sequence(nn.Module):
 @pytest.mark.filterwarnings("ignore:There is a performance drop")  # torch.func on CPU attention (the func backend)
 @pytest.mark.parametrize("backend", ["auto", "func"])
 def test_sequence_layers_match_the_loop(backend):
-    from dptrain.stages.per_example import _EmbeddingFactors, _LinearFactors, ghost_pays
+    from dptrain.stages.gradient_factors import _EmbeddingFactors, _LinearFactors
+    from dptrain.stages.layer_rules import ghost_pays
 
     torch.manual_seed(0)
     model = Sequence().double()
@@ -178,7 +179,7 @@ def test_sequence_layers_match_the_loop(backend):
 
 
 def test_ghost_norms_are_chosen_per_layer_from_its_shapes():
-    from dptrain.stages.per_example import ghost_pays
+    from dptrain.stages.layer_rules import ghost_pays
 
     assert ghost_pays(positions=16, fan_in=768, fan_out=50_000)  # a vocabulary projection on short text
     assert not ghost_pays(positions=196, fan_in=9, fan_out=16)  # cnn28's first convolution as a matmul
@@ -267,9 +268,9 @@ def test_conv_weight_gradients_by_forward_and_grouped_backward_match_loop(conv, 
     """Both ways of forming per-example conv weight gradients (one forward convolution with the output gradients as
     filters, or a grouped convolution backward) equal the loop, across strides, dilations, paddings and kernel
     shapes."""
-    import dptrain.stages.per_example as pe
+    import dptrain.stages.layer_rules as rules
 
-    monkeypatch.setattr(pe, "CONV_FORWARD_BELOW_CHANNELS", below)
+    monkeypatch.setattr(rules, "CONV_FORWARD_BELOW_CHANNELS", below)
     torch.manual_seed(0)
     layer = conv()
     spatial = (11,) if isinstance(layer, nn.Conv1d) else (11, 9)

@@ -38,7 +38,7 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from dptrain.data.batches import call_model, take
-from dptrain.errors import DPTrainError, ModelError
+from dptrain.errors import DPTrainError, ModelError, one_line
 from dptrain.preflight.buffers import BufferWatch, check_buffers, restored
 from dptrain.stages.coverage import CoverageError, ModuleCalls
 from dptrain.stages.per_example import AutoGradSampler, LayerwiseGradSampler, trainable_parameters
@@ -135,6 +135,34 @@ def mixing_error(i: int, k: int) -> ModelError:
         "computed alone, so the model mixes the examples of a batch (a statistic of the batch: its mean, its maximum, "
         "BatchNorm, ...) and per-example clipping does not bound one example's influence; remove the cross-example "
         "operation (BatchNorm -> GroupNorm), or pass check_independence=False only if you are sure"
+    )
+
+
+def _fails_alone(model, x) -> bool:
+    """Whether the model's forward pass runs on the batch ``x`` but raises on its first example alone."""
+
+    def runs(inputs) -> bool:
+        try:
+            with torch.no_grad(), torch.random.fork_rng(devices=[]), restored(model):
+                call_model(model, inputs)
+        except Exception:  # noqa: BLE001 (the model's own error, whatever it is)
+            return False
+        return True
+
+    return runs(x) and not runs(take(x, torch.arange(1, device=_device_of(x))))
+
+
+def _device_of(x) -> torch.device:
+    return next(t for t in tree_flatten(x)[0] if torch.is_tensor(t)).device
+
+
+def alone_error(e: BaseException) -> ModelError:
+    """A model that cannot compute one example without the others (e.g. batch normalisation in its forward pass)."""
+    return ModelError(
+        f"{CHECK_NAME} failed: the model cannot compute an example alone ({one_line(e, 120)}), so its output for one "
+        "example needs the other examples of its batch (a statistic of the batch: BatchNorm, its mean or maximum, ...) "
+        "and per-example clipping does not bound one example's influence; remove the cross-example operation "
+        "(BatchNorm -> GroupNorm)"
     )
 
 
@@ -244,6 +272,10 @@ def settle(trainer, x, y, rows: list[int], tol: Tolerance, *, mixing: bool, grad
                 out.moved += [n for n in e.names if n not in out.moved]
                 continue
             raise
+        except (RuntimeError, ValueError) as e:  # (not a DPTrainError: those are ValueErrors too, and pass through)
+            if isinstance(e, DPTrainError) or not _fails_alone(model, x):
+                raise
+            raise alone_error(e) from None
         finally:
             out.written.update(watch.written())
             watch.restore()

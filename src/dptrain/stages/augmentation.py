@@ -38,7 +38,7 @@ from dptrain.stages.gradient_factors import (
     _LinearFactors,
     _SharedParts,
 )
-from dptrain.stages.per_example import ghost_pays
+from dptrain.stages.layer_rules import ghost_pays
 
 #: The keys of ``training.augment`` (and of the ``augment=`` option, as a dict).
 AUGMENT_KEYS = ("multiplicity", "crop_padding", "flip")

@@ -192,7 +192,7 @@ def measuring(model: torch.nn.Module):
     gradients on (a call records what training records: outputs that require grad), torch's generators forked, and
     every buffer and the training flags of every module as they were."""
     modes = [(m, m.training) for m in model.modules()]
-    saved = {n: b.detach().clone() for n, b in model.named_buffers()}
+    saved = {n: (b.detach().clone(), b._version) for n, b in model.named_buffers()}
     devices = sorted({p.device for p in model.parameters() if p.device.type != "cpu"}, key=str)
     try:
         with torch.random.fork_rng(devices=devices), torch.enable_grad():
@@ -203,8 +203,10 @@ def measuring(model: torch.nn.Module):
             m.training = mode
         with torch.no_grad():
             for n, b in model.named_buffers():
-                if n in saved and b.shape == saved[n].shape:
-                    b.copy_(saved[n])
+                # only a buffer the passes wrote: restoring one they left alone would count as a write of the chunk
+                # for the buffer watch (dptrain.preflight.buffers.BufferWatch reads version counters)
+                if n in saved and b.shape == saved[n][0].shape and b._version != saved[n][1]:
+                    b.copy_(saved[n][0])
 
 
 def view_rows(t: torch.Tensor, batch: int) -> torch.Tensor:
