@@ -260,3 +260,23 @@ def test_a_budget_calibrates_the_noise_for_the_bands_it_chose():
     trainer.train(steps=40)
     assert trainer.steps == 40 and trainer.epsilon().epsilon <= 4.0
     assert trainer.epsilon().epsilon > 3.9  # the noise is the least that fits the budget
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU")
+def test_on_cuda_one_band_is_dpsgd_and_a_checkpoint_continues_exactly(tmp_path):
+    dpsgd = _trainer(device="cuda")
+    dpsgd.train(steps=6)
+    one = _trainer(device="cuda", noise="bandmf", bands=1, planned_steps=6)
+    one.train(steps=6)
+    assert _equal(_params(one), _params(dpsgd))
+    reference = _trainer(device="cuda", noise="bandmf", bands=3, planned_steps=10)
+    reference.train(steps=10)
+    first = _trainer(device="cuda", noise="bandmf", bands=3, planned_steps=10)
+    first.train(steps=4)
+    assert all(r.device.type == "cuda" for r in first.bandmf.noise._history.values())
+    torch.save(first.state_dict(), tmp_path / "ck.pt")
+    second = _trainer(seed=3, device="cuda", noise="bandmf", bands=3, planned_steps=10)
+    second.load_state_dict(torch.load(tmp_path / "ck.pt", weights_only=True))
+    second.train(steps=6)
+    assert second.ledger.to_dict() == reference.ledger.to_dict()
+    assert _equal(_params(second), _params(reference)) and _history_equal(second, reference)
