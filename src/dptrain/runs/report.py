@@ -97,7 +97,8 @@ def _bandmf_row(summary: dict) -> tuple[str, str]:
     text = f"bandmf, {summary['bands']} bands (noise correlated across steps; {summary['bands']} secret groups)"
     if ratio is not None:
         text += (
-            f"; error of the {summary['bandmf']['workload']} x{ratio:.3f} DP-SGD's at epsilon {at:.3g} (rmse_ratio)"
+            f"; rmse_ratio {ratio:.3f}: RMSE of the iterates ({summary['bandmf']['workload']}) over DP-SGD's at "
+            f"epsilon {at:.3g}"
         )
     return "noise", text
 
