@@ -249,16 +249,18 @@ def test_a_users_loop_takes_the_trainers_bandmf_steps_bit_for_bit():
     assert _equal([p.detach() for p in model.parameters()], _params(trainer))
 
 
+@pytest.mark.slow
 def test_a_budget_calibrates_the_noise_for_the_bands_it_chose():
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     trainer = make_private_with_epsilon(
-        model, opt, (X, Y), target_epsilon=4.0, target_delta=1e-5, steps=40, batch_size=12, seed=1, noise="bandmf"
+        model, opt, (X, Y), target_epsilon=4.0, target_delta=1e-5, steps=16, batch_size=24, seed=1, noise="bandmf"
     )
     choice = trainer.bandmf.choice
+    assert sorted(choice.candidates) == [1, 2, 4, 8]  # b <= 1/q = 10
     assert trainer.bandmf.bands == choice.bands == min(choice.candidates, key=choice.candidates.get)
-    trainer.train(steps=40)
-    assert trainer.steps == 40 and trainer.epsilon().epsilon <= 4.0
+    trainer.train(steps=16)
+    assert trainer.steps == 16 and trainer.epsilon().epsilon <= 4.0
     assert trainer.epsilon().epsilon > 3.9  # the noise is the least that fits the budget
 
 
