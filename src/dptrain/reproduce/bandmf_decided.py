@@ -29,6 +29,11 @@ experiment whose models are NOT private (the engine's NotPrivateWarning is expec
 epsilons are what the same runs spend with secret randomness, read from each run's own ledger by pld.
 
 Each finished run is kept in ``OUT/decided.partial.json``, so an interrupted reproduction goes on where it stopped.
+
+Wall time, measured (2026-11-27, 2 otherwise idle CPU cores): a 1000-step private run takes about 22 s with the
+ScatterNet CNN and 40 s with cnn28, the same for DP-SGD and BandMF; with at least 130 runs (the learning-rate rule
+adds runs where a grid is extended) about 50 minutes at least, plus the ScatterNet features (a few minutes once).
+The same runs took 5 to 15 times longer while other jobs loaded the cores.
 """
 
 from __future__ import annotations
@@ -73,9 +78,10 @@ FULL: dict[str, Any] = {
     "grid_extension": 4,
     "physical_batch": 256,
     "non_private": {"batch_size": 128, "epochs": 20, "momentum": 0.9, "learning_rates": (0.02, 0.05, 0.1)},
-    #: measured seconds per private step and per non-private run (2 CPU cores, 2026-11-27; see the docstring of
-    #: :func:`estimate_seconds`): the estimate printed before the experiment starts
-    "seconds_per_step": {"scatternet_cnn": 0.05, "cnn28": 0.08},
+    #: seconds per private step (1000-step runs at q = 0.01 on 2 otherwise idle CPU cores, 2026-11-27: ScatterNet CNN
+    #: 22.2 s DP-SGD, 22.7 s BandMF; cnn28 39.6 s and 39.5 s) and per non-private run (modelmix-decided's
+    #: measurement): the estimate printed before the experiment starts (:func:`estimate_seconds`)
+    "seconds_per_step": {"scatternet_cnn": 0.023, "cnn28": 0.040},
     "seconds_non_private": {"scatternet_cnn": 40.0, "cnn28": 90.0},
 }
 #: Quick (seconds, for tests): a synthetic Gaussian mixture, two tiny models, one target, one seed.
