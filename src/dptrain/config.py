@@ -97,12 +97,21 @@ class TrainingConfig:
     ema: float | None = None  # decay of the weight average of the released iterates, e.g. 0.999 (docs/recipes.md)
 
 
+@dataclass(frozen=True)
+class NoiseConfig:
+    """The noise stage (docs/bandmf.md): independent Gaussian noise (DP-SGD), or banded matrix factorization."""
+
+    mechanism: str = "gaussian"  # gaussian | bandmf (noise correlated across steps, cyclic Poisson groups)
+    bands: int | str | None = None  # bandmf: an integer >= 1, or "auto" (the default; needs privacy.target_epsilon)
+
+
 #: The sections every run has; algorithms and stages register theirs (:func:`register_section`).
 CORE_SECTIONS = {
     "data": DataConfig,
     "model": ModelConfig,
     "privacy": PrivacyConfig,
     "training": TrainingConfig,
+    "noise": NoiseConfig,
 }
 
 
@@ -165,6 +174,7 @@ class RunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
+    noise: NoiseConfig = field(default_factory=NoiseConfig)
     #: registered sections by name (``cfg.convex`` reads ``cfg.sections["convex"]``)
     sections: dict = field(default_factory=dict)
 
@@ -352,8 +362,44 @@ def validate(cfg: RunConfig) -> None:
             f"training.augment and training.ema are stages of DP-SGD; training.algorithm = {t.algorithm!r} takes neither"
         )
     ALGORITHMS[t.algorithm].validate(cfg)
+    _validate_noise(cfg)
     for section in SECTIONS.values():
         section.validate(cfg)
+
+
+#: Accountants that certify a BandMF ledger (dptrain.accounting's covers_bandmf), and "auto" (pld).
+BANDMF_ACCOUNTANTS = ("auto", "pld", "rdp", "composition")
+
+
+def _validate_noise(cfg: RunConfig) -> None:
+    """[noise]: the mechanism, its bands, and the combinations BandMF's certificate does not cover (docs/bandmf.md)."""
+    n, p, t = cfg.noise, cfg.privacy, cfg.training
+    need(n.mechanism in ("gaussian", "bandmf"), "noise.mechanism", "gaussian or bandmf", n.mechanism)
+    if n.mechanism == "gaussian":
+        if n.bands is not None:
+            raise ConfigError('noise.bands goes with noise.mechanism = "bandmf"')
+        return
+    need(
+        n.bands is None or n.bands == "auto" or (isinstance(n.bands, int) and n.bands >= 1),
+        "noise.bands",
+        'an integer >= 1 or "auto"',
+        n.bands,
+    )
+    if n.bands in (None, "auto") and p.target_epsilon is None:
+        raise ConfigError(
+            'noise.bands = "auto" chooses b for privacy.target_epsilon: set it, or give noise.bands = B with '
+            "privacy.noise_multiplier"
+        )
+    refusals = (
+        (t.algorithm == "dpsgd", f'training.algorithm = "dpsgd" (its steps), not {t.algorithm!r}'),
+        (t.update == "optimizer", f'training.update = "optimizer", not {t.update!r} (its accountant does not cover it)'),
+        (p.sampling == "poisson", f'privacy.sampling = "poisson" (the groups are Poisson-sampled), not {p.sampling!r}'),
+        (t.batch_growth == 0, "a constant expected batch size (training.batch_growth = 0)"),
+        (p.accountant in BANDMF_ACCOUNTANTS, f"privacy.accountant in {', '.join(BANDMF_ACCOUNTANTS)}, not {p.accountant!r}"),
+    )
+    for ok, needed in refusals:
+        if not ok:
+            raise ConfigError(f'noise.mechanism = "bandmf" needs {needed}')
 
 
 def section_is_default(cfg: RunConfig, name: str) -> bool:

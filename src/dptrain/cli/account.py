@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from dptrain.cli import bands as bandmf
 from dptrain.cli import common
 from dptrain.cli.common import check, finite_float, positive_int
 from dptrain.errors import ConfigError
@@ -48,6 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--rdp-order", type=finite_float, metavar="A", help="also print the RDP bound at this order"
     )
     common.add_modelmix(parser)
+    bandmf.add_bands(parser, auto=True)
     common.add_tuning(parser)
     parser.add_argument(
         "--attacker-plot",
@@ -74,8 +76,9 @@ def run(args: argparse.Namespace) -> int:
     common.check_rate_and_delta(args)
     check_noise_multiplier(args.noise_multiplier, "--noise-multiplier")
     numbers = common.run_numbers(args)
+    bands = bandmf.requested(args, numbers)
     modelmix = common.modelmix_ledgers(args, numbers)
-    ledger = (numbers.ledger if modelmix is None else modelmix)(args.noise_multiplier)
+    ledger = bandmf.ledgers(bands, numbers.ledger if modelmix is None else modelmix)(args.noise_multiplier)
     if trials is not None:
         return _search(args, common.trial_ledgers(args, lambda _: ledger)(args.noise_multiplier), trials)
     if args.accountant == "all":
@@ -85,9 +88,10 @@ def run(args: argparse.Namespace) -> int:
         names, reports, refusals = [args.accountant], [epsilon(ledger, args.delta, args.accountant)], {}
     best = tightest({r.accountant: r for r in reports})
     attacker = _attacker(args, ledger)
+    extra = {} if bands is None or best is None else bands.json(best.epsilon, args.delta)
     if args.json:
         if len(names) == 1:
-            print(json.dumps({**reports[0].to_dict(), "membership_inference": _attacker_json(attacker)}))
+            print(json.dumps({**reports[0].to_dict(), **extra, "membership_inference": _attacker_json(attacker)}))
         else:
             print(
                 json.dumps(
@@ -97,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
                         "accountant": best.accountant if best else None,
                         "all": [r.to_dict() for r in reports],
                         "refused": refusals,
+                        **extra,
                         "membership_inference": _attacker_json(attacker),
                     }
                 )
@@ -118,8 +123,19 @@ def run(args: argparse.Namespace) -> int:
             )
     for name, why in refusals.items():
         print(f"{name:>4}: refused: {why}")
+    if extra:
+        print(_bands_line(extra))
     print(_attacker_line(attacker))
     return 0
+
+
+def _bands_line(extra: dict) -> str:
+    """BandMF's bands and error in words (``--bands``)."""
+    c = ", ".join(f"{x:.4f}" for x in extra["coefficients"][:4]) + (", ..." if len(extra["coefficients"]) > 4 else "")
+    return (
+        f"bandmf: {extra['bands']} bands, coefficients {c}; RMSE of the {extra['workload']} {extra['rmse_ratio']:.4f} "
+        "x DP-SGD's at the same epsilon"
+    )
 
 
 def _attacker(args: argparse.Namespace, ledger, reason: str | None = None) -> dict:

@@ -9,6 +9,7 @@ import argparse
 import json
 import math
 
+from dptrain.cli import bands as bandmf
 from dptrain.cli import common
 from dptrain.cli.common import check, finite_float, positive_int
 from dptrain.errors import ConfigError
@@ -35,6 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     common.add_accountant(parser, allow_all=False)
     parser.add_argument("--batch-size", type=positive_int, metavar="B", help="expected batch size (ModelMix)")
     common.add_modelmix(parser)
+    bandmf.add_bands(parser, auto=True)
     common.add_tuning(parser)
     common.add_json(parser)
 
@@ -52,19 +54,26 @@ def run(args: argparse.Namespace) -> int:
     common.check_rate_and_delta(args)
     check(args.epsilon > 0, "--epsilon", "a number > 0", args.epsilon)
     numbers = common.run_numbers(args)
-    ledger = common.modelmix_ledgers(args, numbers) or numbers.ledger
+    bands = bandmf.requested(args, numbers, target=args.epsilon)
+    ledger = bandmf.ledgers(bands, common.modelmix_ledgers(args, numbers) or numbers.ledger)
     if trials is not None:
         return _search(args, numbers, common.trial_ledgers(args, ledger), trials)
     cal = calibrate(args.epsilon, args.delta, ledger, args.accountant)
     sigma = cal.noise_multiplier
     spent = epsilon(ledger(sigma), args.delta, cal.accountant)
+    extra = {} if bands is None else bands.json(args.epsilon, args.delta)
     if args.json:
-        print(json.dumps(_result(args, numbers, cal, spent)))
+        print(json.dumps({**_result(args, numbers, cal, spent), **extra}))
     else:
         print(
             f"noise multiplier = {sigma:.6f}  ({numbers.steps} steps at sampling rate {numbers.sampling_rate:g}: "
             f"epsilon = {spent.epsilon:.6g} <= {args.epsilon:g} at delta = {args.delta:g}, {cal.accountant})"
         )
+        if extra:
+            print(
+                f"bandmf: {extra['bands']} bands{' (auto)' if args.bands == 'auto' else ''}; RMSE of the "
+                f"{extra['workload']} {extra['rmse_ratio']:.4f} x DP-SGD's at this epsilon"
+            )
     return 0
 
 

@@ -16,7 +16,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=None, help="output directory (default runs/reproduce-NAME)")
     parser.add_argument("--quick", action="store_true", help="a small version that runs in about a minute")
     parser.add_argument(
-        "--seeds", type=int, default=None, metavar="N", help="training reproductions: seeds 0..N-1 (modelmix, modelmix-decided: 3)"
+        "--seeds", type=int, default=None, metavar="N", help="training reproductions: seeds 0..N-1 (modelmix, modelmix-decided, bandmf: 3)"
     )
     parser.add_argument(
         "--power",
@@ -27,13 +27,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--epsilons",
         default=None,
         metavar="E1,E2,...",
-        help="training reproductions: the target epsilons (modelmix: 0.2,0.6,1.0; modelmix-decided: 1,3,8)",
+        help="training reproductions: the target epsilons (modelmix: 0.2,0.6,1.0; modelmix-decided, bandmf: 1,3,8)",
     )
     parser.add_argument(
         "--models",
         default=None,
         metavar="M1,M2",
-        help="modelmix-decided: the models to run (default scatternet_cnn,cnn28)",
+        help="modelmix-decided, bandmf: the models to run (default scatternet_cnn,cnn28)",
     )
 
 

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from dptrain.accounting import AUTO, calibrate
+from dptrain.engine import bandmf
 from dptrain.engine.trainer import Budget, PrivateTrainer
 from dptrain.errors import ConfigError
 
@@ -48,7 +49,10 @@ def make_private(
     noise_multiplier=0, nothing recorded in the ledger, no epsilon: NOT private), augment (augmentation multiplicity
     for images, e.g. ``{"multiplicity": 8, "crop_padding": 4, "flip": True}``: each example's gradient the mean over
     its views before clipping, :mod:`dptrain.stages.augmentation`), ema (e.g. 0.999: the weight average of the
-    released iterates, ``trainer.weight_average``, :mod:`dptrain.engine.weight_averaging`); docs/recipes.md.
+    released iterates, ``trainer.weight_average``, :mod:`dptrain.engine.weight_averaging`; docs/recipes.md), noise
+    ("gaussian" or "bandmf": banded matrix factorization, noise correlated across steps over cyclic Poisson groups,
+    docs/bandmf.md) with bands (an integer; "auto" needs a budget: :func:`make_private_with_epsilon`) and planned_steps (the run's
+    length, for which BandMF's coefficients are optimized).
     """
     _check_options(options, "make_private", ("noise_multiplier", "max_grad_norm", "batch_size"))
     trainer = PrivateTrainer(
@@ -95,10 +99,19 @@ def make_private_with_epsilon(
 
     With ``noise_schedule`` (a shape s_t, or a :class:`dptrain.schedules.calibration.Schedule`) the noise multiplier is
     the schedule's scale c (sigma_t = c s_t), calibrated by :func:`dptrain.schedules.scale.calibrate_scale`;
-    ``schedule_calibration="zcdp"`` calibrates it as the paper does (sum_t 1/(2 sigma_t^2) = rho)."""
+    ``schedule_calibration="zcdp"`` calibrates it as the paper does (sum_t 1/(2 sigma_t^2) = rho).
+
+    With ``noise="bandmf"`` (docs/bandmf.md) the coefficients are optimized for the ``epochs`` (``steps``) planned, and
+    ``bands="auto"`` (the default) chooses b before training from public quantities (steps, sampling rate, budget,
+    the optimizer's momentum) by the smallest error relative to DP-SGD at this budget
+    (:func:`dptrain.accounting.choose_bands`); the noise is then calibrated for that b."""
     _check_options(
-        options, "make_private_with_epsilon", ("noise_multiplier", "max_grad_norm", "batch_size", "delta", "accountant")
+        options,
+        "make_private_with_epsilon",
+        ("noise_multiplier", "max_grad_norm", "batch_size", "delta", "accountant", "planned_steps"),
     )
+    noise, bands = options.pop("noise", "gaussian"), options.pop("bands", None)
+    bandmf.check_noise(noise, bands, None)
     trainer = PrivateTrainer(
         model,
         optimizer,
@@ -113,6 +126,8 @@ def make_private_with_epsilon(
     total = trainer.steps_for(steps, epochs)
     if total < 1:
         raise ConfigError(f"steps must be an integer >= 1, got {total}")
+    if noise == "bandmf":  # b chosen (or given) for this budget, installed before the calibration reads its ledger
+        trainer.bandmf = bandmf.for_budget(trainer, bands, total, target_epsilon, target_delta)
     if trainer.noise_schedule is None:
         cal = calibrate(
             target_epsilon, target_delta, lambda sigma: trainer.ledger_after(total, sigma), accountant

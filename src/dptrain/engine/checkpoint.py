@@ -40,9 +40,12 @@ class Checkpointing:
             "ledger": self.ledger.to_dict(),
             **({"noise_controller": self.noise_controller.state_dict()} if self.noise_controller is not None else {}),
             **({"weight_average": self.weight_average.state_dict()} if self.weight_average is not None else {}),
+            **({"bandmf": self.bandmf.state_dict()} if self.bandmf is not None else {}),
         }
 
     def load_state_dict(self, state: dict) -> None:
+        if "bandmf" in state and self.bandmf is None:
+            raise DataError("this checkpoint is of a BandMF run: make the trainer with noise='bandmf' and its bands")
         ledger = Ledger.from_dict(state["ledger"])
         steps = int(state["steps"])
         if not self.non_private and steps != training_steps(ledger):
@@ -65,6 +68,8 @@ class Checkpointing:
         ledger.private = self.private
         self.ledger, self.steps = ledger, steps
         self._allowed_steps = None
+        if self.bandmf is not None:  # its noise history (the groups came back with the sampler's state)
+            self.bandmf.load_state_dict(state.get("bandmf"))
 
     def _check_ledger_noise(self, ledger: Ledger) -> None:
         """Every training step of a checkpoint's ledger used the noise multiplier this run would use at that step (with

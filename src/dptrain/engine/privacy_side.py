@@ -26,6 +26,8 @@ class PrivacySide:
         for replace-one (replacing an example moves the sum by up to 2C)."""
         step = self.steps if step is None else step
         sigma = self.noise_multiplier_at(step, noise_multiplier)
+        if self.bandmf is not None:  # one participation at the group rate, and the facts of BandMF
+            return self.bandmf.release_event(sigma)
         factor = 2.0 if self.ledger.neighboring == "replace_one" else 1.0
         event = self.sampler.event(sigma / factor, step)
         if self.release_facts is not None:

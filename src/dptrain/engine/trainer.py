@@ -33,7 +33,7 @@ from dptrain.accounting import (
 from dptrain.accounting.checks import check_delta, check_delta_for_size
 from dptrain.accounting.ledger import training_steps
 from dptrain.data.batches import as_source, loader_batch_size
-from dptrain.engine import distributed
+from dptrain.engine import bandmf, distributed
 from dptrain.engine.checkpoint import Checkpointing
 from dptrain.engine.evaluation import accuracy, evaluation_source
 from dptrain.engine.interrupts import deferred_signals
@@ -146,6 +146,9 @@ class PrivateTrainer(Checkpointing, PrivacySide):
         noise_controller=None,
         augment=None,
         ema: float | None = None,
+        noise: str = "gaussian",
+        bands: int | str | None = None,
+        planned_steps: int | None = None,
     ):
         #: True when the model was torch.compile'd: its per-example passes run the eager modules it wraps
         self.compiled = preflight.eager(model) is not model
@@ -230,8 +233,9 @@ class PrivateTrainer(Checkpointing, PrivacySide):
         if bind is not None:  # an update stage that draws secret randomness (ModelMix's mixing weights)
             bind(self.randomness)
         self.report_not_private = bool(report_not_private)
-        #: The noise stage, (sums, std, stream) -> noisy sums; None: :func:`dptrain.stages.noise.add_gaussian_noise`. Only an
-        #: audit's deliberately injected bug replaces it (:mod:`dptrain.auditing.bugs`), never a training run.
+        #: The noise stage, (sums, std, stream) -> noisy sums; None: :func:`dptrain.stages.noise.add_gaussian_noise`;
+        #: BandMF's correlated noise (noise="bandmf"). Otherwise only an audit's deliberately injected bug replaces it
+        #: (:mod:`dptrain.auditing.bugs`), never a training run.
         self.noise_stage: Callable | None = None
         #: The per-example gradient stage: indices of a logical batch -> (gradients, losses) per physical chunk.
         self.per_example: Callable[[torch.Tensor], Iterator[tuple[PerExampleGrads, torch.Tensor]]] = (
@@ -272,6 +276,11 @@ class PrivateTrainer(Checkpointing, PrivacySide):
 
             check_controller(noise_controller, self, budget=budget, release_facts=release_facts)
             self.accountant = "filter"
+        #: Banded matrix factorization (noise="bandmf": cyclic Poisson groups, noise C^{-1} Z; :mod:`dptrain.engine.bandmf`)
+        #: or None (independent Gaussian noise)
+        self.bandmf: bandmf.BandMF | None = None
+        if bandmf.check_noise(noise, bands, planned_steps) == "bandmf":
+            self.bandmf = bandmf.install(self, bands, planned_steps)
 
     def unprivatized_parameters(self) -> list[str]:
         """Parameters an optimizer step could change that this trainer does not privatize: the model's or the
@@ -450,6 +459,8 @@ class PrivateTrainer(Checkpointing, PrivacySide):
             torch._foreach_mul_(list(grads.values()), scale)
         for n, p in self.params.items():
             p.grad = grads[n].to(p.dtype)
+        if self.bandmf is not None:  # the step's noise joins the secret history, with the release
+            self.bandmf.noise.commit()
         # The release happens here: record it, count it and apply it together.
         self._committed = True
         if not self.non_private:

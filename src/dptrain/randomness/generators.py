@@ -76,10 +76,12 @@ class TorchStream:
     def normal(self, shape, dtype=torch.float32):
         return torch.randn(shape, generator=self.generator, dtype=dtype, device="cpu")
 
+    def gaussian(self, like):
+        return torch.randn(like.shape, generator=self._generator_for(like.device), dtype=like.dtype, device=like.device)
+
     def add_gaussian(self, x, std):
-        gen = self._generator_for(x.device)
         # (std z + x, formed in the draw's own buffer: the value of x + std z, without two temporaries)
-        return torch.randn(x.shape, generator=gen, dtype=x.dtype, device=x.device).mul_(std).add_(x)
+        return self.gaussian(x).mul_(std).add_(x)
 
     def integers(self, low, high):
         if not high > low:

@@ -87,9 +87,12 @@ class SecureStream:
         n = math.prod(shape) if isinstance(shape, tuple | list) else int(shape)
         return self._noise64(n).reshape(shape).to(dtype)
 
+    def gaussian(self, like):
+        # float64 whatever like's dtype: the noise is added in float64 and the sum rounded once (module docstring)
+        return self._noise64(like.numel()).reshape(like.shape).to(like.device)
+
     def add_gaussian(self, x, std):
-        noise = self._noise64(x.numel()).reshape(x.shape).to(x.device)
-        return (x.to(torch.float64) + std * noise).to(x.dtype)
+        return (x.to(torch.float64) + std * self.gaussian(x)).to(x.dtype)
 
     def integers(self, low, high):
         span = high - low

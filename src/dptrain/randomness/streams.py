@@ -28,6 +28,12 @@ class Stream(Protocol):
         """Independent N(0, 1) values."""
         ...
 
+    def gaussian(self, like: torch.Tensor) -> torch.Tensor:
+        """Independent N(0, 1) values of ``like``'s shape, on its device: the draws ``add_gaussian(like, std)`` would
+        scale by std and add (``like``'s dtype; float64 for a secure stream, whose noise is added in float64 and the
+        sum rounded once). Correlated noise (:mod:`dptrain.stages.correlated_noise`) combines them before adding."""
+        ...
+
     def add_gaussian(self, x: torch.Tensor, std: float) -> torch.Tensor:
         """``x`` plus independent N(0, std^2) noise in every coordinate (same dtype as ``x``)."""
         ...

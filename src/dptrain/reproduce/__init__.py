@@ -31,6 +31,7 @@ REPRODUCTIONS: dict[str, str] = {
     "modelmix-accounting": "dptrain.reproduce.modelmix:run_accounting",
     "modelmix": "dptrain.reproduce.modelmix",
     "modelmix-decided": "dptrain.reproduce.modelmix_decided",
+    "bandmf": "dptrain.reproduce.bandmf_decided",
     "schedules": "dptrain.reproduce.schedules",
     "tuning": "dptrain.reproduce.tuning",
 }

@@ -31,6 +31,7 @@ def format_report(summary: dict) -> str:
         )
         if "noise_schedule" not in summary
         else _schedule_row(summary["noise_schedule"]),
+        *([_bandmf_row(summary)] if summary.get("noise_mechanism") == "bandmf" else []),
         (
             "sampling rate",
             f"{summary['sampling_rate']:.6g} ({summary['sampling']}, expected batch {summary['batch_size']})",
@@ -120,6 +121,19 @@ def _last_iterate_row(summary: dict) -> tuple[str, str]:
         f"epsilon = {summary['epsilon_last_iterate']:.4f} by the paper's bound (burn-in {summary['burn_in_steps']} "
         f"steps): {why}, see docs/last_iterate.md",
     )
+
+
+def _bandmf_row(summary: dict) -> tuple[str, str]:
+    """Banded matrix factorization's noise (docs/bandmf.md): the bands and the RMSE ratio against DP-SGD."""
+    ratio = summary.get("rmse_ratio")
+    at = summary["bandmf"]["rmse_ratio_at_epsilon"]
+    text = f"bandmf, {summary['bands']} bands (noise correlated across steps; {summary['bands']} secret groups)"
+    if ratio is not None:
+        text += (
+            f"; rmse_ratio {ratio:.3f}: RMSE of the iterates ({summary['bandmf']['workload']}) over DP-SGD's at "
+            f"epsilon {at:.3g}"
+        )
+    return "noise", text
 
 
 def _schedule_row(schedule: dict) -> tuple[str, str]:

@@ -41,6 +41,7 @@ from dptrain.data.datasets import fingerprint
 from dptrain.data.loaders import DataSplit, load_dataset, select_classes
 from dptrain.engine import distributed
 from dptrain.engine.api import make_private, make_private_with_epsilon
+from dptrain.engine.bandmf import noise_summary, run_bands
 from dptrain.engine.interrupts import Terminated, deferred_signals, terminate_as_exception
 from dptrain.engine.trainer import Budget, PrivateTrainer, StepResult
 from dptrain.errors import AccountingError, ConfigError, RunDirectoryError
@@ -275,6 +276,8 @@ def build_dpsgd_job(
         **cfg.steps_or_epochs,
     )
     common["sample_sizes"] = numbers.sample_sizes
+    if cfg.noise.mechanism != "gaussian":  # correlated noise (docs/bandmf.md); a resumed run's bands are its ledger's
+        common.update(noise=cfg.noise.mechanism, bands=run_bands(cfg.noise.bands, ledger))
     if draft.noise_schedule is not None:
         common["noise_schedule"] = draft.noise_schedule(numbers.steps)
     optimizer = (
@@ -296,8 +299,9 @@ def build_dpsgd_job(
                 sigma = draft.noise_scale(common["noise_schedule"])
             else:
                 sigma = p.noise_multiplier
+        planned = {"planned_steps": numbers.steps} if "bands" in common else {}
         trainer = make_private(
-            model, optimizer, data.train, noise_multiplier=sigma, delta=p.delta, budget=budget, **common
+            model, optimizer, data.train, noise_multiplier=sigma, delta=p.delta, budget=budget, **common, **planned
         )
     else:
         trainer = make_private_with_epsilon(
@@ -697,6 +701,7 @@ def _summary(job: Job, rd: RunDirectory, final: dict | None, wall: float, finish
         "noise_multiplier": t.noise_multiplier,
         "sampling_rate": t.sampling_rate,
         "sampling": t.sampler.scheme,
+        **noise_summary(t, report.delta, cfg.privacy.target_epsilon),
         "max_grad_norm": cfg.privacy.max_grad_norm,
         "batch_size": cfg.training.batch_size,
         "target_epsilon": cfg.privacy.target_epsilon,

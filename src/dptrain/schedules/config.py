@@ -85,6 +85,8 @@ def validate(cfg: RunConfig) -> None:
             )
         if s.levels is not None:
             raise ConfigError('schedule.levels does not apply to schedule.kind = "validation" (its noise is adaptive)')
+    if cfg.noise.mechanism != "gaussian":
+        raise ConfigError(f"[schedule] changes sigma from step to step: it needs independent Gaussian noise, not noise.mechanism = {cfg.noise.mechanism!r}")
     if t.algorithm != "dpsgd":
         raise ConfigError(f'[schedule] is a noise stage of DP-SGD (training.algorithm = "dpsgd"), not {t.algorithm!r}')
     if t.update != "optimizer":
