@@ -38,11 +38,9 @@ The same runs took 5 to 15 times longer while other jobs loaded the cores.
 
 from __future__ import annotations
 
-import contextlib
 import statistics
 import sys
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -51,10 +49,11 @@ from dptrain.reproduce.equal_privacy import (
     Runs,
     build,
     classes,
+    execute,
     load_data,
     lr_cell,
     non_private_row,
-    parse_options,
+    prepare,
     run_key,
     scored,
 )
@@ -284,41 +283,10 @@ def run(out_dir: str | Path, quick: bool = False, seeds: int | None = None, epsi
     """``dptrain reproduce bandmf``; returns the report's path. ``seeds``: seeds 0..seeds-1 (default 3); ``epsilons``:
     the target epsilons (default 1, 3, 8; a comma-separated string from the CLI); ``models``: some of the models (a
     comma-separated string from the CLI; default both)."""
-    from dptrain.reproduce import single_thread
     from dptrain.reproduce.bandmf_decided_text import render
 
-    epsilons, seeds = parse_options(epsilons, seeds)
-    cfg = QUICK if quick else FULL
-    if models is not None:
-        chosen = tuple(m.strip() for m in models.split(",")) if isinstance(models, str) else tuple(models)
-        if not chosen or not set(chosen) <= set(cfg["models"]):
-            raise ConfigError(f"--models takes some of {','.join(cfg['models'])}, got {models!r}")
-        cfg = {**cfg, "models": chosen}
-    epsilons = epsilons or cfg.get("epsilons", EPSILONS)
-    seeds = seeds or cfg.get("seeds", SEEDS)
-    command = f"dptrain reproduce bandmf --out {Path(out_dir)}" + (" --quick" if quick else "")
-    if seeds != cfg.get("seeds", SEEDS):
-        command += f" --seeds {seeds}"
-    if tuple(epsilons) != tuple(cfg.get("epsilons", EPSILONS)):
-        command += " --epsilons " + ",".join(f"{e:g}" for e in epsilons)
-    if models is not None:
-        command += " --models " + ",".join(cfg["models"])
-    start = time.perf_counter()
-    partial = Path(out_dir) / PARTIAL
-    with warnings.catch_warnings(), single_thread() if quick else contextlib.nullcontext():
-        warnings.simplefilter("ignore")  # seeded runs: a reproducible experiment (NotPrivateWarning expected)
-        result = experiment(cfg, quick, tuple(epsilons), seeds, partial)
-    grid = {k: (list(v) if isinstance(v, tuple) else v) for k, v in cfg.items()}
-    about = __doc__.split("\n\n", 1)[1].rsplit("\n\nEach finished run", 1)[0].strip()
-    data = {
-        "command": command,
-        "about": about,
-        "quick": quick,
-        "wall_time_s": time.perf_counter() - start,
-        "delta": DELTA,
-        "config": grid,
-        **result,
-    }
-    written = render(data).write(out_dir)
-    partial.unlink(missing_ok=True)
-    return written
+    cfg, epsilons, seeds, command = prepare("bandmf", out_dir, quick, seeds, epsilons, models, FULL, QUICK, EPSILONS, SEEDS)
+    return execute(
+        experiment, render, cfg=cfg, quick=quick, epsilons=epsilons, seeds=seeds, out_dir=out_dir, command=command,
+        doc=__doc__, partial=PARTIAL, delta=DELTA,
+    )

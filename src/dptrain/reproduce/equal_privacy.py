@@ -198,3 +198,56 @@ def non_private_row(runs: Runs, model: str, data: tuple, cfg: dict, seeds: int, 
         "noise_multiplier": 0.0,
     }
     return row, {"model": model, "target_epsilon": None, "method": "non_private", **cell}
+
+
+def prepare(name: str, out_dir, quick: bool, seeds, epsilons, models, full: dict, small: dict, default_epsilons,
+            default_seeds: int) -> tuple[dict, tuple[float, ...], int, str]:
+    """(config, target epsilons, seeds, the command line) of ``dptrain reproduce NAME``: ``seeds`` 0..seeds-1,
+    ``epsilons`` (a comma-separated string from the CLI), ``models`` some of the config's models (the same)."""
+    epsilons, seeds = parse_options(epsilons, seeds)
+    cfg = small if quick else full
+    if models is not None:
+        chosen = tuple(m.strip() for m in models.split(",")) if isinstance(models, str) else tuple(models)
+        if not chosen or not set(chosen) <= set(cfg["models"]):
+            raise ConfigError(f"--models takes some of {','.join(cfg['models'])}, got {models!r}")
+        cfg = {**cfg, "models": chosen}
+    epsilons = tuple(epsilons or cfg.get("epsilons", default_epsilons))
+    seeds = seeds or cfg.get("seeds", default_seeds)
+    command = f"dptrain reproduce {name} --out {Path(out_dir)}" + (" --quick" if quick else "")
+    if seeds != cfg.get("seeds", default_seeds):
+        command += f" --seeds {seeds}"
+    if epsilons != tuple(cfg.get("epsilons", default_epsilons)):
+        command += " --epsilons " + ",".join(f"{e:g}" for e in epsilons)
+    if models is not None:
+        command += " --models " + ",".join(cfg["models"])
+    return cfg, epsilons, seeds, command
+
+
+def execute(experiment, render, *, cfg: dict, quick: bool, epsilons, seeds: int, out_dir, command: str, doc: str,
+            partial: str, delta: float, **extra) -> Path:
+    """Run ``experiment(cfg, quick, epsilons, seeds, partial_path)`` (its finished runs cached in ``OUT/partial``),
+    then write ``render(data)``'s report; the cache is removed once the report is written."""
+    import contextlib
+    import warnings
+
+    from dptrain.reproduce import single_thread
+
+    start = time.perf_counter()
+    path = Path(out_dir) / partial
+    # one torch thread for the quick mode's tiny models (reproduce.single_thread); the full runs use the default
+    with warnings.catch_warnings(), single_thread() if quick else contextlib.nullcontext():
+        warnings.simplefilter("ignore")  # seeded runs: a reproducible experiment (NotPrivateWarning expected)
+        result = experiment(cfg, quick, tuple(epsilons), seeds, path)
+    data = {
+        "command": command,
+        "about": doc.split("\n\n", 1)[1].rsplit("\n\nEach finished run", 1)[0].strip(),
+        "quick": quick,
+        "wall_time_s": time.perf_counter() - start,
+        "delta": delta,
+        "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in cfg.items()},
+        **extra,
+        **result,
+    }
+    written = render(data).write(out_dir)
+    path.unlink(missing_ok=True)
+    return written

@@ -46,23 +46,22 @@ and 60-95 s with cnn28 (modelmix and same_variance, with L2 + L-infinity clippin
 
 from __future__ import annotations
 
-import contextlib
 import math
 import statistics
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
-from dptrain.errors import AccountingError, ConfigError
+from dptrain.errors import AccountingError
 from dptrain.reproduce.equal_privacy import (
     Runs,
     build,
     classes,
+    execute,
     load_data,
     lr_cell,
     non_private_row,
-    parse_options,
+    prepare,
     scored,
 )
 
@@ -297,43 +296,13 @@ def run(out_dir: str | Path, quick: bool = False, seeds: int | None = None, epsi
     """``dptrain reproduce modelmix-decided``; returns the report's path. ``seeds``: seeds 0..seeds-1 (default 3);
     ``epsilons``: the target epsilons (default 1, 3, 8; a comma-separated string from the CLI); ``models``: some of
     the models (a comma-separated string from the CLI; default all)."""
-    from dptrain.reproduce import single_thread
     from dptrain.reproduce.modelmix_decided_text import render
 
-    epsilons, seeds = parse_options(epsilons, seeds)
-    cfg = QUICK if quick else FULL
-    if models is not None:
-        chosen = tuple(m.strip() for m in models.split(",")) if isinstance(models, str) else tuple(models)
-        if not chosen or not set(chosen) <= set(cfg["models"]):
-            raise ConfigError(f"--models takes some of {','.join(cfg['models'])}, got {models!r}")
-        cfg = {**cfg, "models": chosen}
-    epsilons = epsilons or cfg.get("epsilons", EPSILONS)
-    seeds = seeds or cfg.get("seeds", SEEDS)
-    command = f"dptrain reproduce modelmix-decided --out {Path(out_dir)}" + (" --quick" if quick else "")
-    if seeds != cfg.get("seeds", SEEDS):
-        command += f" --seeds {seeds}"
-    if tuple(epsilons) != tuple(cfg.get("epsilons", EPSILONS)):
-        command += " --epsilons " + ",".join(f"{e:g}" for e in epsilons)
-    if models is not None:
-        command += " --models " + ",".join(cfg["models"])
-    start = time.perf_counter()
-    partial = Path(out_dir) / PARTIAL
-    # one torch thread for the quick mode's tiny models (reproduce.single_thread); the full runs use the default
-    with warnings.catch_warnings(), single_thread() if quick else contextlib.nullcontext():
-        warnings.simplefilter("ignore")  # seeded runs: a reproducible experiment (NotPrivateWarning expected)
-        result = experiment(cfg, quick, tuple(epsilons), seeds, partial)
-    grid = {k: (list(v) if isinstance(v, tuple) else v) for k, v in cfg.items() if k not in ("taus",)}
-    about = __doc__.split("\n\n", 1)[1].rsplit("\n\nEach finished run", 1)[0].strip()
-    data = {
-        "command": command,
-        "about": about,
-        "quick": quick,
-        "wall_time_s": time.perf_counter() - start,
-        "delta": DELTA,
-        "config": grid,
-        "taus": list(cfg["taus"]),
-        **result,
-    }
-    written = render(data).write(out_dir)
-    partial.unlink(missing_ok=True)
-    return written
+    cfg, epsilons, seeds, command = prepare(
+        "modelmix-decided", out_dir, quick, seeds, epsilons, models, FULL, QUICK, EPSILONS, SEEDS
+    )
+    return execute(
+        experiment, render, cfg=cfg, quick=quick, epsilons=epsilons,
+        seeds=seeds, out_dir=out_dir, command=command, doc=__doc__, partial=PARTIAL, delta=DELTA,
+        taus=list(cfg["taus"]),
+    )
