@@ -34,6 +34,7 @@ REPRODUCTIONS: dict[str, str] = {
     "bandmf": "dptrain.reproduce.bandmf_decided",
     "schedules": "dptrain.reproduce.schedules",
     "tuning": "dptrain.reproduce.tuning",
+    "recipes": "dptrain.reproduce.recipes",
 }
 
 

@@ -29,7 +29,9 @@ def load_data(cfg: dict, quick: bool) -> dict[str, tuple]:
     the training set (generator seed 0), the same for both models; they are never trained on."""
     import torch
 
-    if quick:
+    if quick and cfg.get("dataset") == "synthetic_images":
+        sets = dict.fromkeys(cfg["models"], _synthetic_images(**cfg["data_options"]))
+    elif quick:
         from dptrain.data.loaders import load_dataset
 
         split = load_dataset("synthetic", **cfg["data_options"])
@@ -39,11 +41,12 @@ def load_data(cfg: dict, quick: bool) -> dict[str, tuple]:
         from dptrain.reproduce import fashion_mnist
         from dptrain.reproduce.modelmix_training import features
 
-        images = fashion_mnist()
-        sets = {
-            "scatternet_cnn": features(False),
-            "cnn28": (images.train.x, images.train.y, images.test.x, images.test.y),
-        }
+        def pixels():
+            images = fashion_mnist()
+            return images.train.x, images.train.y, images.test.x, images.test.y
+
+        loaders = {"scatternet_cnn": lambda: features(False), "scatternet_linear": lambda: features(False), "cnn28": pixels}
+        sets = {name: loaders[name]() for name in cfg["models"]}
     out = {}
     for name in cfg["models"]:
         x, y, x_test, y_test = sets[name]
@@ -51,6 +54,20 @@ def load_data(cfg: dict, quick: bool) -> dict[str, tuple]:
         val, train = perm[: cfg["validation"]], perm[cfg["validation"] :]
         out[name] = (x[train], y[train], x[val], y[val], x_test, y_test)
     return out
+
+
+def _synthetic_images(n: int, side: int):
+    """(x, y, x_test, y_test): quick mode's images, (n, 1, side, side) of noise whose label says whether the centre is
+    brighter than the rest (a fifth of them for the test), generator seed 0."""
+    import numpy as np
+    import torch
+
+    g = np.random.default_rng(0)
+    x = g.normal(size=(n, 1, side, side)).astype(np.float32)
+    c = slice(side // 4, side - side // 4)
+    y = (x[:, 0, c, c].mean((1, 2)) > x[:, 0].mean((1, 2))).astype(np.int64)
+    k = n - n // 5
+    return torch.from_numpy(x[:k]), torch.from_numpy(y[:k]), torch.from_numpy(x[k:]), torch.from_numpy(y[k:])
 
 
 def classes(y, y_test) -> int:
@@ -123,19 +140,21 @@ class Runs:
 
 
 def lr_cell(
-    runs: Runs, model: str, target: float | None, method: str, seeds: int, grid, train, extend: int = 0
+    runs: Runs, model: str, target: float | None, method: str, seeds: int, grid, train, extend: int = 0,
+    score: str = "validation_accuracy",
 ) -> dict:
     """Seed 0 at every learning rate of ``grid``; the best on the held-out examples (ties: the smaller rate) trains
     seeds 1.. too. While the best is the smallest (largest) rate tried, the rate half (twice) that is tried too, up to
     ``extend`` times each way: the rate kept is then inside the rates tried, or the reach is disclosed. The row's
-    accuracies are the test accuracies of every seed at the rate kept."""
+    accuracies are the test accuracies of every seed at the rate kept. ``score``: the run record's key the rates are
+    ranked by (another key of the same runs ranks, e.g., their weight averages: no run is trained twice)."""
     grid, low, high = sorted(grid), min(grid) / 2**extend, max(grid) * 2**extend
     first: dict[float, dict] = {}
     while True:
         for r in grid:
             if r not in first:
                 first[r] = runs.get(run_key(model, target, method, r, 0), lambda r=r: train(r, 0))
-        lr = max(grid, key=lambda r: (first[r]["validation_accuracy"], -r))
+        lr = max(grid, key=lambda r: (first[r][score], -r))
         if lr == grid[0] and lr / 2 >= low * (1 - 1e-9):
             grid.insert(0, lr / 2)
         elif lr == grid[-1] and lr * 2 <= high * (1 + 1e-9):
@@ -148,7 +167,7 @@ def lr_cell(
     return {
         "learning_rate": lr,
         "runs": done,
-        "grid": {f"{r:g}": first[r]["validation_accuracy"] for r in grid},
+        "grid": {f"{r:g}": first[r][score] for r in grid},
         # the best rate is the end of the reach: a better one may lie beyond what was tried
         "at_reach": len(grid) > 1 and lr in (grid[0], grid[-1]),
     }
