@@ -38,6 +38,8 @@ class Checkpointing:
             "steps": self.steps,
             "accountant": self.accountant,
             "ledger": self.ledger.to_dict(),
+            # why the run is not private, whatever put it so (a label is never lifted by a resume)
+            "not_private": {"buffers": list(self.not_private_buffers), "stopped": self.sentinel.stopped},
             **({"noise_controller": self.noise_controller.state_dict()} if self.noise_controller is not None else {}),
             **({"weight_average": self.weight_average.state_dict()} if self.weight_average is not None else {}),
             **({"bandmf": self.bandmf.state_dict()} if self.bandmf is not None else {}),
@@ -65,7 +67,10 @@ class Checkpointing:
         torch.set_rng_state(state["torch_rng"])
         if self.device.type == "cuda" and "cuda_rng" in state:
             torch.cuda.set_rng_state(state["cuda_rng"], self.device)
-        ledger.private = self.private
+        saved = state.get("not_private", {})
+        self.not_private_buffers[:] = sorted({*self.not_private_buffers, *saved.get("buffers", [])})
+        self.sentinel.stopped = self.sentinel.stopped or saved.get("stopped")
+        ledger.private = self.private and ledger.private  # (a ledger recorded not private stays so)
         self.ledger, self.steps = ledger, steps
         self._allowed_steps = None
         if self.bandmf is not None:  # its noise history (the groups came back with the sampler's state)

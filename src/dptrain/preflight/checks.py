@@ -237,8 +237,8 @@ def sentinel_for(trainer, probed: int, check_independence: bool, check_gradients
     reference = _reference(trainer.grad_sampler)
     mixing = bool(check_independence)
     gradients = bool(check_gradients) and reference == "autograd"
-    return Sentinel(trainer, {probed} if mixing else set(), trainer.randomness.derived_key("sentinel"),
-                    mixing=mixing, gradients=gradients, reference=reference, buffer_updates=buffer_updates)
+    return Sentinel(trainer, {probed} if mixing else set(), mixing=mixing, gradients=gradients, reference=reference,
+                    buffer_updates=buffer_updates)
 
 
 @contextlib.contextmanager

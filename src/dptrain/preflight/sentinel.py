@@ -47,12 +47,13 @@ class SentinelError(ModelError):
 
 class Sentinel:
     """The checks of every chunk of a run (module docstring). ``verified``: batch sizes the probe compared;
-    ``key``: the secret key of the checked places; ``mixing`` / ``gradients``: which comparisons run;
+    the secret key of the checked places is read from the trainer's randomness at each check (a resumed run has its
+    entropy back only once its checkpoint is loaded); ``mixing`` / ``gradients``: which comparisons run;
     ``reference``: how an example alone is computed (:func:`dptrain.preflight.gradient_check.compare`)."""
 
-    def __init__(self, trainer, verified: set[int], key: bytes, *, mixing: bool, gradients: bool, reference: str,
+    def __init__(self, trainer, verified: set[int], *, mixing: bool, gradients: bool, reference: str,
                  buffer_updates: str):
-        self.trainer, self.verified, self._key = trainer, set(verified), key
+        self.trainer, self.verified = trainer, set(verified)
         self.mixing, self.gradients, self.reference = mixing, gradients, reference
         self.buffer_updates = buffer_updates
         #: why the sentinel stopped the run (None: it did not); such a run is not private
@@ -81,7 +82,8 @@ class Sentinel:
     # -- per-example gradients ---------------------------------------------------------------------------------
     def _hash(self, step: int, index: int) -> bytes:
         data = step.to_bytes(8, "little") + index.to_bytes(8, "little")
-        return hashlib.blake2b(data, key=self._key, digest_size=32).digest()
+        key = self.trainer.randomness.derived_key("sentinel")
+        return hashlib.blake2b(data, key=key, digest_size=32).digest()
 
     def due(self, step: int, index: int, size: int) -> tuple[list[int], bool, bool]:
         """(rows, new size, secret place) of chunk ``index`` of step ``step`` (``size`` examples): the rows to compare

@@ -46,6 +46,7 @@ from dptrain.engine.interrupts import Terminated, deferred_signals, terminate_as
 from dptrain.engine.trainer import Budget, PrivateTrainer, StepResult
 from dptrain.errors import AccountingError, ConfigError, RunDirectoryError
 from dptrain.models.builders import build_model
+from dptrain.preflight.sentinel import SentinelError
 from dptrain.models.scatternet import scatternet_split
 from dptrain.randomness.generators import SEEDED_WARNING, Randomness
 from dptrain.runs.averaged import evaluate_averaged, save_averaged
@@ -568,6 +569,12 @@ def _train(job: Job, rd: RunDirectory, progress: bool, stop_after: int | None, e
                     last_checkpoint = time.perf_counter()
             if progress and eps_step is not None and eps_step != trainer.steps:
                 bar.show_epsilon(trainer.epsilon().epsilon)
+    except SentinelError:  # the run goes on record as it stands: not private, its summary and checkpoint saying so
+        bar.close()
+        with deferred_signals():
+            _checkpoint(rd, job, wall())
+            rd.write_json(SUMMARY, _summary(job, rd, None, wall(), False))
+        raise
     except (KeyboardInterrupt, Terminated):
         bar.close()
         with deferred_signals():
