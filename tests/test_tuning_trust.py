@@ -220,8 +220,14 @@ def test_best_shows_the_searchs_certificate_first_and_its_settings(tmp_path, cap
     assert best["epsilon"] == summary["epsilon"] and best["certified"] is True and best["accountant"] == "rdp"
     assert best["trial_alone"]["epsilon"] < best["epsilon"] and "NOT" in best["trial_alone"]["note"]
     assert "trials_mean = 2.0" in (out / "best" / "config.toml").read_text()  # the search's, not the default 10
-    code, stdout, _ = _cli(capsys, "train", "--resume", str(out / "best"), "--no-progress")  # its report
-    assert code == 0 and f"epsilon = {summary['epsilon']:.4f}" in stdout and "selected by" in stdout
+    # every privacy number in best/ is the search's: its ledger, its attacker bound (rdp's search: no pld profile)
+    assert json.loads((out / "best" / "ledger.json").read_text()) == json.loads((out / "ledger.json").read_text())
+    assert best["membership_inference"]["tpr_at_fpr_1pct"] is None and "no_profile" in best["membership_inference"]
+    assert all("epsilon" not in json.loads(row) for row in (out / "best" / "metrics.jsonl").read_text().splitlines())
+    assert not (out / "best" / "private").exists()  # the trial's secret state is not in what is shared
+    assert "wall_time_s" not in best and "seconds" not in best.get("gradient_check", {})
+    code, stdout, _ = _cli(capsys, "tune", "--resume", str(out))  # the search's report
+    assert code == 0 and f"{summary['epsilon']:.4g}" in stdout
 
 
 # --- 6. every draw of a search from its secret streams ------------------------------------------------------------

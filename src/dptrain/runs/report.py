@@ -167,4 +167,5 @@ def _checked(check: dict | None) -> str:
     if check is None:
         return ""
     moved = f"; moved to torch.func: {', '.join(check['moved_to_func'])}" if check["moved_to_func"] else ""
-    return f"; checked against single-example passes on {check['examples']} examples in {check['seconds']:.2f} s{moved}"
+    took = f" in {check['seconds']:.2f} s" if "seconds" in check else ""
+    return f"; checked against single-example passes on {check['examples']} examples{took}{moved}"

@@ -7,10 +7,12 @@ depend on either:
 
 - ``summary.json`` and ``ledger.json`` (the search as one event) hold the search's certificate and the best trial's
   values, never K; the command's JSON adds K and every trial only with ``--keep-trials``, under ``not_private``;
-- ``best/`` is the selected trial's run directory, copied without its file times, with no path into ``private/``
-  and no wall time: its ``summary.json`` shows the search's certificate first (epsilon, delta, certified, private,
-  accountant at the top; the trial's own numbers nested under ``trial_alone``, labelled), and its ``config.toml`` the
-  trial's config with the search's ``[tune]`` section as it was;
+- ``best/`` is what the selected trial released, copied without its file times and without its secret ``private/``:
+  every privacy number in it is the search's (its ``ledger.json`` is the search's ledger, its ``summary.json`` shows
+  the search's certificate and attacker bound first, the trial's own certificate nested under ``trial_alone``,
+  labelled; its ``metrics.jsonl`` rows without the trial's epsilon), the rest of the trial's summary only by a list of
+  keys that are neither privacy numbers nor times (a key not on it is left out), its ``config.toml`` the trial's
+  config with the search's ``[tune]`` section as it was;
 - every shareable file and directory of the search ends with one and the same modification time, the moment the
   search finished: no file dates the start of the search or the best trial among the others.
 
@@ -30,7 +32,7 @@ from typing import Any
 from dptrain.accounting import Ledger
 from dptrain.accounting import epsilon as ledger_epsilon
 from dptrain.errors import DataError
-from dptrain.runs.rundir import LEDGER, PRIVATE, SUMMARY, RunDirectory
+from dptrain.runs.rundir import LEDGER, METRICS, PRIVATE, SUMMARY, RunDirectory
 
 #: The selected trial's run directory, inside the search's; the trials' directories, inside its private/.
 BEST, TRIALS = "best", "trials"
@@ -38,10 +40,16 @@ BEST, TRIALS = "best", "trials"
 #: own moved under ``trial_alone``.
 CERTIFICATE_KEYS = (
     "epsilon", "delta", "accountant", "certified", "private", "not_private_because", "accountant_choice",
-    "accountants", "target_epsilon", "rdp_order",
+    "accountants", "target_epsilon", "rdp_order", "membership_inference",
 )
-#: Keys of a trial's summary that would date or place it among the trials: dropped from ``best/``.
-TIMING_KEYS = ("wall_time_s",)
+#: The other keys of a trial's summary ``best/summary.json`` keeps: neither a privacy number (those are the search's)
+#: nor a time (it would date or place the trial among the others). A key not listed is left out.
+PUBLIC_RUN_KEYS = (
+    "test_accuracy", "test_accuracy_ema", "test_is_public", "not_private", "steps", "planned_steps", "finished",
+    "release", "epochs", "noise_multiplier", "noise_mechanism", "bands", "rmse_ratio", "sampling_rate", "sampling",
+    "max_grad_norm", "batch_size", "dataset", "train_size", "model", "gradient_check", "randomness", "secure_noise",
+    "notes", "preprocessing", "model_ema", "hf_model", "hf_adapter",
+)
 
 
 def summarize(search, state, rd: RunDirectory) -> tuple[dict, dict, int | None]:
@@ -131,32 +139,41 @@ def _publish(state, rd: RunDirectory, keep_trials: bool) -> None:
 
 
 def _copy_best(state, rd: RunDirectory, source) -> None:
-    """``best/``: the selected trial's run directory, its files copied without their times, its summary (and the
-    copy its checkpoint keeps, so that ``dptrain train --resume best`` prints it) showing the search's certificate."""
+    """``best/``: what the selected trial released (its files copied without their times and without its secret
+    ``private/``), every privacy number in it the search's (module docstring)."""
     target = rd.path / BEST
     if target.exists():
         shutil.rmtree(target)
-    shutil.copytree(source, target, copy_function=shutil.copy)  # (contents and modes, not the trial's file times)
+    shutil.copytree(source, target, copy_function=shutil.copy, ignore=shutil.ignore_patterns(PRIVATE))
     best = RunDirectory(target)
-    checkpoint = best.load_checkpoint()
-    trial = checkpoint.get("summary") or best.read_json(SUMMARY) or {}
-    selected = selected_summary(state.summary, trial, str(target))
-    checkpoint["summary"] = selected
-    best.save_checkpoint(checkpoint, Ledger.from_dict(checkpoint["ledger"]))
-    best.write_json(SUMMARY, selected)
+    trial = RunDirectory(source).load_checkpoint().get("summary") or best.read_json(SUMMARY) or {}
+    best.write_json(LEDGER, state.ledger)
+    best.write_json(SUMMARY, selected_summary(state.summary, trial, str(target), state.ledger))
+    if (target / METRICS).exists():  # each evaluation's epsilon was the trial's: the search's is the summary's
+        rows = [json.loads(line) for line in (target / METRICS).read_text().splitlines() if line.strip()]
+        private = state.summary["private"]
+        best.write_text(METRICS, "".join(
+            json.dumps({**{k: v for k, v in r.items() if k not in ("epsilon", "delta")}, "private": private}) + "\n"
+            for r in rows
+        ))  # fmt: skip
 
 
-def selected_summary(search: dict, trial: dict, out: str) -> dict[str, Any]:
-    """``best/summary.json``: the search's certificate first (the model was selected by the search: its certificate
-    is the search's), the selected trial's own certificate nested under ``trial_alone`` and labelled, then the run's
-    other entries (test accuracy, steps, noise, ...) without its wall time or its path inside ``private/``."""
-    rest = {k: v for k, v in trial.items() if k not in CERTIFICATE_KEYS and k not in TIMING_KEYS and k != "out"}
+def selected_summary(search: dict, trial: dict, out: str, ledger: dict) -> dict[str, Any]:
+    """``best/summary.json``: the search's certificate and attacker bound first (the model was selected by the
+    search: its certificate is the search's), the selected trial's own certificate nested under ``trial_alone`` and
+    labelled, then the trial's entries of PUBLIC_RUN_KEYS (its gradient check without its time)."""
+    from dptrain.runs.run import attacker_bound
+
+    rest = {k: trial[k] for k in PUBLIC_RUN_KEYS if k in trial}
+    if isinstance(rest.get("gradient_check"), dict):
+        rest["gradient_check"] = {k: v for k, v in rest["gradient_check"].items() if k != "seconds"}
     own = {k: trial[k] for k in CERTIFICATE_KEYS if k in trial}
     return {
         **{k: search[k] for k in ("epsilon", "delta", "accountant", "certified", "private") if k in search},
         **({"not_private_because": search["not_private_because"]} if "not_private_because" in search else {}),
         "certificate": "the search's: this model was selected by a private hyperparameter search (Papernot & "
         "Steinke, Thm 2 / Thm 6), whose certificate covers it; see the search's summary.json",
+        "membership_inference": attacker_bound(Ledger.from_dict(ledger), search["delta"]),
         "target_epsilon": search["target_epsilon"],
         "search": {
             k: search[k]
