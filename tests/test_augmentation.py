@@ -1,8 +1,8 @@
 """Augmentation multiplicity (De et al. 2022; dptrain.stages.augmentation): each example's gradient is the mean of its K
 views' gradients before clipping, so one example's clipped contribution stays within C whatever K; K = 1 without
 transforms is today's step bit for bit; the views are crops within the padding and flips, drawn from the run's
-augmentation stream and keyed by the example (so a resumed run, any chunking and a removed neighbour see the same
-views)."""
+augmentation stream (a privacy-critical stream: AES with secure_noise) and keyed by the example's index (so a resumed
+run and any chunking see the same views)."""
 
 import numpy as np
 import pytest
@@ -125,9 +125,9 @@ def test_factored_forms_average_exactly():
 
 @pytest.mark.parametrize("k", [1, 4, 8])
 def test_one_example_contributes_at_most_the_clip_norm_whatever_k(k):
-    """The clipped sum over a batch and over the batch without one example differ by that example's clipped mean of
-    views: at most C, and (gradients far above C) about C. Views keyed by position in the batch would fail this: the
-    removal would change every later example's views."""
+    """With every other example keeping its views (the coupling a secret key allows: docs/recipes.md), the clipped sum
+    over a batch and over the batch without one example differ by that example's clipped mean of views: at most C,
+    and (gradients far above C) about C."""
     model = _model()
     x, y = _images(12)
     idx = torch.arange(12)
@@ -141,6 +141,37 @@ def test_one_example_contributes_at_most_the_clip_norm_whatever_k(k):
         less, _ = clip.clip_and_sum(stage(sampler, x[keep], y[keep], idx[keep])[0])
         diff = torch.sqrt(sum((full[n] - less[n]).square().sum() for n in full))
         assert 0.99e-3 < float(diff) <= 1e-3 * (1 + 1e-5)
+
+
+def test_with_a_known_key_removing_an_example_moves_the_others_views():
+    """Why the views are as secret as the noise: the data set without example 0 re-indexes the examples after it, so
+    under the same (known) key their views, hence the sum, change by more than C; the guarantee rests on the key's
+    secrecy (the coupling above), not on fixed views."""
+    model = _model()
+    x, y = _images(12)
+    clip = FlatClipping(1e-3)
+    stage = Multiplicity(Augmentation(multiplicity=4, crop_padding=2, flip=True))
+    stage.key = 987654321
+    sampler = make_grad_sampler(model, lambda o, t: nn.functional.cross_entropy(o, t, reduction="none"), "auto")
+    full, _ = clip.clip_and_sum(stage(sampler, x, y, torch.arange(12))[0])
+    less, _ = clip.clip_and_sum(stage(sampler, x[1:], y[1:], torch.arange(11))[0])  # example 0 gone, indices shifted
+    assert float(torch.sqrt(sum((full[n] - less[n]).square().sum() for n in full))) > 1.5e-3
+
+
+def test_with_secure_noise_the_views_come_from_aes():
+    """privacy.secure_noise: the augmentation stream is the AES-256-CTR stream, the step's key 256 bits of it, and the
+    views AES-256 of (example, view) under that key; offsets still uniform over the padding, flips about half."""
+    stage = Multiplicity(Augmentation(multiplicity=4, crop_padding=3, flip=True))
+    randomness = Randomness(None, secure=True, warn=False)
+    stage.new_step(randomness.stream("augmentation"))
+    assert type(randomness.stream("augmentation")).__name__ == "SecureStream"
+    assert isinstance(stage.key, bytes) and len(stage.key) == 32
+    dy, dx, flips = view_parameters(stage.key, torch.arange(3000), stage.augmentation)
+    assert set(dy.tolist()) == set(range(7)) == set(dx.tolist()) and 0.45 < float(flips.double().mean()) < 0.55
+    counts = np.bincount(dy.numpy(), minlength=7)
+    assert counts.min() > 0.7 * counts.mean()  # (12000 offsets over 7 values)
+    again, _, _ = view_parameters(stage.key, torch.arange(3000), stage.augmentation)
+    assert torch.equal(dy, again)  # a function of the key and the example
 
 
 def test_views_are_crops_within_the_padding_and_flips():

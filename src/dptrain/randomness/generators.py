@@ -34,10 +34,10 @@ from dptrain.randomness.streams import Stream, check_state_kind
 
 #: Purposes in a fixed order: the index is the stream's spawn key, so it must never be reordered.
 PURPOSES = ("sampling", "noise", "mixing", "preprocessing", "canaries", "init", "tuning", "augmentation")
-#: Streams whose predictability would void the privacy guarantee. (``augmentation``, the views of augmentation
-#: multiplicity, is secret like every stream but not among them: the sensitivity holds for every value of the views,
-#: which are independent of the data and of the sampling; docs/recipes.md.)
-PRIVACY_CRITICAL = ("sampling", "noise", "mixing", "preprocessing", "tuning")
+#: Streams whose predictability would void the privacy guarantee (the views of augmentation multiplicity among them:
+#: the sensitivity argument couples runs on neighbouring data sets through views that are independent draws,
+#: docs/recipes.md).
+PRIVACY_CRITICAL = ("sampling", "noise", "mixing", "preprocessing", "tuning", "augmentation")
 
 SEEDED_WARNING = (
     "not private: the noise can be recomputed from the seed (seed = N is for reproducible experiments only; "

@@ -16,12 +16,19 @@ The views: a random crop of the image padded with ``crop_padding`` zeros on each
 augmented: inputs [B, C, H, W] with 1 to 4 channels (grey, RGB, RGBA) of a floating dtype; anything else (token ids,
 tabular rows, feature maps such as ScatterNet's 81 channels) is refused in one line.
 
-Randomness: each step draws one 64-bit key from the run's ``augmentation`` stream (:mod:`dptrain.randomness`), and
-the views of example ``i`` (its index in the training set) are SplitMix64 outputs at positions i K + k + 1 from that
-key (Steele, Lea & Flood, "Fast Splittable Pseudorandom Number Generators", 2014): a function of the key and the
-example alone, so every chunking, every rank of a data-parallel run and a resumed run draw the same views, and the
-stream advances by one word a step whatever the batch size. Why the stream is secret but not privacy-critical: see
-docs/recipes.md.
+Randomness: each step draws a key from the run's ``augmentation`` stream (:mod:`dptrain.randomness`), and the views of
+example ``i`` (its index in the training set) are a keyed function of (i, k) for its views k = 1..K: a function of the
+key and the example alone, so every chunking, every rank of a data-parallel run and a resumed run draw the same views,
+and the stream advances by the same amount every step whatever the batch size. With ``privacy.secure_noise`` the key
+is 256 bits from the AES-256-CTR stream and the function is AES-256 itself (a pseudorandom function); otherwise one
+64-bit word from the run's generator and SplitMix64's output function at i K + k + 1 (Steele, Lea & Flood, "Fast
+Splittable Pseudorandom Number Generators", 2014), as unpredictable as the run's other default streams.
+
+Privacy: the views are privacy-relevant randomness, secret like the noise. The argument (docs/recipes.md): with the key
+secret, the views of the examples are independent draws, independent of the data and of the sampling, so the run on
+D and on D without example x can be coupled to give every other example the same views; each step's sum then moves
+by one example's clipped mean, of norm <= C. With a key known to the attacker that coupling fails: removing an example
+shifts the indices, hence the views, of the examples after it.
 """
 
 from __future__ import annotations
@@ -114,6 +121,21 @@ def check_images(x, what: str = "training inputs") -> None:
         )
 
 
+def _prf_words(key: int | bytes, counter: np.ndarray) -> np.ndarray:
+    """64 pseudorandom bits per counter: the first 8 bytes of AES-256 of the counter block under a 32-byte ``key`` (a
+    pseudorandom function: ``privacy.secure_noise``), or SplitMix64's output at ``key + counter * gamma`` (an int key)."""
+    if isinstance(key, bytes):
+        from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+        blocks = np.zeros((len(counter), 2), dtype="<u8")
+        blocks[:, 0] = counter
+        encryptor = Cipher(algorithms.AES(key), modes.ECB()).encryptor()
+        out = encryptor.update(blocks.tobytes()) + encryptor.finalize()
+        return np.frombuffer(out, dtype="<u8").reshape(-1, 2)[:, 0].astype(np.uint64)
+    with np.errstate(over="ignore"):
+        return _mix64(np.uint64(key) + counter * _GAMMA)
+
+
 def _mix64(z: np.ndarray) -> np.ndarray:
     """SplitMix64's output function (Steele, Lea & Flood 2014), on uint64 arrays (wrapping arithmetic)."""
     z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
@@ -121,7 +143,7 @@ def _mix64(z: np.ndarray) -> np.ndarray:
     return z ^ (z >> np.uint64(31))
 
 
-def view_parameters(key: int, examples: torch.Tensor, augmentation: Augmentation):
+def view_parameters(key: int | bytes, examples: torch.Tensor, augmentation: Augmentation):
     """(row offsets, column offsets, flips) of the K views of each example of ``examples`` (training-set indices),
     each [len(examples) * K] in view order (example-major): offsets uniform in [0, 2 crop_padding], flips with
     probability 1/2 (False without ``flip``). A function of ``key`` and the indices alone. (An offset is a 64-bit
@@ -129,8 +151,7 @@ def view_parameters(key: int, examples: torch.Tensor, augmentation: Augmentation
     k = augmentation.multiplicity
     idx = examples.detach().cpu().numpy().astype(np.uint64)
     counter = (idx[:, None] * np.uint64(k) + np.arange(1, k + 1, dtype=np.uint64)[None, :]).reshape(-1)
-    with np.errstate(over="ignore"):
-        h = _mix64(np.uint64(key) + counter * _GAMMA)
+    h = _prf_words(key, counter)
     span = np.uint64(2 * augmentation.crop_padding + 1)
     dy = (h & np.uint64(0xFFFFFFFFFF)) % span  # low 40 bits
     dx = ((h >> np.uint64(20)) & np.uint64(0xFFFFFFFFFF)) % span  # bits 20..59
@@ -221,8 +242,14 @@ class Multiplicity:
         return self
 
     def new_step(self, stream) -> None:
-        """Draw the step's key from the run's augmentation stream (one 64-bit word)."""
-        self.key = int(stream.words(1)[0])
+        """Draw the step's key from the run's augmentation stream: 256 bits for AES from the secure stream
+        (``privacy.secure_noise``), else one 64-bit word."""
+        from dptrain.randomness.secure import SecureStream
+
+        if isinstance(stream, SecureStream):
+            self.key = np.asarray(stream.words(4), dtype="<u8").tobytes()
+        else:
+            self.key = int(stream.words(1)[0])
 
     def __call__(self, grad_sampler, x, y: torch.Tensor, examples: torch.Tensor):
         """(per-example gradients, per-example losses) of the chunk ``x``, ``y`` of training-set indices
