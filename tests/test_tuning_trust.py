@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 
 import numpy as np
 import pytest
@@ -271,3 +272,23 @@ def test_a_finished_search_reports_from_its_state_and_refuses_an_edited_summary(
     code, stdout, _ = _cli(capsys, "tune", "--resume", str(out), "--no-progress", "--json")
     assert code == 0 and json.loads(stdout)["epsilon"] == summary["epsilon"]
     assert (out / "summary.json").read_text() == (tmp_path / "kept.json").read_text()
+
+
+def _birth_ns(path) -> int:
+    """A file's birth time (statx, through GNU stat), in nanoseconds."""
+    seconds, _, fraction = subprocess.run(["stat", "-c", "%w", str(path)], capture_output=True, text=True,
+                                          check=True).stdout.split()[1].partition(".")
+    h, m, s = seconds.split(":")
+    return ((int(h) * 60 + int(m)) * 60 + int(s)) * 10**9 + int(fraction[:9].ljust(9, "0"))
+
+
+def test_no_shareable_file_is_born_when_the_search_started(tmp_path):
+    """Mtimes are set, but a file system also records when each file was born: the search's config.toml is written
+    again when the search finishes, so no shareable file dates its start (the length of the search tracks K)."""
+    if subprocess.run(["stat", "-c", "%w", str(tmp_path)], capture_output=True, text=True).stdout.strip() == "-":
+        pytest.skip("this file system records no birth times")
+    out = tmp_path / "s"
+    run_search(load_config(_config(tmp_path, seed=None)), out, progress=False)
+    first_trial_done = _birth_ns(out / "best" / "model.pt")  # (copied when the search finished)
+    for name in ("config.toml", "ledger.json", "summary.json"):
+        assert _birth_ns(out / name) >= first_trial_done, name

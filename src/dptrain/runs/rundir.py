@@ -174,6 +174,9 @@ class RunDirectory:
     def write_text(self, name: str, text: str) -> None:
         self._atomic(name, lambda f: f.write(text.encode()))
 
+    def write_bytes(self, name: str, data: bytes) -> None:
+        self._atomic(name, lambda f: f.write(data))
+
     def write_json(self, name: str, data: Any) -> None:
         self.write_text(name, json.dumps(data, indent=2, allow_nan=False) + "\n")
 

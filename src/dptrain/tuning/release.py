@@ -13,8 +13,10 @@ depend on either:
   labelled; its ``metrics.jsonl`` rows without the trial's epsilon), the rest of the trial's summary only by a list of
   keys that are neither privacy numbers nor times (a key not on it is left out), its ``config.toml`` the trial's
   config with the search's ``[tune]`` section as it was;
-- every shareable file and directory of the search ends with one and the same modification time, the moment the
-  search finished: no file dates the start of the search or the best trial among the others.
+- every shareable file of the search is written (again) when it finishes, and every shareable file and directory
+  ends with one and the same modification time, that moment: no file dates the start of the search or the best
+  trial among the others. What the file system keeps of the directory itself (its own creation, its ``.lock`` and
+  ``private/``) dates the search's start: share the files, not the directory (docs/tuning.md).
 
 The search is private, and certified, only if every trial was (a trial labelled not private, seeded or releasing
 buffers unnoised, labels the search). What is released is kept in the search's secret state before any file is
@@ -135,6 +137,7 @@ def _publish(state, rd: RunDirectory, keep_trials: bool) -> None:
         shutil.rmtree(trials)
     rd.write_json(LEDGER, state.ledger)
     rd.write_json(SUMMARY, state.summary)
+    fresh_files(rd)
     same_times(rd)
 
 
@@ -188,6 +191,15 @@ def selected_summary(search: dict, trial: dict, out: str, ledger: dict) -> dict[
     }
 
 
+def fresh_files(rd: RunDirectory) -> None:
+    """Write every shareable file of the search's directory (not ``best/``'s, copied at the end already) anew, so
+    that none was born when the search started (a file system records birth times and allocates inode numbers in
+    order, which set mtimes do not change): its config.toml among the summary and the ledger written at the end."""
+    for path in sorted(rd.path.iterdir()):
+        if path.is_file() and not path.is_symlink() and not path.name.startswith("."):
+            rd.write_bytes(path.name, path.read_bytes())
+
+
 def same_times(rd: RunDirectory, when: float | None = None) -> None:
     """One modification (and access) time, ``when`` (default: now), on every file and directory of the search but its
     secret ``private/``: the search's start, its length and where the best trial ran among the others are not
@@ -206,4 +218,6 @@ def same_times(rd: RunDirectory, when: float | None = None) -> None:
     os.utime(rd.path, (when, when))
 
 
-__all__ = ["BEST", "TRIALS", "finished", "publish", "returned", "same_times", "selected_summary", "summarize"]
+__all__ = [
+    "BEST", "TRIALS", "finished", "fresh_files", "publish", "returned", "same_times", "selected_summary", "summarize",
+]
