@@ -11,7 +11,8 @@ from dptrain.config import load_config
 from dptrain.errors import ConfigError, DataError, ModelError
 from dptrain.models.builders import build_model
 from dptrain.models.scatternet import scatter_features
-from dptrain.runs.run import load_data, run_training
+from dptrain.runs.job import load_data
+from dptrain.runs.run import run_training
 
 
 def _npz(tmp_path, n=60, channels=1):

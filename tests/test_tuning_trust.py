@@ -199,7 +199,7 @@ class _RunningMean(nn.Module):
 
 
 def test_a_trial_labelled_not_private_makes_the_search_not_private(tmp_path, monkeypatch):
-    monkeypatch.setattr("dptrain.runs.run.build_model", lambda name, shape, classes, **o: _RunningMean(shape[0], classes))
+    monkeypatch.setattr("dptrain.runs.job.build_model", lambda name, shape, classes, **o: _RunningMean(shape[0], classes))
     cfg = load_config(_config(tmp_path, seed=None, training='buffer_updates = "not_private"'))
     summary = run_search(cfg, tmp_path / "s", progress=False)
     assert summary["private"] is False and summary["certified"] is False

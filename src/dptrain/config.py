@@ -480,7 +480,7 @@ def _validate_dpsgd(cfg: RunConfig) -> None:
 
 
 register_algorithm(
-    Algorithm("dpsgd", _validate_dpsgd, "dptrain.runs.run:build_dpsgd_job")
+    Algorithm("dpsgd", _validate_dpsgd, "dptrain.runs.job:build_dpsgd_job")
 )
 
 

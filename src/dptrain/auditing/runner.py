@@ -52,7 +52,7 @@ from dptrain.auditing.canaries import (
 from dptrain.config import RunConfig
 from dptrain.data.loaders import ArrayDataset, DataSplit
 from dptrain.errors import ConfigError
-from dptrain.runs import run as run_module
+from dptrain.runs import job as job_module
 
 SETTINGS = ("dpsgd", "projected")
 VERDICTS = ("violation", "no_violation_found", "inconclusive")
@@ -139,8 +139,8 @@ def _with_train(data: DataSplit, train: ArrayDataset) -> DataSplit:
 
 
 def _build(cfg: RunConfig, data: DataSplit, rows):
-    randomness = run_module.run_randomness(cfg)
-    return run_module.build_job(cfg, randomness, data=_with_train(data, append_examples(data.train, *rows)))
+    randomness = job_module.run_randomness(cfg)
+    return job_module.build_job(cfg, randomness, data=_with_train(data, append_examples(data.train, *rows)))
 
 
 def _rows(kind: str, m: int, train: ArrayDataset):
@@ -158,7 +158,7 @@ def observe(cfg: RunConfig, canaries: int | None, kind: str, inject_bug: str | N
     bug = check_bug(inject_bug)
     if not isinstance(cfg, RunConfig):
         raise ConfigError(f"cfg must be a RunConfig (dptrain.config.load_config), got {type(cfg).__name__}")
-    data = run_module.load_data(cfg)
+    data = job_module.load_data(cfg)
     if not hasattr(data.train, "x"):
         raise ConfigError("the audit adds canaries to training data held in memory; remove data.options.mmap")
     if not torch.is_tensor(data.train.x):

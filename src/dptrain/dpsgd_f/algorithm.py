@@ -552,7 +552,7 @@ RELEASED_FILE = "preprocessing.json"
 
 
 def stage(draft) -> None:
-    """``[preprocessing]`` in a DP-SGD job (:class:`dptrain.runs.run.Draft`): fit the preprocessing on the training set,
+    """``[preprocessing]`` in a DP-SGD job (:class:`dptrain.runs.job.Draft`): fit the preprocessing on the training set,
     recording its releases in the ledger the trainer starts from, or reuse the one a resumed run released; the
     trainer then sees the transformed data and model, and the returned model is mapped back to raw examples."""
     cfg, pre = draft.cfg, draft.cfg.preprocessing

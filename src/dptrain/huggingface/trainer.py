@@ -51,7 +51,7 @@ from dptrain.huggingface.refusals import (
     refuse_resume,
     refuse_search,
 )
-from dptrain.runs.run import resolve_accountant
+from dptrain.runs.job import resolve_accountant
 
 #: Log keys of the Trainer's training loop that are released quantities or public facts: the learning rate (a public
 #: schedule), the norm of the released gradient (post-processing), the epoch and the wall-clock speed over the planned

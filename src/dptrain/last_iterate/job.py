@@ -1,7 +1,7 @@
 """The job of ``training.algorithm = "projected_noisy_sgd"`` (Altschuler & Talwar, "Privacy of Noisy Stochastic
 Gradient Descent: More Iterations without More Privacy Loss"; docs/last_iterate.md): the run's GLM, steps and noise
 (calibrated, given, or read from a resumed ledger), the accountant that certifies it, and the
-:class:`dptrain.runs.run.Job` that evaluates and saves only the last iterate."""
+:class:`dptrain.runs.job.Job` that evaluates and saves only the last iterate."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from dptrain.errors import AccountingError
 from dptrain.last_iterate.algorithm import _SAMPLERS, ProjectedNoisySGD
 from dptrain.last_iterate.glm import ConvexGLM, accuracy
 from dptrain.randomness.generators import Randomness
-from dptrain.runs.run import Job, load_data
+from dptrain.runs.job import Job, load_data
 
 
 def build_projected(cfg, randomness: Randomness, data=None, ledger: Ledger | None = None):
@@ -71,7 +71,7 @@ def build_projected(cfg, randomness: Randomness, data=None, ledger: Ledger | Non
 
 
 def build_job(cfg, randomness: Randomness, *, ledger=None, accountant=None, resumed=None, data=None):
-    """The :class:`dptrain.runs.run.Job` of projected noisy SGD: the engine's trainer inside :class:`ProjectedNoisySGD`,
+    """The :class:`dptrain.runs.job.Job` of projected noisy SGD: the engine's trainer inside :class:`ProjectedNoisySGD`,
     evaluated and saved only at the end (the last iterate is the release), with the last-iterate bound and the
     composition bound side by side in the summary."""
     run, data, chosen = build_projected(cfg, randomness, data, ledger)

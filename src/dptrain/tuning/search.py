@@ -64,6 +64,7 @@ from dptrain.errors import ConfigError, DPTrainError, RunDirectoryError
 from dptrain.models.losses import logits_of
 from dptrain.randomness.generators import SEEDED_WARNING, Randomness, keyed_stream, open_unit
 from dptrain.randomness.streams import Stream
+from dptrain.runs import job as job_module
 from dptrain.runs import run as run_module
 from dptrain.runs.resume import SEARCH_MAY_CHANGE, check_data, frozen, resumed_config
 from dptrain.runs.rundir import CONFIG, PRIVATE, RunDirectory
@@ -138,9 +139,9 @@ class Search:
         self.dims: list[Dimension] = parse_space(cfg)
         self.trials = TrialCount.named(self.tune.trials_mean, self.tune.distribution, mean_key="tune.trials_mean",
                                        distribution_key="tune.distribution")
-        self.data = run_module.load_data(cfg)
+        self.data = job_module.load_data(cfg)
         self.n = len(self.data.train)
-        if self.tune.validation_is_public and not run_module.test_is_public(cfg, self.data):
+        if self.tune.validation_is_public and not job_module.test_is_public(cfg, self.data):
             raise ConfigError(
                 "tune.validation_is_public = true selects trials on the test set, which here is split off the private "
                 "training examples: score on a secret held-out part instead (validation_is_public = false), or give a "
@@ -159,7 +160,7 @@ class Search:
 
     def _planner(self, values: dict):
         """sigma -> the ledger of one trial with ``values`` (its steps and its score's release)."""
-        job = run_module.build_job(self.trial_config(values, 1.0), Randomness(0, warn=False), data=self.data)
+        job = job_module.build_job(self.trial_config(values, 1.0), Randomness(0, warn=False), data=self.data)
         trainer, total = job.trainer, job.total_steps
         trainer.close()
         score_noise = None if self.tune.validation_is_public else self.tune.score_noise
@@ -294,11 +295,11 @@ def run_search(cfg: RunConfig | None, out: str | Path, *, resume: bool = False, 
             if rd.holds_run() or (rd.path / PRIVATE / STATE).exists():
                 raise RunDirectoryError(f"output directory {rd.path} already holds a run; choose another --out")
             search = Search(cfg)
-            state = start_state(search, run_module.run_randomness(cfg))
+            state = start_state(search, job_module.run_randomness(cfg))
             rd.save_private(STATE, state.to_dict())  # (first: the frozen config, as a run's step-0 checkpoint)
             rd.write_text(CONFIG, state.frozen["config"])
         _announce_seed(cfg)
-        stream = run_module.run_randomness(cfg).stream("tuning")
+        stream = job_module.run_randomness(cfg).stream("tuning")
         stream.set_state(state.stream_state)
         _run(search, state, rd, stream, progress)
         if state.summary is None:  # what the search releases, kept in its secret state before any file is written
@@ -380,7 +381,7 @@ def _one_trial(search: Search, state: SearchState, trial: Trial, rd: RunDirector
 
 def _finished_job(search: Search, cfg: RunConfig, where: Path):
     """The job of a trial that finished training before an interruption: its released model from the checkpoint."""
-    job = run_module.build_job(cfg, Randomness(0, warn=False), data=search.data)
+    job = job_module.build_job(cfg, Randomness(0, warn=False), data=search.data)
     job.trainer.model.load_state_dict(RunDirectory(where).load_checkpoint()["model"])
     return job
 
