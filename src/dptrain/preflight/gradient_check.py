@@ -176,11 +176,13 @@ def refusal(name: str, backend: str, k: int) -> ModelError:
 
 
 def compare(model, sampler, loss_fn, x, y, grads, losses, rows: list[int], tol: Tolerance, *,
-            mixing: bool, gradients: bool, reference: str = "autograd") -> tuple[list[int], list[str]]:
+            mixing: bool, gradients: bool, reference: str = "autograd", floor: float = 0.0) -> tuple[list[int], list[str]]:
     """(rows whose loss moved, names of the parameters whose gradient disagrees) between the batch's per-example
     ``grads`` / ``losses`` and each row of ``rows`` computed alone. ``reference``: "autograd" (a backward pass on the
     example alone) or "backend" (the backend itself on a batch of one: a backend of the caller's own that need not use
-    ``loss_fn``, checked for mixing only)."""
+    ``loss_fn``, checked for mixing only). ``floor``: an absolute tolerance added to every gradient's (during training,
+    a tiny fraction of the clip norm: a well-fit example's gradient is a cancellation, e.g. 1 - p, whose rounding is
+    large beside it and nothing beside what clipping bounds)."""
     params = trainable_parameters(model)
     first = next(iter(params.values()))
     n = len(y)
@@ -214,7 +216,7 @@ def compare(model, sampler, loss_fn, x, y, grads, losses, rows: list[int], tol: 
         for name, g in alone.items():
             err = float((batched[name].reshape(g.shape).double() - g.double()).norm())
             own = float(g.double().norm())
-            if not err <= tol.param * own + tol.whole * whole and name not in bad:  # (NaN fails too)
+            if not err <= tol.param * own + tol.whole * whole + floor and name not in bad:  # (NaN fails too)
                 bad.append(name)
     return moved, bad
 
@@ -224,13 +226,14 @@ def _leaves(out) -> list:
     return tree_flatten(out)[0]
 
 
-def forward_check(trainer, x, y, rows: list[int], tol: Tolerance, buffer_updates: str, written: set[str]) -> None:
+def forward_check(trainer, x, y, rows: list[int], tol: Tolerance, buffer_updates: str, written: set[str],
+                  sampler=None) -> None:
     """The mixing half of the comparison, forward passes only: the model's outputs (every tensor with a batch
     dimension) for ``rows`` of the batch against each example's outputs alone; a mixing model is refused
     (ModelError). The forwards' buffer writes are added to ``written`` (and refused unless ``buffer_updates`` says not
     private). For a batch size the backward passes were not compared at: mixing shows in the outputs."""
     model, k = trainer.model, len(y)
-    autocast = autocast_of(trainer.grad_sampler)
+    autocast = autocast_of(trainer.grad_sampler if sampler is None else sampler)
     watch = BufferWatch(model)
     try:
         with torch.no_grad(), autocast:

@@ -31,9 +31,10 @@ from __future__ import annotations
 
 import hashlib
 
-from dptrain.errors import ModelError
+from dptrain.errors import DPTrainError, ModelError
 from dptrain.preflight import exact, gradient_check
 from dptrain.preflight.buffers import COMPARED_BYTES, BufferWatch, check_buffers
+from dptrain.stages.precision import MixedPrecision
 
 #: The fraction of chunks compared at secret random places (besides the first chunk of each new batch size).
 RATE = 1 / 64
@@ -97,6 +98,24 @@ class Sentinel:
             return [], False, False
         return sorted({int.from_bytes(h[8 + 8 * r : 16 + 8 * r], "little") % size for r in range(ROWS)}), new, secret
 
+    def _compared(self, x, y, rows: list[int], new: bool, secret: bool, tol, sampler) -> tuple[list[int], list[str]]:
+        """(rows that moved, parameters that disagree) of the chunk ``x``, ``y`` against each example alone: forward
+        passes for a new batch size, forward and backward at a secret place."""
+        trainer, moved, bad = self.trainer, [], []
+        outputs = self.mixing and self.reference == "autograd"  # (mixing shows in the outputs, beside their own norm)
+        if new or (secret and outputs):
+            try:
+                gradient_check.forward_check(trainer, x, y, rows, tol, "not_private", set(), sampler=sampler)
+            except ModelError:
+                moved = rows
+        if secret and not moved:
+            grads, losses = sampler(x, y)
+            moved, bad = gradient_check.compare(
+                trainer.model, sampler, trainer.loss_fn, x, y, grads, losses, rows, tol, mixing=self.mixing and not outputs,
+                gradients=self.gradients, reference=self.reference, floor=tol.whole * trainer.clipping.sensitivity,
+            )
+        return moved, bad
+
     def check(self, step: int, index: int, x, y) -> None:
         """Compare chunk ``index`` of step ``step`` (inputs ``x``, labels ``y``, on the trainer's device) with each
         example alone if it is due: forward passes for a new batch size (mixing shows in the outputs), forward and
@@ -105,20 +124,19 @@ class Sentinel:
         if not rows:
             return
         trainer = self.trainer
-        sampler, model = trainer.grad_sampler, trainer.model
-        tol = gradient_check.tolerance_of(sampler, model)
-        moved, bad = [], []
+        model = trainer.model
         with exact.probing(model):
-            if new:
-                try:
-                    gradient_check.forward_check(trainer, x, y, rows, tol, "not_private", set())
-                except ModelError:
-                    moved = rows
-            if secret and not moved:
-                grads, losses = sampler(x, y)
-                moved, bad = gradient_check.compare(model, sampler, trainer.loss_fn, x, y, grads, losses, rows, tol,
-                                                    mixing=self.mixing, gradients=self.gradients,
-                                                    reference=self.reference)
+            try:  # in float64 where the model runs in it: rounding is then 1e-11, not a float32 cancellation's 1e-2
+                inner = trainer.grad_sampler.backend if isinstance(trainer.grad_sampler, MixedPrecision) else None
+                with exact.float64(model):
+                    moved, bad = self._compared(exact.as_float64(x), exact.as_float64(y), rows, new, secret,
+                                                gradient_check.EXACT, inner or trainer.grad_sampler)
+            except (RuntimeError, TypeError) as e:  # a model that cannot run in float64: its own precision
+                if isinstance(e, DPTrainError):
+                    raise
+                sampler = trainer.grad_sampler
+                moved, bad = self._compared(x, y, rows, new, secret, gradient_check.tolerance_of(sampler, model),
+                                            sampler)
         self.checked += 1
         if moved or bad:
             what = ("an example's output or loss in its chunk differs from the example's alone (the model mixes "
