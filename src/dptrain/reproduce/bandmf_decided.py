@@ -40,22 +40,19 @@ from __future__ import annotations
 
 import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 from dptrain.errors import ConfigError
+from dptrain.reproduce import equal_privacy
 from dptrain.reproduce.equal_privacy import (
     Runs,
-    build,
-    classes,
     execute,
     load_data,
     lr_cell,
     non_private_row,
     prepare,
     run_key,
-    scored,
 )
 
 __all__ = ["DELTA", "EPSILONS", "FULL", "METHODS", "QUICK", "choose_setting", "estimate_seconds", "run"]
@@ -157,36 +154,21 @@ def train_private(method: str, data: tuple, setting: dict, lr: float, seed: int,
     the run wrote."""
     import torch
 
-    from dptrain.accounting import epsilon
-    from dptrain.engine.api import make_private
+    def optimizer(model):
+        return torch.optim.SGD(model.parameters(), lr=lr)
 
-    x, y, *_, y_test = data
-    start = time.perf_counter()
-    torch.manual_seed(seed)
-    model = build(cfg["model"], x, classes(y, y_test))
+    if method != "bandmf":
+        return equal_privacy.train_private(data, setting, method, seed, cfg, DELTA, optimizer)
     s = setting[method]
-    options = {
-        "max_grad_norm": setting["max_grad_norm"],
-        "batch_size": setting["expected_batch_size"],
-        "seed": seed,
-        "max_physical_batch_size": cfg["physical_batch"],
-        "delta": DELTA,
-        "accountant": s["accountant"],
-    }
-    if method == "bandmf":
-        options.update(noise="bandmf", bands=s["bands"], planned_steps=setting["steps"])
-    trainer = make_private(
-        model, torch.optim.SGD(model.parameters(), lr=lr), (x, y), noise_multiplier=s["noise_multiplier"], **options
-    )
-    try:
-        if method == "bandmf" and list(trainer.bandmf.coefficients) != s["coefficients"]:
+
+    def check(trainer) -> None:
+        if list(trainer.bandmf.coefficients) != s["coefficients"]:
             raise ConfigError("the engine's BandMF coefficients differ from the ones chosen for the budget")
-        for _ in trainer.iter_steps(setting["steps"]):
-            pass
-        certified = epsilon(trainer.ledger, DELTA, s["accountant"]).epsilon
-    finally:
-        trainer.close()
-    return scored(model, data, certified, start)
+
+    return equal_privacy.train_private(
+        data, setting, method, seed, cfg, DELTA, optimizer, check=check,
+        noise="bandmf", bands=s["bands"], planned_steps=setting["steps"],
+    )  # fmt: skip
 
 
 # --- the experiment -----------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from dptrain.reproduce import md_table
+from dptrain.reproduce.equal_privacy_text import per_model_plot, seeds_separated
 from dptrain.reproduce.report import Report, Section, figure
 
 __all__ = ["findings", "render", "verdict"]
@@ -24,15 +25,6 @@ def _row(rows: list[dict], model: str, epochs, target, method: str) -> dict | No
         ),
         None,
     )
-
-
-def _separated(a: dict, b: dict) -> str:
-    """Whether two rows' seeds overlap (with a few seeds, the only honest statement about noise)."""
-    if len(a["accuracies"]) < 2:
-        return "one seed: no spread measured"
-    if min(a["accuracies"]) > max(b["accuracies"]) or max(a["accuracies"]) < min(b["accuracies"]):
-        return "every seed on the same side"
-    return "the seeds overlap"
 
 
 def _cells(rows: list[dict]) -> list[tuple[dict, dict]]:
@@ -87,7 +79,7 @@ def findings(data: dict[str, Any]) -> list[str]:
         lines.append(
             f"- {b['model']}, {b['epochs']:g} epochs, epsilon {b['target_epsilon']:g}: BandMF ({b['bands']} bands, "
             f"predicted RMSE x{b['rmse_ratio']:.3f}) {word}: {a:.4f} against DP-SGD's {c:.4f} "
-            f"({100 * (a - c):+.1f} points, {_separated(b, d)}); noise multiplier {b['noise_multiplier']:.3f} against "
+            f"({100 * (a - c):+.1f} points, {seeds_separated(b, d)}); noise multiplier {b['noise_multiplier']:.3f} against "
             f"{d['noise_multiplier']:.3f}."
         )
     for model in dict.fromkeys(r["model"] for r in rows):
@@ -156,36 +148,20 @@ def _grid_text(data: dict) -> str:
 
 
 def _draw(data: dict):
-    models = list(dict.fromkeys(r["model"] for r in data["rows"]))
+    rows = data["rows"]
 
-    def draw(fig, axes):
-        import numpy as np
+    def series(model: str):
+        epochs = sorted({r["epochs"] for r in rows if r["model"] == model and r["method"] != "non_private"})
+        for e, style in zip(epochs, ("-", "--", ":"), strict=False):
+            for method, marker in (("dpsgd", "o"), ("bandmf", "s")):
+                pts = sorted(
+                    (r["certified_epsilon"], r["accuracy_median"])
+                    for r in rows
+                    if r["model"] == model and r["method"] == method and r["epochs"] == e
+                )
+                yield f"{LABELS[method]}, {e:g} epochs", pts, {"marker": marker, "ls": style}
 
-        axes = np.atleast_1d(axes)
-        for ax, model in zip(axes, models, strict=False):
-            epochs = sorted({r["epochs"] for r in data["rows"] if r["model"] == model and r["method"] != "non_private"})
-            for e, style in zip(epochs, ("-", "--", ":"), strict=False):
-                for method, marker in (("dpsgd", "o"), ("bandmf", "s")):
-                    pts = sorted(
-                        (r["certified_epsilon"], r["accuracy_median"])
-                        for r in data["rows"]
-                        if r["model"] == model and r["method"] == method and r["epochs"] == e
-                    )
-                    if pts:
-                        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=marker, ls=style,
-                                label=f"{LABELS[method]}, {e:g} epochs")
-            ceiling = next((r for r in data["rows"] if r["model"] == model and r["method"] == "non_private"), None)
-            if ceiling is not None:
-                ax.axhline(ceiling["accuracy_median"], color="gray", ls="--", label=LABELS["non_private"])
-            ax.set_xscale("log")
-            ax.set_xlabel("certified epsilon (delta = 1e-5)")
-            ax.set_ylabel("test accuracy (median over seeds)")
-            ax.set_title(model)
-            ax.grid(alpha=0.3)
-        axes[0].legend(fontsize=7)
-        fig.tight_layout()
-
-    return draw, len(models)
+    return per_model_plot(rows, series, LABELS["non_private"])
 
 
 def render(data: dict[str, Any]) -> Report:

@@ -18,6 +18,7 @@ import json
 import math
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +111,48 @@ def train_non_private(data: tuple, lr: float, seed: int, cfg: dict) -> dict[str,
     model = build(cfg["model"], x, classes(y, y_test))
     non_private_sgd(model, x, y, lr, seed, **{k: recipe[k] for k in ("batch_size", "epochs", "momentum")})
     return scored(model, data, None, start)
+
+
+def train_private(
+    data: tuple,
+    setting: dict,
+    method: str,
+    seed: int,
+    cfg: dict,
+    delta: float,
+    optimizer: Callable[[Any], Any],
+    *,
+    check: Callable[[Any], None] | None = None,
+    **engine_options: Any,
+) -> dict[str, Any]:
+    """One seeded private run of ``method`` at a chosen setting (``setting[method]``: its noise multiplier and
+    accountant; ``setting``: the clip norm, expected batch and steps, the same for every method): the model built under
+    ``seed``, ``optimizer(model)``, the engine's extra ``engine_options``; ``check(trainer)`` before the first step.
+    Its record (:func:`scored`) holds the epsilon the accountant certifies for the ledger the run wrote."""
+    import torch
+
+    from dptrain.accounting import epsilon
+    from dptrain.engine.api import make_private
+
+    x, y, *_, y_test = data
+    start = time.perf_counter()
+    torch.manual_seed(seed)
+    model = build(cfg["model"], x, classes(y, y_test))
+    s = setting[method]
+    trainer = make_private(
+        model, optimizer(model), (x, y), noise_multiplier=s["noise_multiplier"],
+        max_grad_norm=setting["max_grad_norm"], batch_size=setting["expected_batch_size"], seed=seed,
+        max_physical_batch_size=cfg["physical_batch"], delta=delta, accountant=s["accountant"], **engine_options,
+    )  # fmt: skip
+    try:
+        if check is not None:
+            check(trainer)
+        for _ in trainer.iter_steps(setting["steps"]):
+            pass
+        certified = epsilon(trainer.ledger, delta, s["accountant"]).epsilon
+    finally:
+        trainer.close()
+    return scored(model, data, certified, start)
 
 
 def run_key(model: str, target: float | None, method: str, lr: float, seed: int) -> str:

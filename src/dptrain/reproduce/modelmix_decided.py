@@ -48,21 +48,18 @@ from __future__ import annotations
 
 import math
 import statistics
-import time
 from pathlib import Path
 from typing import Any
 
 from dptrain.errors import AccountingError
+from dptrain.reproduce import equal_privacy
 from dptrain.reproduce.equal_privacy import (
     Runs,
-    build,
-    classes,
     execute,
     load_data,
     lr_cell,
     non_private_row,
     prepare,
-    scored,
 )
 
 __all__ = [
@@ -203,38 +200,19 @@ def train_private(method: str, data: tuple, setting: dict, lr: float, seed: int,
     accountant certifies for the ledger the run wrote."""
     import torch
 
-    from dptrain.accounting import epsilon
-    from dptrain.engine.api import make_private
+    def optimizer(model):
+        if method == "modelmix":
+            from dptrain.modelmix import ModelMixSGD
 
-    x, y, *_, y_test = data
-    start = time.perf_counter()
-    torch.manual_seed(seed)
-    model = build(cfg["model"], x, classes(y, y_test))
-    s = setting[method]
-    options = {
-        "max_grad_norm": setting["max_grad_norm"],
-        "batch_size": setting["expected_batch_size"],
-        "seed": seed,
-        "max_physical_batch_size": cfg["physical_batch"],
-        "delta": DELTA,
-        "accountant": s["accountant"],
-    }
-    if method != "dpsgd":  # ModelMix's clipping (Algorithm 2), shared by its same-variance control
-        options.update(clipping="l2_linf", linf_p=setting["linf_p"])
-    if method == "modelmix":
-        from dptrain.modelmix import ModelMixSGD
+            return ModelMixSGD(model.parameters(), lr=lr, tau=setting[method]["tau_over_lr"], total_steps=setting["steps"])
+        return torch.optim.SGD(model.parameters(), lr=lr)
 
-        optimizer = ModelMixSGD(model.parameters(), lr=lr, tau=s["tau_over_lr"], total_steps=setting["steps"])
-    else:
-        optimizer = torch.optim.SGD(model.parameters(), lr=lr)
-    trainer = make_private(model, optimizer, (x, y), noise_multiplier=s["noise_multiplier"], **options)
-    try:
-        for _ in trainer.iter_steps(setting["steps"]):
-            pass
-        certified = epsilon(trainer.ledger, DELTA, s["accountant"]).epsilon
-    finally:
-        trainer.close()
-    return scored(model, data, certified, start)
+    if method == "dpsgd":
+        return equal_privacy.train_private(data, setting, method, seed, cfg, DELTA, optimizer)
+    # ModelMix's clipping (Algorithm 2), shared by its same-variance control
+    return equal_privacy.train_private(
+        data, setting, method, seed, cfg, DELTA, optimizer, clipping="l2_linf", linf_p=setting["linf_p"]
+    )
 
 
 # --- the experiment -----------------------------------------------------------------------------------------

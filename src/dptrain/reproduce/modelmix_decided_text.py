@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from dptrain.reproduce import md_table
+from dptrain.reproduce.equal_privacy_text import per_model_plot, seeds_separated
 from dptrain.reproduce.report import Report, Section, figure
 
 __all__ = ["findings", "render"]
@@ -31,15 +32,6 @@ def _points(a: float, b: float) -> str:
     return f"{abs(a - b) * 100:.1f} points"
 
 
-def _separated(a: dict, b: dict) -> str:
-    """Whether two rows' seeds overlap (with a few seeds, the only honest statement about noise)."""
-    if len(a["accuracies"]) < 2:
-        return "one seed: no spread measured"
-    if min(a["accuracies"]) > max(b["accuracies"]) or max(a["accuracies"]) < min(b["accuracies"]):
-        return "every seed on the same side"
-    return "the seeds overlap"
-
-
 def findings(data: dict[str, Any]) -> list[str]:
     """Where ModelMix helps or hurts, and by how much, from the measured rows."""
     rows, lines = data["rows"], []
@@ -54,12 +46,12 @@ def findings(data: dict[str, Any]) -> list[str]:
             verdict = "helps" if a > b else "hurts" if a < b else "changes nothing"
             lines.append(
                 f"- {model}, epsilon {target:g}: ModelMix {verdict}: {a:.4f} against DP-SGD's {b:.4f} at the same "
-                f"certified budget ({_points(a, b)}, {_separated(mix, sgd)}); it ran at z = "
+                f"certified budget ({_points(a, b)}, {seeds_separated(mix, sgd)}); it ran at z = "
                 f"{mix['noise_multiplier']:.3f} with tau/eta = {mix['tau_over_lr']:g} where DP-SGD needs z = "
                 f"{sgd['noise_multiplier']:.3f}. Gaussian noise of ModelMix's total variance (z_eq = "
                 f"{same['noise_multiplier']:.2f}, certified epsilon {same['certified_epsilon']:.3g} by pld) reached "
                 f"{c:.4f}: the mixing hurt accuracy {'less than' if a > c else 'more than' if a < c else 'as much as'} "
-                f"that noise ({_points(a, c)}, {_separated(mix, same)})."
+                f"that noise ({_points(a, c)}, {seeds_separated(mix, same)})."
             )
         ceiling = _row(rows, model, None, "non_private")
         if ceiling is not None:
@@ -144,33 +136,18 @@ def _grid_text(data: dict) -> str:
 
 
 def _draw(data: dict):
-    models = list(dict.fromkeys(r["model"] for r in data["rows"]))
+    rows = data["rows"]
 
-    def draw(fig, axes):
-        import numpy as np
+    def series(model: str):
+        for method, marker in (("dpsgd", "o"), ("modelmix", "s"), ("same_variance", "^")):
+            pts = sorted(
+                (r["certified_epsilon"], r["accuracy_median"])
+                for r in rows
+                if r["model"] == model and r["method"] == method
+            )
+            yield LABELS[method], pts, {"marker": marker}
 
-        axes = np.atleast_1d(axes)
-        for ax, model in zip(axes, models, strict=False):
-            for method, marker in (("dpsgd", "o"), ("modelmix", "s"), ("same_variance", "^")):
-                pts = sorted(
-                    (r["certified_epsilon"], r["accuracy_median"])
-                    for r in data["rows"]
-                    if r["model"] == model and r["method"] == method
-                )
-                if pts:
-                    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=marker, label=LABELS[method])
-            ceiling = _row(data["rows"], model, None, "non_private")
-            if ceiling is not None:
-                ax.axhline(ceiling["accuracy_median"], color="gray", ls="--", label=LABELS["non_private"])
-            ax.set_xscale("log")
-            ax.set_xlabel("certified epsilon (delta = 1e-5)")
-            ax.set_ylabel("test accuracy (median over seeds)")
-            ax.set_title(model)
-            ax.grid(alpha=0.3)
-        axes[0].legend(fontsize=7)
-        fig.tight_layout()
-
-    return draw, len(models)
+    return per_model_plot(rows, series, LABELS["non_private"])
 
 
 def render(data: dict[str, Any]) -> Report:

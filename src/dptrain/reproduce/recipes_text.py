@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from dptrain.reproduce import md_table
+from dptrain.reproduce.equal_privacy_text import seeds_separated
 from dptrain.reproduce.report import Report, Section, figure
 
 __all__ = ["PUBLISHED", "findings", "render"]
@@ -18,14 +19,6 @@ PUBLISHED = {"scatternet_linear": 0.897, "scatternet_cnn": 0.890, "cnn28": 0.860
 
 def _by(rows: list[dict], recipe: str, target: float) -> dict | None:
     return next((r for r in rows if r["recipe"] == recipe and r["target_epsilon"] == target), None)
-
-
-def _spread(a: dict, b: dict) -> str:
-    if len(a["accuracies"]) < 2:
-        return "one seed: no spread measured"
-    if min(a["accuracies"]) > max(b["accuracies"]) or max(a["accuracies"]) < min(b["accuracies"]):
-        return "every seed on the same side"
-    return "the seeds overlap"
 
 
 def findings(data: dict[str, Any]) -> list[str]:
@@ -54,7 +47,7 @@ def findings(data: dict[str, Any]) -> list[str]:
             lines.append(
                 f"- {plain['recipe']}, epsilon {r['target_epsilon']:g}: weight averaging (decay {r['ema']:g}) "
                 f"{'gains' if d > 0 else 'loses' if d < 0 else 'changes'} {abs(d) * 100:.2f} points "
-                f"({_spread(r, plain)})."
+                f"({seeds_separated(r, plain)})."
             )
     for r in rows:
         if r["augment_multiplicity"] > 1 and not r["recipe"].endswith("+ema"):
@@ -68,7 +61,7 @@ def findings(data: dict[str, Any]) -> list[str]:
                 lines.append(
                     f"- {r['model']}, epsilon {r['target_epsilon']:g}: augmentation multiplicity K = "
                     f"{r['augment_multiplicity']} {'gains' if d > 0 else 'loses'} {abs(d) * 100:.2f} points against "
-                    f"K = 1 at the same setting ({_spread(r, base)})."
+                    f"K = 1 at the same setting ({seeds_separated(r, base)})."
                 )
     return lines
 
