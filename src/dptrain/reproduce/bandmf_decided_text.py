@@ -58,7 +58,7 @@ def verdict(rows: list[dict]) -> dict[str, Any]:
 
 
 def findings(data: dict[str, Any]) -> list[str]:
-    """Where BandMF helps or hurts, and by how much, from the measured rows."""
+    """Where BandMF is ahead of DP-SGD or behind it, and by how much, from the measured rows."""
     rows, lines = data["rows"], []
     v = verdict(rows)
     if v["cells"]:
@@ -75,11 +75,11 @@ def findings(data: dict[str, Any]) -> list[str]:
         )
     for b, d in _cells(rows):
         a, c = b["accuracy_median"], d["accuracy_median"]
-        word = "helps" if a > c else "hurts" if a < c else "changes nothing"
+        word = "is ahead" if a > c else "is behind" if a < c else "ties"
         lines.append(
             f"- {b['model']}, {b['epochs']:g} epochs, epsilon {b['target_epsilon']:g}: BandMF ({b['bands']} bands, "
             f"predicted RMSE x{b['rmse_ratio']:.3f}) {word}: {a:.4f} against DP-SGD's {c:.4f} "
-            f"({100 * (a - c):+.1f} points, {seeds_separated(b, d)}); noise multiplier {b['noise_multiplier']:.3f} against "
+            f"({100 * (a - c):+.2f} points, {seeds_separated(b, d)}); noise multiplier {b['noise_multiplier']:.3f} against "
             f"{d['noise_multiplier']:.3f}."
         )
     for model in dict.fromkeys(r["model"] for r in rows):
