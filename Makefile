@@ -36,7 +36,8 @@ data:
 	  fi; \
 	fi
 
-# The main job: a small CNN on Fashion-MNIST for one epoch; scikit-learn digits if Fashion-MNIST cannot be had.
+# The main job: Tramer & Boneh's ScatterNet + linear recipe on Fashion-MNIST at epsilon 3 (configs/default.toml);
+# scikit-learn digits if Fashion-MNIST cannot be had.
 run: $(STAMP) data
 	@if [ -f $(FMNIST)/train-images-idx3-ubyte.gz ]; then \
 	  $(BIN)/dptrain train --config configs/default.toml $(OUTARG); \
