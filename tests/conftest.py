@@ -25,6 +25,17 @@ def require_fashion_mnist() -> None:
         pytest.skip(NO_FASHION_MNIST)
 
 
+@pytest.fixture
+def sigint_raises():
+    """Ctrl-C raises KeyboardInterrupt in the test even when the suite was started with SIGINT ignored (a shell's
+    background job without job control, nohup), as it does for an interactive run."""
+    import signal
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 def run_interrupted(cfg, out, at: int, monkeypatch) -> None:
     """Run ``cfg`` into ``out`` and interrupt it like a Ctrl-C in the middle of step ``at + 1`` (after ``at``
     completed steps); the run checkpoints and re-raises, as ``dptrain train`` does."""

@@ -30,13 +30,7 @@ def _trainer(seed=11):
     )
 
 
-@pytest.fixture(autouse=True)
-def _sigint_raises():
-    """Ctrl-C raises KeyboardInterrupt here even when the suite was started with SIGINT ignored (a shell's
-    background job without job control), as it is for an interactive run."""
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    yield
-    signal.signal(signal.SIGINT, previous)
+pytestmark = pytest.mark.usefixtures("sigint_raises")  # tests/conftest.py
 
 
 def _reference():

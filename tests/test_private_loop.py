@@ -305,6 +305,7 @@ def _ledger_after(steps):
     return loop.ledger.to_dict()
 
 
+@pytest.mark.usefixtures("sigint_raises")  # tests/conftest.py
 def test_a_signal_between_the_release_and_the_step_waits_for_the_update():
     import signal
 
