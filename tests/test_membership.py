@@ -174,6 +174,19 @@ def test_poisson_subsampled_gaussian_bound_is_the_best_attack_in_either_directio
         assert result["epsilon_delta_reading"][key] >= result[key]
 
 
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+def test_tiny_noise_is_a_bound_without_overflow():
+    """sigma = 0.01: a participating example is all but certain to be seen, so the best attack's TPR at FPR a is the
+    chance p = 1 - (1 - q)^T that it took part, plus (1 - p) a; the bound lies between that and p + a, and nothing
+    overflows (e^-loss of the profile's very negative losses, e^eps of epsilon alone's reading at FPR 0)."""
+    q, steps = 0.01, 100
+    result = membership_inference(dpsgd_ledger(0.01, q, steps), 1e-5)
+    p = 1 - (1 - q) ** steps
+    for fpr, key in ((0.01, "tpr_at_fpr_1pct"), (0.1, "tpr_at_fpr_10pct")):
+        assert p + (1 - p) * fpr - 1e-9 <= result[key] <= p + fpr + 1e-3
+    assert tpr_bound([0.0, 0.5], [1e4], [0.3]).tolist() == [0.3, 1.0]
+
+
 # --- the default run, and no profile -----------------------------------------------------------------------------
 
 

@@ -70,11 +70,14 @@ def tpr_bound(fpr, epsilons, deltas) -> np.ndarray:
     fpr = np.atleast_1d(np.asarray(fpr, dtype=float))
     eps = np.asarray(epsilons, dtype=float)[None, :]
     delta = np.asarray(deltas, dtype=float)[None, :]
-    grow, shrink = np.exp(eps), np.exp(-eps)
+    with np.errstate(over="ignore"):  # e^eps beyond the float range: that term bounds nothing (inf), the other does
+        grow = np.exp(eps)
+    shrink = np.exp(-eps)
     out = np.empty_like(fpr)
     for start in range(0, len(fpr), _CHUNK):
         a = fpr[start : start + _CHUNK, None]
-        bound = np.minimum(grow * a + delta, 1.0 - shrink * (1.0 - delta - a))
+        first = np.multiply(grow, a, out=np.zeros(np.broadcast_shapes(grow.shape, a.shape)), where=a > 0) + delta
+        bound = np.minimum(first, 1.0 - shrink * (1.0 - delta - a))  # at FPR 0 the first term is delta, not inf * 0
         out[start : start + _CHUNK] = bound.min(axis=1)
     return np.clip(out, 0.0, 1.0)
 
@@ -132,7 +135,12 @@ def _hockey_stick(pmf, epsilons: np.ndarray) -> np.ndarray:
     """dp_accounting's ``_get_delta_for_epsilon_vectorized`` for one PMF: suffix sums over the losses above each eps."""
     losses, probs = _losses_probs(pmf)
     upper = np.cumsum(np.concatenate([[pmf._infinity_mass], probs[::-1]]))  # noqa: SLF001
-    lower = np.cumsum(np.concatenate([[0.0], (probs * np.exp(-losses))[::-1]]))
+    # prob e^-loss only for the losses above the smallest eps: no other enters a sum read below (epsilons ascending),
+    # and for a very negative loss (tiny noise) e^-loss overflows
+    weighted = np.zeros_like(probs)
+    read = losses > epsilons[0]
+    weighted[read] = probs[read] * np.exp(-losses[read])
+    lower = np.cumsum(np.concatenate([[0.0], weighted[::-1]]))
     above = len(losses) - np.searchsorted(losses, epsilons, side="right")  # how many losses are > eps
     return upper[above] - np.exp(epsilons) * lower[above]
 
