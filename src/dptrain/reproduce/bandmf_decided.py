@@ -38,7 +38,6 @@ The same runs took 5 to 15 times longer while other jobs loaded the cores.
 
 from __future__ import annotations
 
-import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -53,6 +52,7 @@ from dptrain.reproduce.equal_privacy import (
     non_private_row,
     prepare,
     run_key,
+    seeds_measured,
 )
 
 __all__ = ["DELTA", "EPSILONS", "FULL", "METHODS", "QUICK", "choose_setting", "estimate_seconds", "run"]
@@ -243,10 +243,7 @@ def experiment(cfg: dict, quick: bool, epsilons: tuple, seeds: int, partial: Pat
                             "target_epsilon": target,
                             "method": method,
                             "bands": s["bands"],
-                            "accuracy_median": statistics.median(accuracies),
-                            "accuracies": accuracies,
-                            "seeds": list(range(seeds)),
-                            "certified_epsilon": max(r["certified_epsilon"] for r in cell["runs"]),
+                            **seeds_measured(accuracies, cell["runs"], seeds),
                             "accountant": s["accountant"],
                             "noise_multiplier": s["noise_multiplier"],
                             "rmse_ratio": s["rmse_ratio"],

@@ -233,6 +233,18 @@ def parse_options(epsilons, seeds) -> tuple[tuple[float, ...] | None, int | None
     return epsilons, seeds
 
 
+def seeds_measured(accuracies: list[float], runs: list[dict], seeds: int) -> dict[str, Any]:
+    """What every row of a comparison says of its seeds: the median test accuracy, the accuracies, the seeds, and the
+    largest epsilon certified among the runs (None for runs without a certificate)."""
+    certified = [r["certified_epsilon"] for r in runs if r["certified_epsilon"] is not None]
+    return {
+        "accuracy_median": statistics.median(accuracies),
+        "accuracies": accuracies,
+        "seeds": list(range(seeds)),
+        "certified_epsilon": max(certified) if certified else None,
+    }
+
+
 def non_private_row(runs: Runs, model: str, data: tuple, cfg: dict, seeds: int, dataset: str) -> tuple[dict, dict]:
     """The non-private ceiling of ``model``: its row (the JSON schema of the private rows, no certificate) and its
     learning-rate cell."""
@@ -252,10 +264,7 @@ def non_private_row(runs: Runs, model: str, data: tuple, cfg: dict, seeds: int, 
         "model": model,
         "target_epsilon": None,
         "method": "non_private",
-        "accuracy_median": statistics.median(accuracies),
-        "accuracies": accuracies,
-        "seeds": list(range(seeds)),
-        "certified_epsilon": None,
+        **seeds_measured(accuracies, cell["runs"], seeds),
         "accountant": None,
         "noise_multiplier": 0.0,
     }

@@ -47,7 +47,6 @@ and 60-95 s with cnn28 (modelmix and same_variance, with L2 + L-infinity clippin
 from __future__ import annotations
 
 import math
-import statistics
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +59,7 @@ from dptrain.reproduce.equal_privacy import (
     lr_cell,
     non_private_row,
     prepare,
+    seeds_measured,
 )
 
 __all__ = [
@@ -252,10 +252,7 @@ def experiment(cfg: dict, quick: bool, epsilons: tuple, seeds: int, partial: Pat
                         "model": model,
                         "target_epsilon": target,
                         "method": method,
-                        "accuracy_median": statistics.median(accuracies),
-                        "accuracies": accuracies,
-                        "seeds": list(range(seeds)),
-                        "certified_epsilon": max(r["certified_epsilon"] for r in cell["runs"]),
+                        **seeds_measured(accuracies, cell["runs"], seeds),
                         "accountant": s["accountant"],
                         "noise_multiplier": s["noise_multiplier"],
                         "tau_over_lr": s.get("tau_over_lr"),

@@ -36,7 +36,6 @@ Each finished run is kept in ``OUT/recipes.partial.json``, so an interrupted rep
 
 from __future__ import annotations
 
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -52,6 +51,7 @@ from dptrain.reproduce.equal_privacy import (
     prepare,
     run_key,
     scored,
+    seeds_measured,
 )
 
 __all__ = ["DELTA", "EMA_DECAYS", "EPSILONS", "FULL", "QUICK", "RECIPES", "choose_setting", "run"]
@@ -200,10 +200,7 @@ def _row(name: str, recipe: dict, setting: dict, cell: dict, seeds: int, ema: bo
         "model": recipe["model"],
         "recipe": name + ("+ema" if ema else ""),
         "target_epsilon": setting["target_epsilon"],
-        "accuracy_median": statistics.median(accuracies),
-        "accuracies": accuracies,
-        "seeds": list(range(seeds)),
-        "certified_epsilon": max(r["certified_epsilon"] for r in runs),
+        **seeds_measured(accuracies, runs, seeds),
         "accountant": setting["accountant"],
         "noise_multiplier": setting["noise_multiplier"],
         "epochs": recipe["epochs"],
