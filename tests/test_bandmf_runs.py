@@ -268,3 +268,22 @@ def test_two_processes_draw_the_same_correlated_noise_as_one(tmp_path, capsys):
     assert torch.equal(a["sampler"]["groups"], b["sampler"]["groups"])
     assert all(torch.equal(a["bandmf"]["noise"]["history"][k], b["bandmf"]["noise"]["history"][k])
                for k in a["bandmf"]["noise"]["history"])
+
+
+def test_a_search_refuses_auto_bands_in_one_line_and_takes_given_bands(tmp_path, capsys):
+    """A trial of ``dptrain tune`` runs at the noise multiplier the search gives it (no budget of its own), so
+    bands = "auto" (the default) has nothing to choose b for: refused in one line naming noise.bands, not with the
+    trial's config error ("set privacy.target_epsilon", which the user did set)."""
+    from dptrain.config import load_config
+    from dptrain.tuning.search import Search
+
+    text = CONFIG.format(privacy="target_epsilon = 3.0\ndelta = 1e-5", bands="", accountant="auto")
+    text += '[tune]\ntrials_mean = 2\n[tune.space]\n"training.learning_rate" = { log_uniform = [0.1, 1.0] }\n'
+    cfg = tmp_path / "tune.toml"
+    cfg.write_text(text)
+    code, _, err = _cli(capsys, "tune", "--config", cfg, "--out", tmp_path / "s", "--no-progress")
+    assert code == 2 and "noise.bands = B" in err and "tune" in err and len(err.strip().splitlines()) == 1
+    cfg.write_text(text.replace('mechanism = "bandmf"', 'mechanism = "bandmf"\nbands = 4'))
+    search = Search(load_config(cfg))
+    ledger = search._reference_planner(2.0)
+    assert ledger.entries[0].facts["mechanism"] == "bandmf" and ledger.entries[0].facts["bands"] == 4

@@ -135,6 +135,12 @@ class Search:
     def __init__(self, cfg: RunConfig):
         if cfg.privacy.target_epsilon is None:
             raise ConfigError("dptrain tune needs privacy.target_epsilon: the budget of the whole search")
+        if cfg.noise.mechanism == "bandmf" and cfg.noise.bands in (None, "auto"):
+            # a trial runs at the noise multiplier the search gives it, with no budget of its own to choose b for
+            raise ConfigError(
+                'dptrain tune with noise.mechanism = "bandmf" needs noise.bands = B (an integer; [tune.space] may '
+                'vary it): bands = "auto" chooses b for one run\'s budget, and a trial\'s noise is set by the search'
+            )
         self.cfg, self.tune = cfg, cfg.tune
         self.dims: list[Dimension] = parse_space(cfg)
         self.trials = TrialCount.named(self.tune.trials_mean, self.tune.distribution, mean_key="tune.trials_mean",
