@@ -1,5 +1,6 @@
 """The README and the docs: the README stays a page a newcomer reads in minutes, and every relative link of the README
-and of docs/ points at a file that exists."""
+and of docs/ points at a file that exists and, where it names one (``page.md#anchor``, ``#anchor``), at an anchor of
+that page: a heading's GitHub anchor or an explicit ``<a id="...">``."""
 
 from __future__ import annotations
 
@@ -14,8 +15,36 @@ def relative_links(page: Path) -> list[str]:
     return [t for t in LINK.findall(page.read_text()) if not re.match(r"[a-z]+:", t) and not t.startswith("#")]
 
 
+HEADING = re.compile(r"^#{1,6}\s+(.+?)\s*#*\s*$")
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor of a heading: markup and punctuation other than - and _ dropped, lower case, spaces to -."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # a link's text
+    return re.sub(r"[^\w\- ]", "", text.lower()).replace(" ", "-")
+
+
+def anchors(page: Path) -> set[str]:
+    """The anchors of a markdown page: its headings' (outside code fences; repeats get -1, -2, ...) and explicit ids."""
+    out, seen, fenced = set(), {}, False
+    for line in page.read_text().splitlines():
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        elif not fenced and (m := HEADING.match(line)):
+            s = slug(m.group(1))
+            out.add(f"{s}-{seen[s]}" if s in seen else s)
+            seen[s] = seen.get(s, 0) + 1
+    return out | set(re.findall(r'<a\s+(?:id|name)="([^"]+)"', page.read_text()))
+
+
 def broken(page: Path) -> list[str]:
-    return [t for t in relative_links(page) if not (page.parent / t.split("#")[0]).exists()]
+    out = []
+    for t in [t for t in LINK.findall(page.read_text()) if not re.match(r"[a-z]+:", t)]:
+        file, _, anchor = t.partition("#")
+        target = page.parent / file if file else page
+        if not target.exists() or (anchor and target.suffix == ".md" and anchor not in anchors(target)):
+            out.append(t)
+    return out
 
 
 def test_the_readme_is_short_and_starts_with_the_two_commands():
@@ -34,4 +63,18 @@ def test_a_broken_link_is_found(tmp_path):
     page = tmp_path / "p.md"
     (tmp_path / "there.md").write_text("x")
     page.write_text("[a](there.md) [b](missing.md#x) [c](https://example.org) [d](#anchor)")
-    assert broken(page) == ["missing.md#x"]
+    assert broken(page) == ["missing.md#x", "#anchor"]
+
+
+def test_a_missing_anchor_is_found(tmp_path):
+    (tmp_path / "there.md").write_text(
+        "# Banded matrix factorization (Choquette-Choo et al.)\n## `dptrain account`: Step 2\n## Notes\n## Notes\n"
+        "```\n# not a heading\n```\n<a id=\"kept\"></a>\n"
+    )
+    page = tmp_path / "p.md"
+    page.write_text(
+        "[a](there.md#banded-matrix-factorization-choquette-choo-et-al) [b](there.md#dptrain-account-step-2) "
+        "[c](there.md#notes-1) [d](there.md#kept) [e](there.md#not-a-heading) [f](there.md#notes-2) [g](#here)\n"
+        "## Here\n"
+    )
+    assert broken(page) == ["there.md#not-a-heading", "there.md#notes-2"]
