@@ -78,3 +78,73 @@ def test_a_missing_anchor_is_found(tmp_path):
         "## Here\n"
     )
     assert broken(page) == ["there.md#not-a-heading", "there.md#notes-2"]
+
+
+SRC = ROOT / "src"
+DOTTED = re.compile(r"\bdptrain(?:\.[A-Za-z_]\w*)+")
+
+
+def _top_level_names(path: Path) -> set[str]:
+    """Names a module defines or imports at its top level (and in __all__ / lazy export tables as string keys)."""
+    import ast
+
+    tree = ast.parse(path.read_text())
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                names |= {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.isidentifier():
+            names.add(node.value)  # __all__ entries, lazy exports
+    return names
+
+
+def unresolved(dotted: str) -> bool:
+    """True when ``dptrain.a.b.name`` names no module of src/ and no name its innermost module defines."""
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        base = SRC.joinpath(*parts[:i])
+        module = base / "__init__.py" if base.is_dir() else base.with_suffix(".py")
+        if module.exists():
+            return i < len(parts) and parts[i] not in _top_level_names(module)
+    return True
+
+
+def test_every_module_path_in_the_docs_exists():
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    bad = sorted({f"{p.relative_to(ROOT)}: {d}" for p in pages for d in DOTTED.findall(p.read_text()) if unresolved(d)})
+    assert not bad
+
+
+def test_a_moved_module_is_found():
+    assert not unresolved("dptrain.stages.correlated_noise.BandedNoise") and not unresolved("dptrain.accounting")
+    assert unresolved("dptrain.correlated_noise") and unresolved("dptrain.stages.correlated_noise.NoSuchThing")
+    assert unresolved("dptrain.engine.bandmf_stage")
+
+
+FOLDERS = sorted(p.name for p in (SRC / "dptrain").iterdir() if (p / "__init__.py").exists())
+FILE_PATH = re.compile(r"`((?:src/|tests/|benchmarks/|configs/|(?:" + "|".join(FOLDERS) + r")/)[\w/.*<>-]*\.(?:py|toml|json|md))`")
+
+
+def missing_files(text: str) -> list[str]:
+    """Backticked file paths (``src/...``, ``tests/...``, ``benchmarks/...``, ``configs/...`` from the repository root;
+    ``engine/bandmf.py`` from src/dptrain) that match no file; ``*`` is a glob."""
+    out = []
+    for path in FILE_PATH.findall(text):
+        root = ROOT if path.split("/")[0] in ("src", "tests", "benchmarks", "configs") else SRC / "dptrain"
+        if "<" not in path and not list(root.glob(path)):
+            out.append(path)
+    return out
+
+
+def test_every_file_path_in_the_docs_exists():
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    bad = {str(p.relative_to(ROOT)): missing_files(p.read_text()) for p in pages if missing_files(p.read_text())}
+    assert not bad
+    assert missing_files("`engine/bandmf.py` `accounting/bandmf_*.py` `tests/test_docs.py` `engine/noise.py`") == [
+        "engine/noise.py"
+    ]
