@@ -148,3 +148,24 @@ def test_every_file_path_in_the_docs_exists():
     assert missing_files("`engine/bandmf.py` `accounting/bandmf_*.py` `tests/test_docs.py` `engine/noise.py`") == [
         "engine/noise.py"
     ]
+
+
+def unreachable(start: Path, pages: list[Path]) -> list[str]:
+    """The pages no chain of relative links from ``start`` reaches."""
+    seen, todo = {start.resolve()}, [start]
+    while todo:
+        page = todo.pop()
+        for t in LINK.findall(page.read_text()):
+            target = (page.parent / t.split("#")[0]).resolve()
+            if not re.match(r"[a-z]+:", t) and target.suffix == ".md" and target.exists() and target not in seen:
+                seen.add(target)
+                todo.append(target)
+    return sorted(p.name for p in pages if p.resolve() not in seen)
+
+
+def test_every_page_of_docs_is_reached_from_the_readme(tmp_path):
+    assert unreachable(ROOT / "README.md", sorted((ROOT / "docs").glob("*.md"))) == []
+    (tmp_path / "a.md").write_text("[b](b.md)")
+    (tmp_path / "b.md").write_text("[a](a.md#x)")
+    (tmp_path / "c.md").write_text("[a](a.md)")
+    assert unreachable(tmp_path / "a.md", [tmp_path / "b.md", tmp_path / "c.md"]) == ["c.md"]

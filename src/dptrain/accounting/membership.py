@@ -31,7 +31,10 @@ is a test between the run's outputs on two neighbouring data sets, and different
   not a bound, and the mu that is one (sqrt(T)/sigma, ignoring the subsampling) is far looser than the profile.
 - Accountants that certify one (eps, delta) at a time and no profile of both orderings (last_iterate, composition,
   proactive, modelmix, filter, a hyperparameter search by rdp) give no bound here: the answer is ``None`` with the pld
-  accountant's refusal as the reason, never a number that is not a bound.
+  accountant's refusal as the reason, never a number that is not a bound. Where the pld profile does apply to the same
+  ledger but another accountant certifies a smaller epsilon (a last-iterate run: the profile is that of releasing
+  every iterate, the last_iterate accountant's epsilon that of the last one), that (eps, delta) pair is one more bound:
+  the TPRs are the lower of the two (``tightened_by``), so the attacker row never says more than the certificate.
 
 This module imports numpy/scipy/dp_accounting only, like the rest of dptrain.accounting. The picture is drawn by
 ``dptrain account ... --attacker-plot PATH`` (:mod:`dptrain.cli.account`).
@@ -39,13 +42,14 @@ This module imports numpy/scipy/dp_accounting only, like the rest of dptrain.acc
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
 import numpy as np
 from scipy import special
 
-from dptrain.accounting.base import epsilon, get_accountant
+from dptrain.accounting.base import AUTO, epsilon, get_accountant
 from dptrain.accounting.checks import check_delta
 from dptrain.accounting.ledger import Ledger
 from dptrain.errors import AccountingError
@@ -157,6 +161,17 @@ def _gdp_mu(ledger: Ledger, delta: float) -> tuple[float | None, str | None, flo
     return float(report.details["mu"]), None, report.epsilon
 
 
+def _tightest_certificate(ledger: Ledger, delta: float) -> tuple[str, float] | None:
+    """(accountant, epsilon) of the tightest accountant that certifies the mechanism ``ledger`` records (its randomness
+    taken secret, as for the profile: a seeded run gets what it would have unseeded), or None."""
+    secret = dataclasses.replace(ledger, private=True)
+    try:
+        report = epsilon(secret, delta, AUTO)
+    except AccountingError:
+        return None
+    return report.accountant, float(report.epsilon)
+
+
 def membership_inference(ledger: Ledger, delta: float, *, curve: bool = False) -> dict[str, Any]:
     """The bound on any membership-inference attacker against the run that ``ledger`` records, as JSON-able data.
 
@@ -166,7 +181,10 @@ def membership_inference(ledger: Ledger, delta: float, *, curve: bool = False) -
       accountant's privacy profile) or None;
     - ``mu_gdp``: mu where the run is mu-GDP exactly, else None and ``mu_gdp_reason``;
     - ``no_profile``: why there is no bound (only when the TPRs are None);
-    - ``epsilon``, ``delta``: the accountant's epsilon at the run's delta, and ``epsilon_delta_reading``: the same
+    - ``tightened_by``: {accountant, epsilon} when an accountant without a profile (last_iterate, composition, ...)
+      certifies a smaller epsilon than the profile's at ``delta`` and its one pair is lower at 1% or 10%: the TPRs
+      are then the lower of the two bounds (both hold), never above what the run's certificate alone says;
+    - ``epsilon``, ``delta``: the smallest certified epsilon at the run's delta, and ``epsilon_delta_reading``: the
       TPRs from that one (epsilon, delta) pair alone, the looser reading of a budget;
     - ``pld``: the profile's own TPRs, its discretization and the eps grid (or ``refused``);
     - ``certified``: False when the ledger's run is not private (seeded randomness): the bound is then what the same
@@ -193,10 +211,19 @@ def membership_inference(ledger: Ledger, delta: float, *, curve: bool = False) -
         out = no_profile(pld_part["refused"], delta)
         out.update(mu_gdp=None, mu_gdp_reason=mu_reason, certified=ledger.private)
         return out
+    tightened = None
+    certificate = _tightest_certificate(ledger, delta)
+    if certificate is not None and certificate[1] < eps:
+        # another accountant certifies a smaller epsilon (the last iterate's, or a composition's): its one pair bounds
+        # the attacker too, and where it is lower than the profile's curve the bound is the lower of the two
+        eps, pair = certificate[1], tpr_bound(fprs, [certificate[1]], [delta])
+        if np.any(pair < tpr):
+            tpr, tightened = np.minimum(tpr, pair), {"accountant": certificate[0], "epsilon": certificate[1]}
     reading = tpr_bound(fprs, [eps], [delta])
     out = {
         **_at(tpr),
         "accountant": used,
+        **({"tightened_by": tightened} if tightened else {}),
         "mu_gdp": mu,
         **({"mu_gdp_reason": mu_reason} if mu is None else {}),
         "epsilon": eps,
@@ -230,7 +257,7 @@ def no_profile(reason: str, delta: float | None = None) -> dict[str, Any]:
 def compact(result: dict[str, Any]) -> dict[str, Any]:
     """The short form of ``result`` (:func:`membership_inference`) that ``dptrain account --json`` prints: the two
     rates, the accountant and mu_gdp, and ``no_profile`` where there is no bound."""
-    keys = (*FPRS, "accountant", "mu_gdp", "no_profile")
+    keys = (*FPRS, "accountant", "mu_gdp", "tightened_by", "no_profile")
     return {k: result[k] for k in keys if k in result and (k != "no_profile" or result[k])}
 
 
@@ -247,6 +274,8 @@ def summary_line(result: dict[str, Any]) -> str:
     if result.get("tpr_at_fpr_1pct") is None:
         return f"a membership-inference attacker: no bound (no privacy profile: {result.get('no_profile')})"
     how = f"exact, mu-GDP with mu = {result['mu_gdp']:.4g}" if result["accountant"] == "gdp" else "pld profile"
+    if result.get("tightened_by"):
+        how += f", or {result['tightened_by']['accountant']}'s epsilon where lower"
     naive = result["epsilon_delta_reading"]
     return (
         f"a membership-inference attacker: TPR <= {_pct(result['tpr_at_fpr_1pct'])} at FPR 1%, <= "

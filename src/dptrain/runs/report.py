@@ -58,6 +58,8 @@ def _attacker_text(bound: dict) -> str:
     if bound.get("tpr_at_fpr_1pct") is None:
         return f"no bound on a membership-inference attacker ({bound.get('no_profile')})"
     how = f"mu-GDP, mu = {bound['mu_gdp']:.3g}" if bound.get("mu_gdp") is not None else bound["accountant"]
+    if bound.get("tightened_by"):
+        how += f", or {bound['tightened_by']['accountant']}'s epsilon {bound['tightened_by']['epsilon']:.4g} where lower"
     return (
         f"membership inference: TPR <= {100 * bound['tpr_at_fpr_1pct']:.3g}% at FPR 1%, "
         f"<= {100 * bound['tpr_at_fpr_10pct']:.3g}% at FPR 10% ({how})"
