@@ -282,3 +282,20 @@ def test_on_cuda_one_band_is_dpsgd_and_a_checkpoint_continues_exactly(tmp_path):
     second.train(steps=6)
     assert second.ledger.to_dict() == reference.ledger.to_dict()
     assert _equal(_params(second), _params(reference)) and _history_equal(second, reference)
+
+
+@pytest.mark.parametrize("stop", [1, 4, 8, 13])
+def test_a_checkpoint_at_a_band_boundary_or_either_end_resumes_into_the_uninterrupted_run(tmp_path, stop):
+    """b = 4, T = 14: stopped after the first step, exactly at band boundaries (4, 8: the next step samples group 0
+    and its noise reaches back across the boundary) and one step before the end; the rest taken by a trainer with
+    other streams loaded from the checkpoint gives the uninterrupted run's ledger, weights and noise history."""
+    reference = _trainer(noise="bandmf", bands=4, planned_steps=14)
+    reference.train(steps=14)
+    first = _trainer(noise="bandmf", bands=4, planned_steps=14)
+    first.train(steps=stop)
+    torch.save(first.state_dict(), tmp_path / "ck.pt")
+    second = _trainer(seed=99, noise="bandmf", bands=4, planned_steps=14)
+    second.load_state_dict(torch.load(tmp_path / "ck.pt", weights_only=True))
+    second.train(steps=14 - stop)
+    assert second.ledger.to_dict() == reference.ledger.to_dict()
+    assert _equal(_params(second), _params(reference)) and _history_equal(second, reference)
