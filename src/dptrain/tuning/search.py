@@ -56,7 +56,7 @@ from dptrain.accounting.tuning import (
     trial_noise_for_search,
     with_score_release,
 )
-from dptrain.config import RunConfig, config_to_toml
+from dptrain.config import RunConfig, changed_keys, config_to_toml
 from dptrain.data.batches import call_model
 from dptrain.data.datasets import fingerprint
 from dptrain.engine.interrupts import Terminated
@@ -66,13 +66,13 @@ from dptrain.randomness.generators import SEEDED_WARNING, Randomness, keyed_stre
 from dptrain.randomness.streams import Stream
 from dptrain.runs import job as job_module
 from dptrain.runs import run as run_module
-from dptrain.runs.resume import SEARCH_MAY_CHANGE, check_data, frozen, resumed_config
-from dptrain.runs.rundir import CONFIG, PRIVATE, RunDirectory
+from dptrain.runs.resume import SEARCH_MAY_CHANGE, check_data, frozen, frozen_config, resumed_config
+from dptrain.runs.rundir import CONFIG, PRIVATE, SEARCH_STATE, RunDirectory
 from dptrain.tuning.quiet import Elapsed, captured
 from dptrain.tuning.release import TRIALS, finished, publish, summarize
 from dptrain.tuning.space import Dimension, draw, parse_space, with_values
 
-STATE = "search.pt"
+STATE = SEARCH_STATE
 
 
 @dataclass
@@ -235,7 +235,7 @@ class Search:
             job.trainer.per_example = per_example
             captured_job["job"] = job
 
-        return run_module.RunHooks(data=self.data, prepare=prepare)
+        return run_module.RunHooks(data=self.data, prepare=prepare, part_of="search", may_change=SEARCH_MAY_CHANGE)
 
     @torch.no_grad()
     def score(self, trial: Trial, model: torch.nn.Module, device, stream: Stream) -> float:
@@ -352,17 +352,22 @@ def _run(search: Search, state: SearchState, rd: RunDirectory, stream: Stream, p
 
 def _one_trial(search: Search, state: SearchState, trial: Trial, rd: RunDirectory, stream: Stream) -> None:
     """Train and score one trial; a trial that fails (a non-finite loss, a config its draw made illegal) is recorded
-    with the worst score, never retried. The trial's own not-private labels are kept (the search's flag reads them)."""
+    with the worst score, never retried. A trial that had started is resumed from its checkpoint with exactly the
+    config the search gives it (:func:`_check_trial`), and whatever its resume refuses (an edited config, ledger or
+    summary, other data) refuses the search's resume: it is no failure of the trial. The trial's own not-private
+    labels are kept (the search's flag reads them)."""
     where = trial_dir(rd, trial)
     job_of: dict = {}
     summary: dict = {}
+    resuming = RunDirectory(where).checkpoint.exists()
     try:
         if trial.noise_multiplier is None:
             trial.noise_multiplier = search.noise_for(trial.values, state.reference_noise)
             rd.save_private(STATE, state.to_dict())
         cfg = search.trial_config(trial.values, trial.noise_multiplier)
         hooks = search.hooks(trial, job_of)
-        resuming = RunDirectory(where).checkpoint.exists()
+        if resuming:
+            _check_trial(where, cfg)
         where.parent.mkdir(parents=True, exist_ok=True)
         summary = run_module.run_training(None if resuming else cfg, where, resume=resuming, progress=False,
                                           hooks=hooks)
@@ -370,6 +375,8 @@ def _one_trial(search: Search, state: SearchState, trial: Trial, rd: RunDirector
         trial.score = search.score(trial, job.trainer.model, job.trainer.device, stream)
         trial.status = "done"
     except DPTrainError as e:
+        if resuming and "job" not in job_of:  # (refused before the trial went on: the resume is refused)
+            raise
         trial.status, trial.score = "failed", -math.inf
         state.extra.setdefault("failures", {})[str(trial.index)] = str(e)
     finally:
@@ -377,6 +384,19 @@ def _one_trial(search: Search, state: SearchState, trial: Trial, rd: RunDirector
             trial.not_private_because = list(job_of["job"].trainer.not_private_reasons)
         elif summary:  # (finished before an interruption: its kept summary's)
             trial.not_private_because = list(summary.get("not_private_because", []))
+
+
+def _check_trial(where: Path, cfg: RunConfig) -> None:
+    """The config a started trial's checkpoint keeps must be the one the search gives it (from the search's frozen
+    config, the trial's secret draw and its noise): any difference is refused in one line listing the keys (its
+    ``config.toml`` is held to the checkpoint's by the run's own resume, with nothing allowed to change)."""
+    kept = frozen_config(RunDirectory(where).load_checkpoint())
+    changed = changed_keys(cfg, kept) if kept is not None else ["config"]
+    if changed:
+        raise ConfigError(
+            f"the checkpoint of a trial in {where.parent} holds another config than the search gives it "
+            f"({', '.join(changed)}): the search's private/ was edited or mixed with another search's; restore it"
+        )
 
 
 def _finished_job(search: Search, cfg: RunConfig, where: Path):
