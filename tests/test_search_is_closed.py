@@ -149,3 +149,32 @@ def test_the_fingerprint_sees_inputs_held_in_a_dict():
     b[1, 2] = 7
     assert fingerprint(_text_split(a)) != fingerprint(_text_split(b))
     assert fingerprint(_text_split(a)) == fingerprint(_text_split(a.clone()))
+
+
+def test_a_trial_is_scored_on_its_examples_as_its_model_sees_them(tmp_path):
+    """A preprocessing stage (a private mean) transforms the examples a trial trains on: its score reads the same
+    rows through the job's data, not the raw ones (here the transform negates the inputs, and the model classifies
+    the transformed examples perfectly: on the raw ones it would be always wrong)."""
+    from types import SimpleNamespace
+
+    from dptrain.data.datasets import ArrayDataset
+    from dptrain.randomness.generators import Randomness
+    from dptrain.tuning.search import Search, Trial
+
+    path = tmp_path / "t.toml"
+    path.write_text(CONFIG.replace("validation_fraction = 0.2", "validation_fraction = 0.5\nscore_noise = 1e-6"))
+    search = Search(load_config(path))
+    raw = search.data.train
+    model = torch.nn.Linear(5, 2)
+    w = torch.linalg.lstsq(-raw.x, torch.nn.functional.one_hot(raw.y).float() * 2 - 1).solution  # fits -x
+    with torch.no_grad():
+        model.weight.copy_(w.T)
+        model.bias.zero_()
+    seen = ArrayDataset(-raw.x, raw.y, raw.num_classes, raw.name)
+    job = SimpleNamespace(trainer=SimpleNamespace(model=model, device=torch.device("cpu")),
+                          data=DataSplit(seen, search.data.test, "negated"))
+    trial = Trial(0, {}, [1, 2, 3, 4])
+    held = int(search.held_out(trial).sum())
+    score = search.score(trial, job, Randomness(0, warn=False).stream("tuning"))
+    correct = (model(-raw.x[search.held_out(trial)]).argmax(-1) == raw.y[search.held_out(trial)]).float().mean()
+    assert correct > 0.9 and score == pytest.approx(held * float(correct) / (0.5 * len(raw)), abs=1e-3)

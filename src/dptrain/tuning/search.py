@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from dptrain.accounting import Ledger
 from dptrain.accounting.standard import _SMALL_ORDERS as SMALL_ORDERS
 from dptrain.accounting.standard import RDP_ORDERS
 from dptrain.accounting.tuning import (
@@ -238,19 +239,22 @@ class Search:
         return run_module.RunHooks(data=self.data, prepare=prepare, part_of="search", may_change=SEARCH_MAY_CHANGE)
 
     @torch.no_grad()
-    def score(self, trial: Trial, model: torch.nn.Module, device, stream: Stream) -> float:
+    def score(self, trial: Trial, job, stream: Stream) -> float:
         """The trial's released score: the test accuracy (public validation), or (correct held-out predictions +
         N(0, score_noise^2)) / (expected held-out count), a release of sensitivity 1 that its ledger records, the noise
-        drawn from the search's secret stream (added in float64 and rounded once to float32 by the secure stream)."""
+        drawn from the search's secret stream (added in float64 and rounded once to float32 by the secure stream).
+        The examples are the trial's job's, as its model sees them (a preprocessing stage's transform applied: the
+        rows stay those of the loaded training set)."""
+        model, device, data = job.trainer.model, job.trainer.device, job.data
         if self.tune.validation_is_public:
             from dptrain.engine.evaluation import accuracy, evaluation_source
 
-            return accuracy(model, evaluation_source(self.data.test.x, self.data.test.y), device)
+            return accuracy(model, evaluation_source(data.test.x, data.test.y), device)
         held = self.held_out(trial).nonzero().squeeze(1)
         model.eval()
         correct = 0
         for chunk in held.split(1024):
-            x, y = self.data.train.x[chunk].to(device), self.data.train.y[chunk].to(device)
+            x, y = data.train.x[chunk].to(device), data.train.y[chunk].to(device)
             correct += int((logits_of(call_model(model, x)).argmax(-1) == y).sum())
         noisy = float(stream.add_gaussian(torch.tensor([float(correct)], dtype=torch.float32), self.tune.score_noise)[0])
         return noisy / (self.tune.validation_fraction * self.n)
@@ -372,7 +376,7 @@ def _one_trial(search: Search, state: SearchState, trial: Trial, rd: RunDirector
         summary = run_module.run_training(None if resuming else cfg, where, resume=resuming, progress=False,
                                           hooks=hooks)
         job = job_of.get("job") or _finished_job(search, cfg, where)
-        trial.score = search.score(trial, job.trainer.model, job.trainer.device, stream)
+        trial.score = search.score(trial, job, stream)
         trial.status = "done"
     except DPTrainError as e:
         if resuming and "job" not in job_of:  # (refused before the trial went on: the resume is refused)
@@ -400,9 +404,12 @@ def _check_trial(where: Path, cfg: RunConfig) -> None:
 
 
 def _finished_job(search: Search, cfg: RunConfig, where: Path):
-    """The job of a trial that finished training before an interruption: its released model from the checkpoint."""
-    job = job_module.build_job(cfg, Randomness(0, warn=False), data=search.data)
-    job.trainer.model.load_state_dict(RunDirectory(where).load_checkpoint()["model"])
+    """The job of a trial that finished training before an interruption: its released model from the checkpoint, its
+    stages' releases (a private mean) the ones it made, never made again."""
+    state = RunDirectory(where).load_checkpoint()
+    job = job_module.build_job(cfg, Randomness(0, warn=False), data=search.data, ledger=Ledger.from_dict(state["ledger"]),
+                               accountant=state["accountant"], resumed=dict(state.get("released_content") or {}))
+    job.trainer.model.load_state_dict(state["model"])
     return job
 
 
