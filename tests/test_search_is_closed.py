@@ -178,3 +178,24 @@ def test_a_trial_is_scored_on_its_examples_as_its_model_sees_them(tmp_path):
     score = search.score(trial, job, Randomness(0, warn=False).stream("tuning"))
     correct = (model(-raw.x[search.held_out(trial)]).argmax(-1) == raw.y[search.held_out(trial)]).float().mean()
     assert correct > 0.9 and score == pytest.approx(held * float(correct) / (0.5 * len(raw)), abs=1e-3)
+
+
+def test_best_holds_no_hidden_file_of_the_selected_trial(tmp_path):
+    """A crash leaves a temporary file in the trial that was running: copied into best/, it would say that the
+    selected trial was that one. best/ holds the trial's released files only, and the search's own leftovers go."""
+    from dptrain.runs.rundir import RunDirectory
+    from dptrain.tuning import search as search_module
+    from dptrain.tuning.release import publish
+
+    path = tmp_path / "t.toml"
+    path.write_text(CONFIG)
+    out = tmp_path / "s"
+    run_search(load_config(path), out, progress=False, keep_trials=True)
+    saved = RunDirectory(out).load_private(search_module.STATE)
+    state = search_module.SearchState.from_dict(saved)
+    trial = out / "private" / "trials" / str(state.extra["best_index"])
+    (trial / ".model.pt.abc123.tmp").write_bytes(b"half a file")
+    (out / ".summary.json.abc123.tmp").write_text("{")
+    publish(state, RunDirectory(out), keep_trials=True)
+    assert not [p.name for p in (out / "best").iterdir() if p.name.startswith(".")]
+    assert not (out / ".summary.json.abc123.tmp").exists()
