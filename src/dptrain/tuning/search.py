@@ -29,10 +29,12 @@ What a trial is here (docs/tuning.md has the argument):
   makes the search not private, and not certified.
 
 The search directory: ``config.toml``, ``ledger.json`` (the search, one event), ``summary.json``, ``best/`` (the
-selected trial's run directory, reportable and resumable like any run), ``private/`` (the search's state and the
-trials: secret). The search's config and a fingerprint of its data are frozen in its state when it starts, by the
-run's own mechanism (:mod:`dptrain.runs.resume`): ``dptrain tune --resume`` refuses any change in one line listing
-the keys (the seed included). Interrupting and resuming continues the same search: the same K, the same draws, each
+selected trial's released files, without its secret state), ``private/`` (the search's state and the trials:
+secret). The search's config and a fingerprint of its data are frozen in its state when it starts, by the run's own
+mechanism (:mod:`dptrain.runs.resume`): ``dptrain tune --resume`` refuses any change in one line listing the keys
+(the seed included; nothing may change, :data:`~dptrain.runs.resume.SEARCH_MAY_CHANGE`), and so does a trial's resume
+(a trial is a run owned by its search, ``RunHooks.part_of``: ``dptrain train`` refuses it, and the search's
+directory). Interrupting and resuming continues the same search: the same K, the same draws, each
 trial resumed from its own checkpoint, never re-run with fresh randomness.
 """
 
