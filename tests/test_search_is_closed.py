@@ -199,3 +199,21 @@ def test_best_holds_no_hidden_file_of_the_selected_trial(tmp_path):
     publish(state, RunDirectory(out), keep_trials=True)
     assert not [p.name for p in (out / "best").iterdir() if p.name.startswith(".")]
     assert not (out / ".summary.json.abc123.tmp").exists()
+
+
+def test_data_classes_on_memory_mapped_arrays_is_one_line(tmp_path, capsys):
+    """data.classes on data it cannot filter in memory (a memory-mapped npz) is refused in one line naming the rule,
+    not a traceback."""
+    import numpy as np
+
+    x = np.random.default_rng(0).standard_normal((60, 3)).astype(np.float32)
+    y = np.arange(60) % 3
+    np.savez(tmp_path / "m.npz", x=x, y=y, x_test=x[:9], y_test=y[:9])
+    config = tmp_path / "c.toml"
+    config.write_text(
+        f'[data]\nname = "npz"\npath = "{tmp_path / "m.npz"}"\noptions = {{ num_classes = 3, mmap = true }}\n'
+        'classes = [0, 2]\n[model]\nname = "logistic"\n[privacy]\nnoise_multiplier = 1.0\ndelta = 0.01\n'
+        "[training]\nsteps = 2\nbatch_size = 2\n"
+    )
+    code, _, err = _cli(capsys, "train", "--config", str(config), "--out", str(tmp_path / "r"), "--no-progress")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "data.classes" in err and "memory-mapped" in err
