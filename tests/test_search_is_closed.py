@@ -2,8 +2,9 @@
 a trial's own files under private/trials are held to what the search gives it (an edit refuses the resume, exit 2,
 instead of failing the trial silently), nothing of a search's config may change on resume (a key allowed to change
 half-way would show in best/ whether the best trial ran before or after the resume), a run is never trained into a
-search's directory nor a trial continued by ``dptrain train``, and the data fingerprint sees every tensor a data
-set holds (text inputs live in a dict)."""
+search's directory nor a trial continued by ``dptrain train``, a trial is scored on its examples as its model sees
+them, best/ holds no hidden file of the selected trial; and the data under a frozen run: the fingerprint sees every
+tensor a data set holds (text inputs live in a dict), data.classes on memory-mapped arrays is one line."""
 
 import json
 import shutil
