@@ -477,6 +477,10 @@ def select_classes(split: DataSplit, classes: list[int]) -> DataSplit:
     task [2, 4] from Fashion-MNIST). A per-example filter chosen before seeing the data: no privacy cost."""
     if isinstance(split.train, TextDataset):  # (its inputs are a dict of token ids and masks)
         raise DataError("data.classes does not apply to text_files; remove it (select the rows of your files instead)")
+    if not all(isinstance(getattr(ds, "x", None), torch.Tensor) and isinstance(getattr(ds, "y", None), torch.Tensor)
+               for ds in (split.train, split.test)):  # (a memory-mapped set: its examples are read batch by batch)
+        raise DataError("data.classes applies to data held in memory (x and y tensors), not to memory-mapped arrays; "
+                        "remove it (select the rows of your arrays instead) or load them without data.options.mmap")
 
     def pick(ds: ArrayDataset, private: bool) -> ArrayDataset:
         keep = torch.zeros(len(ds.y), dtype=torch.bool)

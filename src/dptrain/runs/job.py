@@ -64,6 +64,9 @@ class Job:
     frozen_config: str = ""
     #: the fingerprint of the data the run started with (dptrain.data.datasets.fingerprint), kept beside the config
     data_sha256: str | None = None
+    #: the command that owns the run, kept in every checkpoint ("search": a trial of a hyperparameter search, which
+    #: only its search may continue); None for a run of its own
+    part_of: str | None = None
 
 
 @dataclass

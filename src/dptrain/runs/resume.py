@@ -30,9 +30,11 @@ def config_hash(text: str) -> str:
 #: the run started with (:func:`check_step_change`).
 RESUME_MAY_CHANGE = ("training.eval_every", "training.max_physical_batch_size", "training.epochs", "training.steps")
 STEP_KEYS = ("training.epochs", "training.steps")
-#: What a resumed search may change: a run's keys but the step count (every trial's ledger, hence the search's
-#: certificate, is planned for the steps the search started with).
-SEARCH_MAY_CHANGE = tuple(k for k in RESUME_MAY_CHANGE if k not in STEP_KEYS)
+#: What a resumed search, or a search's trial, may change: nothing. The step count plans every trial's ledger, hence
+#: the search's certificate; and a key that changed half-way (how often the test set is evaluated, the physical chunk)
+#: would show in ``best/`` (its metrics, its config, its gradient check) whether the best trial ran before or after the
+#: resume, which places it among the secret trials.
+SEARCH_MAY_CHANGE: tuple[str, ...] = ()
 
 
 def frozen(config_text: str, data_sha256: str | None) -> dict[str, Any]:
@@ -78,7 +80,7 @@ def resumed_config(
         raise ConfigError(
             f"{path} changed since the run started ({', '.join(refused)}): a resume may not change what the run "
             f"releases or certifies; restore {'that key' if len(refused) == 1 else 'those keys'} or start a new run "
-            f"(a resume may change only {', '.join(may_change)})"
+            + (f"(a resume may change only {', '.join(may_change)})" if may_change else "(a resume may change none)")
         )
     return now, changed
 

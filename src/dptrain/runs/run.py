@@ -45,6 +45,7 @@ from dptrain.runs.job import (
     run_randomness,
 )
 from dptrain.runs.resume import (
+    RESUME_MAY_CHANGE,
     check_data,
     check_step_change,
     finished_summary,
@@ -93,11 +94,15 @@ class _Progress:
 
 @dataclass
 class RunHooks:
-    """What a command running jobs inside its own (a tuning search) adds to each: the data, already loaded, and a
-    function called with the built job before it trains (e.g. to hold some examples out of its per-example stage)."""
+    """What a command running jobs inside its own (a tuning search) adds to each: the data, already loaded, a
+    function called with the built job before it trains (e.g. to hold some examples out of its per-example stage),
+    the name of the owner kept in the run's checkpoints (a run started by an owner is resumed only by it, and a run of
+    its own never by an owner), and the config keys a resume may change (an owner may allow none)."""
 
     data: DataSplit | None = None
     prepare: Callable[[Job], None] | None = None
+    part_of: str | None = None
+    may_change: tuple[str, ...] = RESUME_MAY_CHANGE
 
     def ready(self, job: Job) -> Job:
         if self.prepare is not None:
@@ -150,7 +155,7 @@ def _start(
     start = time.perf_counter()
     data = load_data(cfg, progress and main) if hooks.data is None else hooks.data
     job = hooks.ready(build_job(cfg, run_randomness(cfg), data=data))
-    job.data_sha256 = fingerprint(data)
+    job.data_sha256, job.part_of = fingerprint(data), hooks.part_of
     if plan is not None and int(plan.get("dataset_size", -1)) != len(job.data.train):
         raise ConfigError(
             f"the plan was made for a data set of {plan.get('dataset_size')} examples, but the training set has "
@@ -176,6 +181,7 @@ def _start(
 
 def _resume(rd: RunDirectory, progress: bool, stop_after: int | None, main: bool, hooks: RunHooks) -> dict:
     with rd.locked():
+        rd.refuse_search()  # (a search's directory: dptrain tune --resume)
         if not rd.checkpoint.exists() and not rd.released_anything():
             if not (rd / CONFIG).exists():
                 raise RunDirectoryError(
@@ -186,6 +192,7 @@ def _resume(rd: RunDirectory, progress: bool, stop_after: int | None, main: bool
             return _start(load_config(rd / CONFIG), rd, progress, stop_after, rd.read_json(PLAN), main, hooks, True)
         start = time.perf_counter()
         state = rd.load_checkpoint()
+        _check_owner(rd, state, hooks)
         ledger = Ledger.from_dict(state["ledger"])
         rd.check_ledger_copy(ledger)
         previous = finished_summary(rd, state)
@@ -195,20 +202,34 @@ def _resume(rd: RunDirectory, progress: bool, stop_after: int | None, main: bool
         if previous is not None:
             print(f"dptrain: the run in {rd.path} has finished; nothing to resume", file=sys.stderr)
             return previous
-        cfg, changed = resumed_config(rd, state)
+        cfg, changed = resumed_config(rd, state, hooks.may_change)
         resumed = released_files(rd, state)
         data = load_data(cfg, progress and main) if hooks.data is None else hooks.data
         check_data(state, fingerprint(data))
         job = hooks.ready(
             build_job(cfg, run_randomness(cfg), ledger=ledger, accountant=state["accountant"], resumed=resumed, data=data)
         )
-        job.data_sha256 = fingerprint(data)
+        job.data_sha256, job.part_of = fingerprint(data), hooks.part_of
         check_step_change(job.trainer, changed)
         if "config" in state:
             job.frozen_config = state["config"]  # (the config the run started with stays the reference)
         job.trainer.load_state_dict(state)
         rd.truncate_metrics(job.trainer.steps)
         return _train(job, rd, progress, stop_after, elapsed=float(state.get("elapsed_s", 0.0)), start=start)
+
+
+def _check_owner(rd: RunDirectory, state: dict, hooks: RunHooks) -> None:
+    """A run started by an owner (a search's trial, in its secret ``private/``) is resumed by that owner only: its
+    scoring, its held-out examples and its frozen config are the owner's; and an owner resumes only its own runs."""
+    owner = state.get("part_of")
+    if owner == hooks.part_of:
+        return
+    if hooks.part_of is None:
+        raise RunDirectoryError(
+            f"{rd.path} is a trial of a hyperparameter {owner} (secret, inside its private/): only its {owner} continues "
+            f"it, with dptrain tune --resume on the {owner}'s directory"
+        )
+    raise RunDirectoryError(f"{rd.path} is not a run of this {hooks.part_of} (another run's directory was put there)")
 
 
 def _train(job: Job, rd: RunDirectory, progress: bool, stop_after: int | None, elapsed: float, start: float):
@@ -305,6 +326,7 @@ def _checkpoint(rd: RunDirectory, job: Job, wall: float, summary: dict | None = 
         "released": sorted(job.released),
         "released_content": job.released,
         **frozen(job.frozen_config, job.data_sha256),
+        **({"part_of": job.part_of} if job.part_of else {}),
         **({"summary": summary} if summary is not None else {}),
     }
     rd.save_checkpoint(state, job.trainer.ledger)

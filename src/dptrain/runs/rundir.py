@@ -41,6 +41,10 @@ from dptrain.errors import DataError, RunDirectoryError
 CONFIG, METRICS, LEDGER, SUMMARY, MODEL = "config.toml", "metrics.jsonl", "ledger.json", "summary.json", "model.pt"
 PREPROCESSING, PLAN, MODEL_EMA = "preprocessing.json", "plan.json", "model_ema.pt"
 PRIVATE, CHECKPOINT, LOCK = "private", "checkpoint.pt", ".lock"
+#: A hyperparameter search's secret state (``dptrain tune``): its presence makes the directory a search's, which only
+#: ``dptrain tune --resume`` continues (a run trained into it would release a model the search's certificate does not
+#: cover).
+SEARCH_STATE = "search.pt"
 #: Files whose presence means a run released something (its ledger says so for the rest).
 RELEASE_FILES = (SUMMARY, MODEL, METRICS, PREPROCESSING, MODEL_EMA)
 
@@ -80,13 +84,33 @@ class RunDirectory:
         return self.path / PRIVATE / CHECKPOINT
 
     def holds_run(self) -> bool:
-        """True once a run has claimed the directory (its checkpoint at step 0 and its config are written first)."""
-        return any((self.path / name).exists() for name in (CONFIG, LEDGER, SUMMARY)) or self.checkpoint.exists()
+        """True once a run or a search has claimed the directory (its checkpoint at step 0, or a search's state, and
+        its config are written first)."""
+        return (
+            any((self.path / name).exists() for name in (CONFIG, LEDGER, SUMMARY))
+            or self.checkpoint.exists()
+            or self.holds_search()
+        )
+
+    def holds_search(self) -> bool:
+        """True for a hyperparameter search's directory (its secret state, :data:`SEARCH_STATE`)."""
+        return (self.path / PRIVATE / SEARCH_STATE).exists()
+
+    def refuse_search(self) -> None:
+        """A search's directory is continued by ``dptrain tune --resume`` only: refused to every run."""
+        if self.holds_search():
+            raise RunDirectoryError(
+                f"{self.path} holds a hyperparameter search, not a run: continue it with dptrain tune --resume "
+                f"{self.path}, or choose another --out"
+            )
 
     def released_anything(self) -> bool:
         """Whether a run in this directory released anything: a released file (summary, model, metrics, a stage's
         statistics) or a ledger (the checkpoint's or its copy) that records a release. An unreadable ledger or
-        checkpoint counts as a release: only a directory known to hold nothing released may be started afresh."""
+        checkpoint counts as a release, and so does a search (it drew its secret number of trials): only a directory
+        known to hold nothing released may be started afresh."""
+        if self.holds_search():
+            return True
         if any((self.path / name).exists() for name in RELEASE_FILES):
             return True
         if (self.path / LEDGER).exists():
@@ -105,7 +129,8 @@ class RunDirectory:
     def refuse_if_holding(self) -> None:
         """Refuse a directory that holds a run which released something. A run that released nothing (stopped before
         its first step: an error at step 1, a signal or kill -9 in its first moments) does not count: a new run may
-        start there afresh (:meth:`discard_unreleased`, under the lock)."""
+        start there afresh (:meth:`discard_unreleased`, under the lock). A search's directory is always refused."""
+        self.refuse_search()
         if self.holds_run() and self.released_anything():
             raise RunDirectoryError(
                 f"output directory {self.path} already holds a run; continue it with --resume {self.path} or choose "

@@ -137,6 +137,9 @@ def _publish(state, rd: RunDirectory, keep_trials: bool) -> None:
         shutil.rmtree(trials)
     rd.write_json(LEDGER, state.ledger)
     rd.write_json(SUMMARY, state.summary)
+    for stale in rd.path.glob(".*.tmp"):  # (a temporary file a crash left dates that crash among the trials)
+        if stale.is_file():
+            stale.unlink()
     fresh_files(rd)
     same_times(rd)
 
@@ -147,7 +150,9 @@ def _copy_best(state, rd: RunDirectory, source) -> None:
     target = rd.path / BEST
     if target.exists():
         shutil.rmtree(target)
-    shutil.copytree(source, target, copy_function=shutil.copy, ignore=shutil.ignore_patterns(PRIVATE))
+    # (not its secret private/, nor a hidden file: its .lock, or a temporary file a crash left, which would say that
+    # the selected trial was the one running when the search was interrupted)
+    shutil.copytree(source, target, copy_function=shutil.copy, ignore=shutil.ignore_patterns(PRIVATE, ".*"))
     best = RunDirectory(target)
     trial = RunDirectory(source).load_checkpoint().get("summary") or best.read_json(SUMMARY) or {}
     best.write_json(LEDGER, state.ledger)

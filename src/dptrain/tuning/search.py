@@ -29,10 +29,12 @@ What a trial is here (docs/tuning.md has the argument):
   makes the search not private, and not certified.
 
 The search directory: ``config.toml``, ``ledger.json`` (the search, one event), ``summary.json``, ``best/`` (the
-selected trial's run directory, reportable and resumable like any run), ``private/`` (the search's state and the
-trials: secret). The search's config and a fingerprint of its data are frozen in its state when it starts, by the
-run's own mechanism (:mod:`dptrain.runs.resume`): ``dptrain tune --resume`` refuses any change in one line listing
-the keys (the seed included). Interrupting and resuming continues the same search: the same K, the same draws, each
+selected trial's released files, without its secret state), ``private/`` (the search's state and the trials:
+secret). The search's config and a fingerprint of its data are frozen in its state when it starts, by the run's own
+mechanism (:mod:`dptrain.runs.resume`): ``dptrain tune --resume`` refuses any change in one line listing the keys
+(the seed included; nothing may change, :data:`~dptrain.runs.resume.SEARCH_MAY_CHANGE`), and so does a trial's resume
+(a trial is a run owned by its search, ``RunHooks.part_of``: ``dptrain train`` refuses it, and the search's
+directory). Interrupting and resuming continues the same search: the same K, the same draws, each
 trial resumed from its own checkpoint, never re-run with fresh randomness.
 """
 
@@ -47,6 +49,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from dptrain.accounting import Ledger
 from dptrain.accounting.standard import _SMALL_ORDERS as SMALL_ORDERS
 from dptrain.accounting.standard import RDP_ORDERS
 from dptrain.accounting.tuning import (
@@ -56,7 +59,7 @@ from dptrain.accounting.tuning import (
     trial_noise_for_search,
     with_score_release,
 )
-from dptrain.config import RunConfig, config_to_toml
+from dptrain.config import RunConfig, changed_keys, config_to_toml
 from dptrain.data.batches import call_model
 from dptrain.data.datasets import fingerprint
 from dptrain.engine.interrupts import Terminated
@@ -66,13 +69,13 @@ from dptrain.randomness.generators import SEEDED_WARNING, Randomness, keyed_stre
 from dptrain.randomness.streams import Stream
 from dptrain.runs import job as job_module
 from dptrain.runs import run as run_module
-from dptrain.runs.resume import SEARCH_MAY_CHANGE, check_data, frozen, resumed_config
-from dptrain.runs.rundir import CONFIG, PRIVATE, RunDirectory
+from dptrain.runs.resume import SEARCH_MAY_CHANGE, check_data, frozen, frozen_config, resumed_config
+from dptrain.runs.rundir import CONFIG, PRIVATE, SEARCH_STATE, RunDirectory
 from dptrain.tuning.quiet import Elapsed, captured
 from dptrain.tuning.release import TRIALS, finished, publish, summarize
 from dptrain.tuning.space import Dimension, draw, parse_space, with_values
 
-STATE = "search.pt"
+STATE = SEARCH_STATE
 
 
 @dataclass
@@ -241,22 +244,25 @@ class Search:
             job.trainer.per_example = per_example
             captured_job["job"] = job
 
-        return run_module.RunHooks(data=self.data, prepare=prepare)
+        return run_module.RunHooks(data=self.data, prepare=prepare, part_of="search", may_change=SEARCH_MAY_CHANGE)
 
     @torch.no_grad()
-    def score(self, trial: Trial, model: torch.nn.Module, device, stream: Stream) -> float:
+    def score(self, trial: Trial, job, stream: Stream) -> float:
         """The trial's released score: the test accuracy (public validation), or (correct held-out predictions +
         N(0, score_noise^2)) / (expected held-out count), a release of sensitivity 1 that its ledger records, the noise
-        drawn from the search's secret stream (added in float64 and rounded once to float32 by the secure stream)."""
+        drawn from the search's secret stream (added in float64 and rounded once to float32 by the secure stream).
+        The examples are the trial's job's, as its model sees them (a preprocessing stage's transform applied: the
+        rows stay those of the loaded training set)."""
+        model, device, data = job.trainer.model, job.trainer.device, job.data
         if self.tune.validation_is_public:
             from dptrain.engine.evaluation import accuracy, evaluation_source
 
-            return accuracy(model, evaluation_source(self.data.test.x, self.data.test.y), device)
+            return accuracy(model, evaluation_source(data.test.x, data.test.y), device)
         held = self.held_out(trial).nonzero().squeeze(1)
         model.eval()
         correct = 0
         for chunk in held.split(1024):
-            x, y = self.data.train.x[chunk].to(device), self.data.train.y[chunk].to(device)
+            x, y = data.train.x[chunk].to(device), data.train.y[chunk].to(device)
             correct += int((logits_of(call_model(model, x)).argmax(-1) == y).sum())
         noisy = float(stream.add_gaussian(torch.tensor([float(correct)], dtype=torch.float32), self.tune.score_noise)[0])
         return noisy / (self.tune.validation_fraction * self.n)
@@ -358,24 +364,31 @@ def _run(search: Search, state: SearchState, rd: RunDirectory, stream: Stream, p
 
 def _one_trial(search: Search, state: SearchState, trial: Trial, rd: RunDirectory, stream: Stream) -> None:
     """Train and score one trial; a trial that fails (a non-finite loss, a config its draw made illegal) is recorded
-    with the worst score, never retried. The trial's own not-private labels are kept (the search's flag reads them)."""
+    with the worst score, never retried. A trial that had started is resumed from its checkpoint with exactly the
+    config the search gives it (:func:`_check_trial`), and whatever its resume refuses (an edited config, ledger or
+    summary, other data) refuses the search's resume: it is no failure of the trial. The trial's own not-private
+    labels are kept (the search's flag reads them)."""
     where = trial_dir(rd, trial)
     job_of: dict = {}
     summary: dict = {}
+    resuming = RunDirectory(where).checkpoint.exists()
     try:
         if trial.noise_multiplier is None:
             trial.noise_multiplier = search.noise_for(trial.values, state.reference_noise)
             rd.save_private(STATE, state.to_dict())
         cfg = search.trial_config(trial.values, trial.noise_multiplier)
         hooks = search.hooks(trial, job_of)
-        resuming = RunDirectory(where).checkpoint.exists()
+        if resuming:
+            _check_trial(where, cfg)
         where.parent.mkdir(parents=True, exist_ok=True)
         summary = run_module.run_training(None if resuming else cfg, where, resume=resuming, progress=False,
                                           hooks=hooks)
         job = job_of.get("job") or _finished_job(search, cfg, where)
-        trial.score = search.score(trial, job.trainer.model, job.trainer.device, stream)
+        trial.score = search.score(trial, job, stream)
         trial.status = "done"
     except DPTrainError as e:
+        if resuming and "job" not in job_of:  # (refused before the trial went on: the resume is refused)
+            raise
         trial.status, trial.score = "failed", -math.inf
         state.extra.setdefault("failures", {})[str(trial.index)] = str(e)
     finally:
@@ -385,10 +398,26 @@ def _one_trial(search: Search, state: SearchState, trial: Trial, rd: RunDirector
             trial.not_private_because = list(summary.get("not_private_because", []))
 
 
+def _check_trial(where: Path, cfg: RunConfig) -> None:
+    """The config a started trial's checkpoint keeps must be the one the search gives it (from the search's frozen
+    config, the trial's secret draw and its noise): any difference is refused in one line listing the keys (its
+    ``config.toml`` is held to the checkpoint's by the run's own resume, with nothing allowed to change)."""
+    kept = frozen_config(RunDirectory(where).load_checkpoint())
+    changed = changed_keys(cfg, kept) if kept is not None else ["config"]
+    if changed:
+        raise ConfigError(
+            f"the checkpoint of a trial in {where.parent} holds another config than the search gives it "
+            f"({', '.join(changed)}): the search's private/ was edited or mixed with another search's; restore it"
+        )
+
+
 def _finished_job(search: Search, cfg: RunConfig, where: Path):
-    """The job of a trial that finished training before an interruption: its released model from the checkpoint."""
-    job = job_module.build_job(cfg, Randomness(0, warn=False), data=search.data)
-    job.trainer.model.load_state_dict(RunDirectory(where).load_checkpoint()["model"])
+    """The job of a trial that finished training before an interruption: its released model from the checkpoint, its
+    stages' releases (a private mean) the ones it made, never made again."""
+    state = RunDirectory(where).load_checkpoint()
+    job = job_module.build_job(cfg, Randomness(0, warn=False), data=search.data, ledger=Ledger.from_dict(state["ledger"]),
+                               accountant=state["accountant"], resumed=dict(state.get("released_content") or {}))
+    job.trainer.model.load_state_dict(state["model"])
     return job
 
 

@@ -1,0 +1,220 @@
+"""A search's directory is the search's alone, and frozen as a whole (each test fails on the search before it):
+a trial's own files under private/trials are held to what the search gives it (an edit refuses the resume, exit 2,
+instead of failing the trial silently), nothing of a search's config may change on resume (a key allowed to change
+half-way would show in best/ whether the best trial ran before or after the resume), a run is never trained into a
+search's directory nor a trial continued by ``dptrain train``, a trial is scored on its examples as its model sees
+them, best/ holds no hidden file of the selected trial; and the data under a frozen run: the fingerprint sees every
+tensor a data set holds (text inputs live in a dict), data.classes on memory-mapped arrays is one line."""
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from dptrain.cli import main
+from dptrain.config import load_config
+from dptrain.data.datasets import DataSplit, fingerprint
+from dptrain.data.text_files import TextDataset
+from dptrain.engine.trainer import PrivateTrainer
+from dptrain.tuning.search import run_search
+
+CONFIG = """\
+[data]
+name = "synthetic"
+options = { n = 400, dim = 5, num_classes = 2, separation = 3.0 }
+[model]
+name = "logistic"
+[privacy]
+target_epsilon = 2.0
+delta = 1e-5
+[training]
+epochs = 1
+batch_size = 40
+learning_rate = 0.5
+[tune]
+trials_mean = 2.0
+validation_fraction = 0.2
+[tune.space]
+"training.learning_rate" = { log_uniform = [0.1, 2.0] }
+"""
+
+
+@pytest.fixture(scope="module")
+def interrupted(tmp_path_factory):
+    """A search stopped by Ctrl-C at the third training step of its first trial (copied by each test)."""
+    base = tmp_path_factory.mktemp("search")
+    (base / "t.toml").write_text(CONFIG)
+    real_step, calls = PrivateTrainer.step, {"n": 0}
+
+    def step(self):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return real_step(self)
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(PrivateTrainer, "step", step)
+        with pytest.raises(KeyboardInterrupt):
+            run_search(load_config(base / "t.toml"), base / "cut", progress=False)
+    return base / "cut"
+
+
+def _copy(interrupted, tmp_path):
+    out = tmp_path / "s"
+    shutil.copytree(interrupted, out)
+    return out
+
+
+def _cli(capsys, *args):
+    capsys.readouterr()
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize(
+    "name,old,new,words",
+    [
+        ("config.toml", "learning_rate = ", "learning_rate = 1.5 #", "training.learning_rate"),
+        ("config.toml", "epochs = 1.0", "epochs = 3.0", "training.epochs"),
+        ("config.toml", "[training]", "[training]\neval_every = 1", "training.eval_every"),
+        ("ledger.json", '"noise_multiplier": ', '"noise_multiplier": 0.01, "x": ', "ledger.json"),
+    ],
+)
+def test_an_edited_trial_refuses_the_resume_instead_of_failing(interrupted, tmp_path, capsys, name, old, new, words):
+    out = _copy(interrupted, tmp_path)
+    path = out / "private" / "trials" / "0" / name
+    text = path.read_text()
+    assert old in text
+    path.write_text(text.replace(old, new, 1))
+    code, _, err = _cli(capsys, "tune", "--resume", str(out), "--no-progress")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and words in err
+    assert not (out / "summary.json").exists()  # nothing released, and the trial is not recorded as failed:
+    path.write_text(text)  # restored, the same search goes on, every trial scored
+    code, _, _ = _cli(capsys, "tune", "--resume", str(out), "--no-progress", "--keep-trials", "--json")
+    assert code == 0 and json.loads((out / "summary.json").read_text())["best"] is not None
+
+
+def test_another_searchs_trial_put_in_private_is_refused(interrupted, tmp_path, capsys):
+    out = _copy(interrupted, tmp_path)
+    trial = out / "private" / "trials" / "0"
+    text = (trial / "config.toml").read_text()
+    mark = "learning_rate = "
+    value = text.split(mark)[1].split("\n")[0]
+    # the checkpoint's own copy of the config (hashed) says another learning rate: as another search's trial would
+    state = torch.load(trial / "private" / "checkpoint.pt", weights_only=True)
+    from dptrain.runs.resume import config_hash
+
+    state["config"] = state["config"].replace(mark + value, mark + "1.25")
+    state["config_sha256"] = config_hash(state["config"])
+    torch.save(state, trial / "private" / "checkpoint.pt")
+    (trial / "config.toml").write_text(state["config"])
+    code, _, err = _cli(capsys, "tune", "--resume", str(out), "--no-progress")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "training.learning_rate" in err
+
+
+def test_no_key_of_a_searchs_config_may_change_on_resume(interrupted, tmp_path, capsys):
+    for key, line in (("training.eval_every", "eval_every = 1"), ("training.max_physical_batch_size",
+                                                                  "max_physical_batch_size = 7")):
+        out = _copy(interrupted, tmp_path / key)
+        text = (out / "config.toml").read_text()
+        (out / "config.toml").write_text(text.replace("[training]", f"[training]\n{line}"))
+        code, _, err = _cli(capsys, "tune", "--resume", str(out), "--no-progress")
+        assert code == 2 and key in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_search_directory_is_continued_by_its_search_only(interrupted, tmp_path, capsys):
+    out = _copy(interrupted, tmp_path)
+    before = sorted(p.name for p in out.iterdir())
+    code, _, err = _cli(capsys, "train", "--resume", str(out), "--no-progress")
+    assert code == 2 and "dptrain tune --resume" in err and len(err.strip().splitlines()) == 1
+    code, _, err = _cli(capsys, "train", "--config", str(out / "config.toml"), "--out", str(out), "--no-progress")
+    assert code == 2 and "hyperparameter search" in err
+    assert sorted(p.name for p in out.iterdir()) == before  # no model, summary or ledger of a run beside the search's
+    code, _, err = _cli(capsys, "train", "--resume", str(out / "private" / "trials" / "0"), "--no-progress")
+    assert code == 2 and "trial of a hyperparameter search" in err
+    assert not (out / "private" / "trials" / "0" / "model.pt").exists()
+
+
+def _text_split(ids: torch.Tensor) -> DataSplit:
+    labels = torch.tensor([0, 1])
+    data = TextDataset(ids, torch.ones_like(ids), labels, 2, "text_files", vocab_size=10, pad_token_id=0)
+    return DataSplit(data, data, "text")
+
+
+def test_the_fingerprint_sees_inputs_held_in_a_dict():
+    """A classifier's text inputs live in a dict of tensors; the labels alone do not change when a word does."""
+    a = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    b = a.clone()
+    b[1, 2] = 7
+    assert fingerprint(_text_split(a)) != fingerprint(_text_split(b))
+    assert fingerprint(_text_split(a)) == fingerprint(_text_split(a.clone()))
+
+
+def test_a_trial_is_scored_on_its_examples_as_its_model_sees_them(tmp_path):
+    """A preprocessing stage (a private mean) transforms the examples a trial trains on: its score reads the same
+    rows through the job's data, not the raw ones (here the transform negates the inputs, and the model classifies
+    the transformed examples perfectly: on the raw ones it would be always wrong)."""
+    from types import SimpleNamespace
+
+    from dptrain.data.datasets import ArrayDataset
+    from dptrain.randomness.generators import Randomness
+    from dptrain.tuning.search import Search, Trial
+
+    path = tmp_path / "t.toml"
+    path.write_text(CONFIG.replace("validation_fraction = 0.2", "validation_fraction = 0.5\nscore_noise = 1e-6"))
+    search = Search(load_config(path))
+    raw = search.data.train
+    model = torch.nn.Linear(5, 2)
+    w = torch.linalg.lstsq(-raw.x, torch.nn.functional.one_hot(raw.y).float() * 2 - 1).solution  # fits -x
+    with torch.no_grad():
+        model.weight.copy_(w.T)
+        model.bias.zero_()
+    seen = ArrayDataset(-raw.x, raw.y, raw.num_classes, raw.name)
+    job = SimpleNamespace(trainer=SimpleNamespace(model=model, device=torch.device("cpu")),
+                          data=DataSplit(seen, search.data.test, "negated"))
+    trial = Trial(0, {}, [1, 2, 3, 4])
+    held = int(search.held_out(trial).sum())
+    score = search.score(trial, job, Randomness(0, warn=False).stream("tuning"))
+    correct = (model(-raw.x[search.held_out(trial)]).argmax(-1) == raw.y[search.held_out(trial)]).float().mean()
+    assert correct > 0.9 and score == pytest.approx(held * float(correct) / (0.5 * len(raw)), abs=1e-3)
+
+
+def test_best_holds_no_hidden_file_of_the_selected_trial(tmp_path):
+    """A crash leaves a temporary file in the trial that was running: copied into best/, it would say that the
+    selected trial was that one. best/ holds the trial's released files only, and the search's own leftovers go."""
+    from dptrain.runs.rundir import RunDirectory
+    from dptrain.tuning import search as search_module
+    from dptrain.tuning.release import publish
+
+    path = tmp_path / "t.toml"
+    path.write_text(CONFIG)
+    out = tmp_path / "s"
+    run_search(load_config(path), out, progress=False, keep_trials=True)
+    saved = RunDirectory(out).load_private(search_module.STATE)
+    state = search_module.SearchState.from_dict(saved)
+    trial = out / "private" / "trials" / str(state.extra["best_index"])
+    (trial / ".model.pt.abc123.tmp").write_bytes(b"half a file")
+    (out / ".summary.json.abc123.tmp").write_text("{")
+    publish(state, RunDirectory(out), keep_trials=True)
+    assert not [p.name for p in (out / "best").iterdir() if p.name.startswith(".")]
+    assert not (out / ".summary.json.abc123.tmp").exists()
+
+
+def test_data_classes_on_memory_mapped_arrays_is_one_line(tmp_path, capsys):
+    """data.classes on data it cannot filter in memory (a memory-mapped npz) is refused in one line naming the rule,
+    not a traceback."""
+    import numpy as np
+
+    x = np.random.default_rng(0).standard_normal((60, 3)).astype(np.float32)
+    y = np.arange(60) % 3
+    np.savez(tmp_path / "m.npz", x=x, y=y, x_test=x[:9], y_test=y[:9])
+    config = tmp_path / "c.toml"
+    config.write_text(
+        f'[data]\nname = "npz"\npath = "{tmp_path / "m.npz"}"\noptions = {{ num_classes = 3, mmap = true }}\n'
+        'classes = [0, 2]\n[model]\nname = "logistic"\n[privacy]\nnoise_multiplier = 1.0\ndelta = 0.01\n'
+        "[training]\nsteps = 2\nbatch_size = 2\n"
+    )
+    code, _, err = _cli(capsys, "train", "--config", str(config), "--out", str(tmp_path / "r"), "--no-progress")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "data.classes" in err and "memory-mapped" in err
