@@ -272,6 +272,34 @@ def test_a_finished_run_reports_from_its_checkpoint_never_from_an_edited_summary
     assert json.loads((out / "summary.json").read_text()) == summary
 
 
+def test_a_stopped_run_is_not_finished_by_an_edited_summary(tmp_path, capsys):
+    """An unfinished run's checkpoint keeps no summary: a summary.json edited to say finished (with another epsilon)
+    is neither printed as the run's report nor stops the resume (it did, read as an older dptrain's checkpoint)."""
+    import json
+
+    out = _stopped(tmp_path, capsys)
+    (out / "summary.json").write_text(json.dumps({"finished": True, "epsilon": 0.0123, "steps": 3}))
+    code, stdout, err = _cli(capsys, "train", "--resume", str(out), "--no-progress", "--json")
+    assert code == 0, err
+    summary = json.loads(stdout)
+    assert summary["finished"] and summary["epsilon"] > 1.0 and summary["steps"] > 3
+
+
+@pytest.mark.parametrize("key", ["config", "data_sha256"])
+def test_a_checkpoint_that_keeps_no_record_of_its_start_is_refused(tmp_path, capsys, key):
+    """Without its frozen config or its data's fingerprint a checkpoint cannot hold a resume to how the run started:
+    refused in one line (both were skipped, as an older dptrain's checkpoint, so config.toml or the data could change)."""
+    out = _stopped(tmp_path, capsys)
+    path = out / "private" / "checkpoint.pt"
+    state = torch.load(path, weights_only=False)
+    del state[key]
+    torch.save(state, path)
+    if key == "config":
+        _edit(out, "learning_rate = 1.0", "learning_rate = 3.0")
+    code, _, err = _cli(capsys, "train", "--resume", str(out), "--no-progress")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "keeps no" in err, err
+
+
 @pytest.mark.parametrize("command", ["train", "tune"])
 @pytest.mark.parametrize("option", [["--out", "elsewhere"], ["--plan", "plan.json"]])
 def test_a_resume_takes_no_option_that_it_would_ignore(tmp_path, capsys, command, option):

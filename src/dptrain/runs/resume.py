@@ -43,12 +43,20 @@ def frozen(config_text: str, data_sha256: str | None) -> dict[str, Any]:
     return {"config": config_text, "config_sha256": config_hash(config_text), "data_sha256": data_sha256}
 
 
-def frozen_config(state: dict) -> RunConfig | None:
-    """The config a checkpoint's run started with (None for a checkpoint written before dptrain kept it); its hash is
-    checked, so a damaged copy is refused rather than trusted."""
+#: Refusal of a checkpoint that keeps no record of how its run started (its config, its data's fingerprint): one
+#: written by a dptrain from before those were kept, or edited. Nothing could hold a resume to its start, so none runs.
+UNCHECKABLE = (
+    "the checkpoint keeps no {what} (written by an older dptrain, or edited): a resume could not be held to how the "
+    "run started; start a new run"
+)
+
+
+def frozen_config(state: dict) -> RunConfig:
+    """The config a checkpoint's run started with; its hash is checked, so a damaged copy is refused rather than
+    trusted, and a checkpoint without one is refused (:data:`UNCHECKABLE`)."""
     text = state.get("config")
     if text is None:
-        return None
+        raise DataError(UNCHECKABLE.format(what="copy of the run's config"))
     if not isinstance(text, str) or config_hash(text) != state.get("config_sha256"):
         raise DataError("the checkpoint's copy of the run's config does not match its hash: the checkpoint is damaged")
     return config_from_toml(text)
@@ -62,8 +70,6 @@ def resumed_config(
     line listing the changed keys. A deleted ``config.toml`` is written back from the checkpoint."""
     path = rd / CONFIG
     frozen = frozen_config(state)
-    if frozen is None:  # a checkpoint from before configs were frozen: config.toml is all there is
-        return load_config(path), []
     if not path.exists():
         rd.write_text(CONFIG, state["config"])
         return frozen, []
@@ -87,10 +93,12 @@ def resumed_config(
 
 def check_data(state: dict, data_sha256: str) -> None:
     """Refuse data that differ from those the run started with (a file replaced between --stop-after and --resume):
-    the ledger's data set size and every rate it records are those of the data it started with. A checkpoint from
-    before dptrain kept the fingerprint is not checked."""
+    the ledger's data set size and every rate it records are those of the data it started with. A checkpoint without
+    the fingerprint is refused (:data:`UNCHECKABLE`)."""
     kept = state.get("data_sha256")
-    if kept is not None and kept != data_sha256:
+    if not isinstance(kept, str):
+        raise DataError(UNCHECKABLE.format(what="fingerprint of the run's data"))
+    if kept != data_sha256:
         raise DataError(
             "the data changed since the run started (their fingerprint differs from the one kept with the run's "
             "config): restore the data it started with, or start a new run"
@@ -98,8 +106,8 @@ def check_data(state: dict, data_sha256: str) -> None:
 
 
 def finished_summary(rd: RunDirectory, state: dict) -> dict | None:
-    """A finished run's summary as its checkpoint keeps it (None if the run has not finished, or its checkpoint is from
-    before dptrain kept it): ``summary.json`` must be that summary; a lost one is written back, an edited one refused
+    """A finished run's summary as its checkpoint keeps it (None if the run has not finished: its checkpoint keeps no
+    summary, whatever ``summary.json`` says): ``summary.json`` must be that summary; a lost one is written back, an edited one refused
     (the report printed on resume is never read from an editable file alone)."""
     kept = state.get("summary")
     if not isinstance(kept, dict) or not kept.get("finished"):

@@ -196,9 +196,6 @@ def _resume(rd: RunDirectory, progress: bool, stop_after: int | None, main: bool
         ledger = Ledger.from_dict(state["ledger"])
         rd.check_ledger_copy(ledger)
         previous = finished_summary(rd, state)
-        if previous is None and "summary" not in state:  # (a checkpoint from before dptrain kept the summary)
-            previous = rd.read_json(SUMMARY)
-            previous = previous if previous is not None and previous.get("finished") else None
         if previous is not None:
             print(f"dptrain: the run in {rd.path} has finished; nothing to resume", file=sys.stderr)
             return previous
@@ -211,8 +208,7 @@ def _resume(rd: RunDirectory, progress: bool, stop_after: int | None, main: bool
         )
         job.data_sha256, job.part_of = fingerprint(data), hooks.part_of
         check_step_change(job.trainer, changed)
-        if "config" in state:
-            job.frozen_config = state["config"]  # (the config the run started with stays the reference)
+        job.frozen_config = state["config"]  # (the config the run started with stays the reference)
         job.trainer.load_state_dict(state)
         rd.truncate_metrics(job.trainer.steps)
         return _train(job, rd, progress, stop_after, elapsed=float(state.get("elapsed_s", 0.0)), start=start)

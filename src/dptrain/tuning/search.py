@@ -403,7 +403,7 @@ def _check_trial(where: Path, cfg: RunConfig) -> None:
     config, the trial's secret draw and its noise): any difference is refused in one line listing the keys (its
     ``config.toml`` is held to the checkpoint's by the run's own resume, with nothing allowed to change)."""
     kept = frozen_config(RunDirectory(where).load_checkpoint())
-    changed = changed_keys(cfg, kept) if kept is not None else ["config"]
+    changed = changed_keys(cfg, kept)
     if changed:
         raise ConfigError(
             f"the checkpoint of a trial in {where.parent} holds another config than the search gives it "
