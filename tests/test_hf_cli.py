@@ -154,7 +154,8 @@ def test_jsonl_and_csv_text_tokenized_padded_and_masked(tmp_path):
     texts = ["red cat", "a dog sees a blue cat", "green"]
     jsonl = write_jsonl(tmp_path / "t.jsonl", [{"text": t, "label": i % 2} for i, t in enumerate(texts)])
     csv_file = write_csv(tmp_path / "t.csv", ["label", "text"], [[i % 2, t] for i, t in enumerate(texts)])
-    lm = load_dataset("text_files", str(jsonl), tokenizer=tok, max_length=5, test_path=str(jsonl))
+    held = write_jsonl(tmp_path / "held.jsonl", [{"text": "blue dog"}])
+    lm = load_dataset("text_files", str(jsonl), tokenizer=tok, max_length=5, test_path=str(held))
     assert lm.separate_test and lm.train.num_classes == len(WORDS) and lm.train.input_shape == (5,)
     ids, mask = lm.train.x["input_ids"], lm.train.x["attention_mask"]
     assert ids.tolist() == [[3, 6, 2, 0, 0], [9, 7, 8, 9, 2], [4, 2, 0, 0, 0]]  # EOS kept by truncation, right padding
@@ -186,7 +187,14 @@ def test_the_split_is_seeded_and_only_a_separate_test_file_is_public(tmp_path):
     a = load_dataset("text_files", path, vocab_size=10, max_length=3, seed=1)
     b = load_dataset("text_files", path, vocab_size=10, max_length=3, seed=1)
     assert torch.equal(a.test.x["input_ids"], b.test.x["input_ids"]) and (len(a.train), len(a.test)) == (40, 10)
-    assert not a.separate_test and load_dataset("text_files", path, vocab_size=10, test_path=path).separate_test
+    other = str(write_jsonl(tmp_path / "other.jsonl", rows[:3]))
+    assert not a.separate_test and load_dataset("text_files", path, vocab_size=10, test_path=other).separate_test
+    # the training file itself, or a copy of it, is no public test set (a search would select on the private examples)
+    copy = tmp_path / "copy.jsonl"
+    copy.write_bytes(Path(path).read_bytes())
+    for same in (path, str(copy)):
+        with pytest.raises(DataError, match="is the training file"):
+            load_dataset("text_files", path, vocab_size=10, test_path=same)
 
 
 @pytest.mark.parametrize(
@@ -247,8 +255,9 @@ def test_file_errors_exit_2_in_one_line_naming_the_rule(tmp_path, capsys):
 def test_dp_training_moves_the_adapters_and_head_never_the_frozen_base(tmp_path):
     rows = [{"input_ids": [3 + i % 5, 4, 5 + i % 3], "label": i % 2} for i in range(40)]
     path = str(write_jsonl(tmp_path / "ids.jsonl", rows))
+    held = str(write_jsonl(tmp_path / "held.jsonl", rows[:4]))
     data = load_dataset("text_files", path, vocab_size=len(WORDS), max_length=6, task="sequence_classification",
-                        num_classes=2, test_path=path)
+                        num_classes=2, test_path=held)
     torch.manual_seed(0)
     model = build_model("hf", (6,), 2, config={**GPT2, "pad_token_id": 0}, task="sequence_classification",
                         lora={"r": 2, "target_modules": ["c_attn"]})

@@ -69,12 +69,13 @@ def test_a_classifier_from_a_local_directory(tmp_path, capsys, lora):
     words = WORDS[3:-1]
     write_jsonl(tmp_path / "train.jsonl",
                 [{"text": " ".join(words[(i + k) % len(words)] for k in range(3)), "label": i % 2} for i in range(32)])
+    write_jsonl(tmp_path / "test.jsonl", [{"text": " ".join(words[:3]), "label": 1}])
     options = f'path = "{tmp_path / "base"}", task = "sequence_classification"'
     options += "" if lora is None else ', lora = { r = 2, target_modules = ["c_attn"] }'
     (tmp_path / "c.toml").write_text(
         f'[data]\nname = "text_files"\npath = "{tmp_path / "train.jsonl"}"\n'
         f'options = {{ task = "sequence_classification", num_classes = 2, max_length = 6, test_path = '
-        f'"{tmp_path / "train.jsonl"}" }}\n[model]\nname = "hf"\noptions = {{ {options} }}\n'
+        f'"{tmp_path / "test.jsonl"}" }}\n[model]\nname = "hf"\noptions = {{ {options} }}\n'
         '[privacy]\nnoise_multiplier = 1.0\naccountant = "rdp"\n[training]\nsteps = 2\nbatch_size = 8\n'
         'learning_rate = 0.5\n'
     )

@@ -229,6 +229,23 @@ def _encode(path: Path, fmt: str, *, task: str, tokenizer, fields: dict, vocab_s
     return TextDataset(input_ids, mask, y, classes, name, vocab_size, pad)
 
 
+def _check_not_the_training_file(path: Path, test_path: Path) -> None:
+    """A test file is a public test set (accuracy on it is released unaccounted, a search may select on it): one that
+    is the training file, or a copy of it, is the private examples, refused."""
+    try:
+        same = path.exists() and test_path.exists() and (
+            os.path.samefile(path, test_path)
+            or (path.stat().st_size == test_path.stat().st_size and path.read_bytes() == test_path.read_bytes())
+        )
+    except OSError:
+        return  # (a file that cannot be read is reported by the reader, with its own message)
+    if same:
+        raise DataError(
+            f"data.options.test_path {test_path} is the training file {path} (or a copy of it): the test set is public "
+            "and must hold other examples; give a separate test file, or leave test_path out to split one off"
+        )
+
+
 def load_text_files(
     path: str | os.PathLike | None,
     *,
@@ -288,6 +305,7 @@ def load_text_files(
     train = _encode(path, _format(path, format), **common)
     if test_path is not None:
         test_path = Path(test_path)
+        _check_not_the_training_file(path, test_path)
         test = _encode(test_path, _format(test_path, format), **common)
         description = f"text files {path} / {test_path} ({len(train)} train / {len(test)} test, {source})"
         return DataSplit(train, test, description, separate_test=True)
