@@ -4,14 +4,17 @@ DP-SGD's guarantee covers the noisy gradients and what is computed from them. A 
 writes into a buffer (BatchNorm's running mean, a running maximum of |x|, an outlier counter, torch.ao's
 ``MinMaxObserver``) puts something computed from the private batch, unnoised, into ``model.state_dict()`` and
 ``model.pt``. Which statistic it is does not matter (a counter of calls counts the chunks, hence the secret batch
-sizes), so the rule is the sound one: any write is a release. A :class:`BufferWatch` sees every kind of write to every
-buffer slot of the model between two points: the tensor in the slot replaced (``self.buf = ...``), written in place
-(its version counter), its storage swapped (``set_``), or its value changed by a path that bypasses the version counter
-(``buf.data.copy_(...)``, through numpy). Before training the model probe watches its training-mode passes; during
+sizes), so the rule is the sound one: any write is a release. And not only to buffers: a frozen Parameter holding a
+running mean is in ``state_dict()`` too, a plain tensor or number kept as a module attribute is read by the next steps
+and pickled with the model, and a trainable parameter changes only in the optimizer's step. So a
+:class:`BufferWatch` sees every kind of write to every slot of the model's state (:func:`state_slots`: buffers,
+parameters, the modules' own attributes) between two points: the object in the slot replaced (``self.buf = ...``),
+a tensor written in place (its version counter), its storage swapped (``set_``), or its value changed by a path that
+bypasses the version counter (``buf.data.copy_(...)``, through numpy). Before training the model probe watches its training-mode passes; during
 training every chunk's forward and backward are watched (:mod:`dptrain.preflight.sentinel`). A written buffer refuses
 the model with one line naming it (:func:`check_buffers`), unless the user opts out (``buffer_updates="not_private"``),
-which labels the whole run not private. The probe restores every buffer exactly: it leaves no trace of the examples it
-read.
+which labels the whole run not private. The probe restores every buffer and attribute exactly: it leaves no trace of
+the examples it read.
 """
 
 from __future__ import annotations
