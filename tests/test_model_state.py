@@ -129,6 +129,8 @@ def test_a_state_write_on_some_batches_stops_the_step_before_its_release(how):
     assert trainer.ledger.releases == trainer.steps < 30  # the stopped step released nothing
     if how == "large":  # detected by its checksum, but not put back: what it holds stays, and the run says so
         assert float(model.stat[0]) > 10 and not trainer.private and not trainer.epsilon().certified
+    elif how == "trainable":  # (trainable parameters are watched by checksum during training, not copied)
+        assert float(model.lin.bias.detach().abs().max()) > 10 and not trainer.private
     else:  # put back exactly: nothing of the batch stays in the model, the run stays private
         assert all(torch.equal(kept[k], v) for k, v in model.state_dict().items())
         assert trainer.private

@@ -176,8 +176,9 @@ class BufferWatch:
             self.kinds[name] = kind
             if kind == "attribute":
                 self.slots[name] = (v, _leaves(v, max_bytes))
-            else:
-                self.slots[name] = (v, None if v is None else _tensor_record(v, max_bytes))
+            else:  # (a trainable parameter by its checksum during training: copying a model per chunk costs a pass)
+                cap = 0 if max_bytes is not None and kind == "parameter" and v is not None and v.requires_grad else max_bytes
+                self.slots[name] = (v, None if v is None else _tensor_record(v, cap))
 
     def _now(self) -> dict:
         return {n: slot for n, slot in state_slots(self.model).items() if slot[0] in self.watched}
