@@ -95,7 +95,8 @@ class PrivacySide:
             reasons.append("seeded randomness: the noise and the batches can be recomputed from the seed")
         if self.not_private_buffers:
             reasons.append(
-                f"buffers written from private batches are released unnoised ({', '.join(self.not_private_buffers)})"
+                "buffers written from private batches are released unnoised, or model state changed outside the "
+                f"private steps ({', '.join(self.not_private_buffers)})"
             )
         stopped = getattr(getattr(self, "sentinel", None), "stopped", None)
         if stopped:  # (dptrain.preflight.sentinel: examples found mixed during training)

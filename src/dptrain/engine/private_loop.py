@@ -38,6 +38,7 @@ from dptrain.data.batches import as_source, loader_batch_size
 from dptrain.engine.api import _check_options, make_private, make_private_with_epsilon
 from dptrain.engine.extra_terms import ExtraRefused, check_reads_no_example, extra_gradients
 from dptrain.engine.interrupts import deferred_signals
+from dptrain.engine.loop_state import changed_outside_step
 from dptrain.engine.trainer import PrivateTrainer, optimizer_step
 from dptrain.errors import ConfigError, DPTrainError, ModelError
 from dptrain.stages.clipping import ClipStats, clipped_sum
@@ -198,6 +199,9 @@ class PrivateLoop:
         ]
         self._handles += [p.register_post_accumulate_grad_hook(self._accumulated) for p in trainer.params.values()]
         self._install_step()
+        #: the model's state (parameters, buffers, attributes) since the last point the loop checked it: it may change
+        #: only in the loop's optimizer step (:meth:`_check_state`)
+        self._state = trainer.sentinel.watch()
         trainer.step = self._trainer_step  # (the trainer's own steps would call the loop's optimizer step)
 
     def _trainer_step(self):
@@ -235,6 +239,7 @@ class PrivateLoop:
         if chunk.done:
             self._refuse("loop.backward() was called twice on one chunk: each chunk is backpropagated once")
         try:
+            self._check_state(parameters_only=True)  # (a parameter changed in the loop body: before anything else)
             self._check_foreign()
             chunk.recording.close()  # the chunk's forward pass is what was recorded up to here
             # (a chunk of no example, an empty Poisson batch, may skip the forward pass: its sum is zero, as the trainer's)
@@ -247,7 +252,9 @@ class PrivateLoop:
             else:
                 self._check_per_example(chunk, losses)
                 grads = self.trainer.grad_sampler.from_losses(losses)
-                self.trainer.sentinel.written(chunk.watch)  # (a buffer the chunk's passes wrote: refused, or not private)
+                # (state the chunk's passes or your code wrote: refused and the run labelled not private, or with
+                # buffer_updates="not_private" labelled only)
+                self.trainer.sentinel.written(chunk.watch, user_code=True)
                 if extra is not None:  # (after the chunk's backward: the check writes the chunk's tensors, then restores)
                     self._extra_replayed(chunk, extra, extra_grads)
                 summed, stats, _ = clipped_sum([(grads, losses.detach())], self.trainer.clipping, self.trainer.params)
@@ -264,6 +271,7 @@ class PrivateLoop:
             inputs, labels = tree_map(lambda t: t.detach() if torch.is_tensor(t) else t, chunk.batch)
             chunk.batch = ()
             self.trainer.sentinel.check(self.trainer.steps, chunk.index, inputs, labels)  # before the release
+            self._state = self.trainer.sentinel.watch()  # (after the sentinel's float64 passes, which recast .data)
             if chunk.last:
                 self._release(batch)
         except BaseException:
@@ -292,7 +300,11 @@ class PrivateLoop:
     def evaluate(self, x, y=None, batch_size: int = 1024) -> float:
         """Accuracy on held-out data (:meth:`dptrain.engine.trainer.PrivateTrainer.evaluate`); not inside a logical batch."""
         self._check_between_steps("evaluate()")
-        return self.trainer.evaluate(x, y, batch_size)
+        self._check_state()
+        try:
+            return self.trainer.evaluate(x, y, batch_size)
+        finally:
+            self._state = self.trainer.sentinel.watch()  # (held-out data in eval mode: not a training release)
 
     def state_dict(self) -> dict:
         """The trainer's checkpoint (SECRET: it holds the generators' states), between logical batches only."""
@@ -302,6 +314,7 @@ class PrivateLoop:
     def load_state_dict(self, state: dict) -> None:
         self._check_between_steps("load_state_dict()")
         self.trainer.load_state_dict(state)
+        self._state = self.trainer.sentinel.watch()
 
     def close(self) -> None:
         """End the loop: an unfinished logical batch is abandoned (nothing released), the hooks are removed and the
@@ -336,6 +349,7 @@ class PrivateLoop:
         try:
             while trainer.steps < end and trainer.can_step():
                 yield from self._logical_batch()
+            self._check_state()  # (the last loop body, after its optimizer step)
         finally:
             self._abandon()
 
@@ -353,12 +367,14 @@ class PrivateLoop:
             chunks = list(idx.split(trainer.max_physical_batch_size)) if len(idx) else [idx]
             batch.chunks = len(chunks)
             for k, c in enumerate(chunks):
+                self._check_state()  # (what your code did since the loop last looked: before the chunk is read)
                 (inputs, labels), handed, floats = _hand_out(to_device(trainer.data.batch(c), trainer.device))
                 recording = contextlib.ExitStack()
                 recording.enter_context(trainer.grad_sampler.recording(len(c)))
                 recording.enter_context(autocast_of(trainer.grad_sampler))
                 chunk = self._chunk = _Chunk(k == len(chunks) - 1, len(c), handed, floats, recording, k,
                                              (inputs, labels), trainer.sentinel.watch())
+                self._state = chunk.watch
                 yield inputs, labels
                 if self._batch is not batch:
                     raise LoopError(
@@ -409,6 +425,7 @@ class PrivateLoop:
         if batch.stepped:
             raise LoopError("optimizer.step() was called twice for one logical batch: one step per release")
         self._check_stepped(batch)
+        self._check_state()
         try:
             result = optimizer_step(previous, self.trainer.steps, *args, **kwargs)
             batch.stepped = True
@@ -417,6 +434,7 @@ class PrivateLoop:
             held, self._held = self._held, None
             if held is not None:
                 held.close()  # (a signal held since the release is delivered here, after the update)
+        self._state = self.trainer.sentinel.watch()  # (the one place the parameters may change)
         self.trainer.check_weights()
         return result
 
@@ -473,6 +491,15 @@ class PrivateLoop:
     def _accumulated(self, param) -> None:
         if self._batch is not None and not self._batch.stepped:
             self._foreign = True
+
+    def _check_state(self, parameters_only: bool = False) -> None:
+        """The model's state as the loop last saw it, or the run labelled NOT private (:mod:`dptrain.engine.loop_state`)."""
+        message = changed_outside_step(self.trainer, self._state, parameters_only)
+        if message is not None:
+            self._state = self.trainer.sentinel.watch()
+            for p in self.trainer.params.values():  # (a gradient of the logical batch is not applied)
+                p.grad = None
+            self._refuse(message)
 
     def _check_foreign(self) -> None:
         if self._foreign:

@@ -4,14 +4,17 @@ DP-SGD's guarantee covers the noisy gradients and what is computed from them. A 
 writes into a buffer (BatchNorm's running mean, a running maximum of |x|, an outlier counter, torch.ao's
 ``MinMaxObserver``) puts something computed from the private batch, unnoised, into ``model.state_dict()`` and
 ``model.pt``. Which statistic it is does not matter (a counter of calls counts the chunks, hence the secret batch
-sizes), so the rule is the sound one: any write is a release. A :class:`BufferWatch` sees every kind of write to every
-buffer slot of the model between two points: the tensor in the slot replaced (``self.buf = ...``), written in place
-(its version counter), its storage swapped (``set_``), or its value changed by a path that bypasses the version counter
-(``buf.data.copy_(...)``, through numpy). Before training the model probe watches its training-mode passes; during
+sizes), so the rule is the sound one: any write is a release. And not only to buffers: a frozen Parameter holding a
+running mean is in ``state_dict()`` too, a plain tensor or number kept as a module attribute is read by the next steps
+and pickled with the model, and a trainable parameter changes only in the optimizer's step. So a
+:class:`BufferWatch` sees every kind of write to every slot of the model's state (:func:`state_slots`: buffers,
+parameters, the modules' own attributes) between two points: the object in the slot replaced (``self.buf = ...``),
+a tensor written in place (its version counter), its storage swapped (``set_``), or its value changed by a path that
+bypasses the version counter (``buf.data.copy_(...)``, through numpy). Before training the model probe watches its training-mode passes; during
 training every chunk's forward and backward are watched (:mod:`dptrain.preflight.sentinel`). A written buffer refuses
 the model with one line naming it (:func:`check_buffers`), unless the user opts out (``buffer_updates="not_private"``),
-which labels the whole run not private. The probe restores every buffer exactly: it leaves no trace of the examples it
-read.
+which labels the whole run not private. The probe restores every buffer and attribute exactly: it leaves no trace of
+the examples it read.
 """
 
 from __future__ import annotations
@@ -34,52 +37,16 @@ def check_buffer_updates(value: str, key: str = "buffer_updates") -> str:
     return value
 
 
-def _buffers(model: nn.Module) -> dict[str, tuple[nn.Module, str, torch.Tensor | None]]:
-    """Full name -> (owning module, local name, tensor) of every buffer slot (persistent or not)."""
-    out = {}
-    for prefix, module in model.named_modules(remove_duplicate=False):
-        for local, t in module._buffers.items():
-            out[f"{prefix}.{local}" if prefix else local] = (module, local, t)
-    return out
-
-
-def snapshot(model: nn.Module) -> dict[str, tuple[torch.Tensor | None, torch.Tensor | None]]:
-    """Full name -> (the buffer tensor itself, a copy of its value): what :func:`restore` puts back."""
-    return {
-        name: (t, None if t is None else t.detach().clone()) for name, (_, _, t) in _buffers(model).items()
-    }
-
-
-def restore(model: nn.Module, saved: dict) -> None:
-    """Every buffer slot as in ``saved``: the same tensor objects with their saved values; slots added since removed."""
-    current = _buffers(model)
-    for name, (module, local, _) in current.items():
-        if name not in saved:
-            del module._buffers[local]
-    for name, (tensor, value) in saved.items():
-        module, local, _ = current.get(name) or _slot(model, name)
-        if tensor is not None:
-            with torch.no_grad():
-                if tensor.shape != value.shape or tensor.dtype != value.dtype:
-                    tensor.set_(value.clone())
-                else:
-                    tensor.copy_(value)
-        module._buffers[local] = tensor
-
-
-def _slot(model: nn.Module, name: str) -> tuple[nn.Module, str, None]:
-    prefix, _, local = name.rpartition(".")
-    return (model.get_submodule(prefix) if prefix else model), local, None
-
-
 @contextlib.contextmanager
 def restored(model: nn.Module):
-    """Run a block and put every buffer back as it was before it (a probe leaves no trace)."""
-    saved = snapshot(model)
+    """Run a block and put every buffer and module attribute back as it was before it (a probe leaves no trace: a
+    counter of calls, a statistic kept in a plain attribute). Parameters are the watch's to see written
+    (:class:`BufferWatch`): copying them for every comparison would cost a model's memory."""
+    watch = BufferWatch(model, kinds=("buffer", "attribute"))
     try:
         yield
     finally:
-        restore(model, saved)
+        watch.restore()
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -91,78 +58,234 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     return bool(torch.equal(a, b))
 
 
-#: Buffers up to this size (bytes) have their values compared as well during training (larger ones are watched by
-#: slot, version and storage only there; before training every value is compared).
+#: State tensors up to this size (bytes) have their values copied during training (put back exactly after a write);
+#: larger ones are watched by slot, version counter, storage and a float64 checksum (their sum and norm). Before
+#: training every value is copied.
 COMPARED_BYTES = 2**22
+#: Items of a module attribute's containers (lists, tuples, dicts) read into its fingerprint; a larger container is
+#: watched by identity only.
+ATTRIBUTE_ITEMS = 256
+#: The attributes every nn.Module has (its slots, hooks and flags): the rest of a module's ``__dict__`` is its own
+#: state.
+_MODULE_KEYS = frozenset(vars(nn.Module())) | {"_compiled_call_impl", "_version"}
+_SCALARS = (bool, int, float, complex, str, bytes, type(None))
+
+
+def _tensor_record(t: torch.Tensor, max_bytes: int | None):
+    """What a watch keeps of one tensor: the object, its version counter, storage and shape, and a copy of its value
+    (at most ``max_bytes``) or else its float64 sum and norm (a write through ``.data`` bypasses the version)."""
+    keep = max_bytes is None or t.numel() * t.element_size() <= max_bytes
+    if keep:
+        return (t, t._version, t.data_ptr(), t.shape, t.detach().clone(), None)
+    return (t, t._version, t.data_ptr(), t.shape, None, _checksum(t))
+
+
+def _checksum(t: torch.Tensor):
+    with torch.no_grad():
+        d = t.detach()
+        if not (d.is_floating_point() or d.is_complex()):
+            d = d.to(torch.float64)
+        return torch.stack([d.sum(dtype=torch.float64).real, torch.linalg.vector_norm(d, dtype=torch.float64)]).cpu()
+
+
+def _tensor_same(record, t) -> bool:
+    before, version, ptr, shape, value, checksum = record
+    if t is not before or t._version != version or t.data_ptr() != ptr or t.shape != shape:
+        return False
+    if value is not None:
+        return _same(value, t)
+    return _same(checksum, _checksum(t))
+
+
+def _leaves(value, max_bytes, path: str = "", out: dict | None = None, budget: list | None = None) -> dict:
+    """A module attribute's fingerprint, path -> leaf: a tensor (its record), an immutable scalar (its value; a float
+    by its hex, so that NaN equals NaN), or any other object (its identity). Lists, tuples and dicts are read item by
+    item (up to ATTRIBUTE_ITEMS items in all)."""
+    out = {} if out is None else out
+    budget = [ATTRIBUTE_ITEMS] if budget is None else budget
+    if torch.is_tensor(value):
+        out[path] = ("tensor", _tensor_record(value, max_bytes))
+    elif isinstance(value, float):
+        out[path] = ("value", float, value.hex())
+    elif isinstance(value, _SCALARS):
+        out[path] = ("value", type(value), value)
+    elif isinstance(value, list | tuple | dict) and len(value) <= budget[0]:
+        budget[0] -= len(value)
+        out[path] = ("container", type(value), id(value), len(value))
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        for k, v in items:
+            _leaves(v, max_bytes, f"{path}[{k!r}]", out, budget)
+    else:
+        out[path] = ("object", id(value))
+    return out
+
+
+def _leaves_same(before: dict, now: dict, tensors_only: bool = False) -> bool:
+    if tensors_only:  # (the tensors an attribute holds, whatever else changed around them)
+        before = {k: v for k, v in before.items() if v[0] == "tensor"}
+        now = {k: v for k, v in now.items() if v[0] == "tensor"}
+    if before.keys() != now.keys():
+        return False
+    for path, a in before.items():
+        b = now[path]
+        if a[0] != b[0]:
+            return False
+        if a[0] == "tensor":
+            if not _tensor_same(a[1], b[1][0]):
+                return False
+        elif a != b:
+            return False
+    return True
+
+
+def _holds_tensor(value) -> bool:
+    return any(leaf[0] == "tensor" for leaf in _leaves(value, 0).values())
+
+
+def state_slots(model: nn.Module) -> dict[str, tuple[str, nn.Module, str, object]]:
+    """Full name -> (kind, owning module, local name, value) of every slot of the model's state: its buffers, its
+    parameters (trainable or not) and its modules' own attributes (what ``__dict__`` holds besides nn.Module's slots
+    and hooks: a plain tensor, a number, a list...)."""
+    out = {}
+    for prefix, module in model.named_modules(remove_duplicate=False):
+        def full(local: str, prefix: str = prefix) -> str:
+            return f"{prefix}.{local}" if prefix else local
+
+        for local, t in module._buffers.items():
+            out[full(local)] = ("buffer", module, local, t)
+        for local, p in module._parameters.items():
+            out[full(local)] = ("parameter", module, local, p)
+        for local, v in vars(module).items():
+            if local not in _MODULE_KEYS and not isinstance(v, nn.Module):
+                out[full(local)] = ("attribute", module, local, v)
+    return out
 
 
 class BufferWatch:
-    """Every buffer slot of a model at one point: the tensor in it, its version counter, its storage and (for
-    buffers of at most ``max_bytes``, every one by default) a copy of its value. :meth:`written` names the buffers
-    written since."""
+    """Every slot of a model's state at one point (:func:`state_slots`: buffers, parameters, the modules' own
+    attributes): the object in it and, for a tensor, its version counter, its storage and a copy of its value (tensors
+    of at most ``max_bytes``, every one by default; larger ones: a float64 checksum). :meth:`written` names the slots
+    written since; :meth:`restore` puts them back. A training-mode pass writes none of them: buffers and attributes are
+    released (or read by later steps) unnoised, and a parameter changes only in the optimizer's step."""
 
-    def __init__(self, model: nn.Module, max_bytes: int | None = None):
-        self.model = model
-        self.slots = {}
-        for name, (_, _, t) in _buffers(model).items():
-            if t is None:
-                self.slots[name] = None
-                continue
-            keep = max_bytes is None or t.numel() * t.element_size() <= max_bytes
-            self.slots[name] = (t, t._version, t.data_ptr(), t.shape, t.detach().clone() if keep else None)
+    def __init__(self, model: nn.Module, max_bytes: int | None = None,
+                 kinds: tuple[str, ...] = ("buffer", "parameter", "attribute")):
+        self.model, self.max_bytes, self.watched = model, max_bytes, kinds
+        self.slots, self.kinds = {}, {}
+        for name, (kind, _, _, v) in self._now().items():
+            self.kinds[name] = kind
+            if kind == "attribute":
+                self.slots[name] = (v, _leaves(v, max_bytes))
+            else:  # (a trainable parameter by its checksum during training: copying a model per chunk costs a pass)
+                cap = 0 if max_bytes is not None and kind == "parameter" and v is not None and v.requires_grad else max_bytes
+                self.slots[name] = (v, None if v is None else _tensor_record(v, cap))
 
-    def written(self) -> list[str]:
-        now = _buffers(self.model)
+    def _now(self) -> dict:
+        return {n: slot for n, slot in state_slots(self.model).items() if slot[0] in self.watched}
+
+    def kind(self, name: str) -> str:
+        return self.kinds.get(name) or state_slots(self.model).get(name, ("state",))[0]
+
+    def written(self, tensors_only: bool = False) -> list[str]:
+        """The slots written since the watch began. ``tensors_only``: of a module attribute, only the tensors it holds
+        (frameworks set flags and hooks as attributes between steps: accelerate's ``_is_accelerate_prepared``)."""
+        now = self._now()
         names = []
         for name in sorted(set(now) | set(self.slots)):
-            before, after = self.slots.get(name, None), now[name][2] if name in now else None
-            if name not in now or name not in self.slots:
+            if name not in now or name not in self.slots or now[name][0] != self.kinds[name]:
+                slot = now.get(name) or (self.kinds[name], None, None, self.slots[name][0])
+                if not tensors_only or slot[0] != "attribute" or _holds_tensor(slot[3]):
+                    names.append(name)
+                continue
+            kind, _, _, value = now[name]
+            before, record = self.slots[name]
+            if kind == "attribute":
+                if not _leaves_same(record, _leaves(value, self.max_bytes), tensors_only):
+                    names.append(name)
+            elif before is None or value is None:
+                if before is not value:
+                    names.append(name)
+            elif not _tensor_same(record, value):
                 names.append(name)
-            elif before is None or after is None:
-                if before is not after:
-                    names.append(name)
-            else:
-                t, version, ptr, shape, value = before
-                if after is not t or t._version != version or t.data_ptr() != ptr or t.shape != shape:
-                    names.append(name)
-                elif value is not None and not _same(value, t):
-                    names.append(name)
         return names
 
-    def restore(self) -> None:
-        """Every slot as it was: the same tensors, with their values put back where a copy was kept."""
-        current = _buffers(self.model)
-        for name, (module, local, _) in current.items():
-            if name not in self.slots:
-                del module._buffers[local]
-        for name, slot in self.slots.items():
-            module, local, _ = current.get(name) or _slot(self.model, name)
-            if slot is not None and slot[4] is not None:
-                tensor, value = slot[0], slot[4]
-                with torch.no_grad():
-                    if tensor.shape != value.shape or tensor.dtype != value.dtype:
-                        tensor.set_(value.clone())
-                    else:
-                        tensor.copy_(value)
-            module._buffers[local] = None if slot is None else slot[0]
+    def restore(self) -> list[str]:
+        """Every slot as it was: the same objects, tensors with their values put back where a copy was kept. Returns
+        the slots that could not be put back exactly (a large tensor written in place, a container changed in place):
+        what was written there stays in the model."""
+        current = self._now()
+        lost = []
+        for name, (kind, module, local, _) in current.items():
+            if name not in self.slots or kind != self.kinds[name]:
+                _put(module, kind, local, None, delete=True)
+        for name, (before, record) in self.slots.items():
+            kind = self.kinds[name]
+            module, local = _owner(self.model, name)
+            if kind == "attribute":
+                _put(module, kind, local, before)
+                if not all(_put_value(leaf[1]) for leaf in record.values() if leaf[0] == "tensor"):
+                    lost.append(name)
+                elif not _leaves_same(record, _leaves(before, self.max_bytes)):
+                    lost.append(name)  # (a list or dict of the model changed in place)
+                continue
+            elif record is not None and not _put_value(record):
+                lost.append(name)
+            _put(module, kind, local, before)
+        return sorted(set(lost))
 
 
-def check_buffers(names: list[str], buffer_updates: str) -> list[str]:
-    """Refuse (ModelError naming the first buffer) when ``names`` (buffers written from the batch) is not empty,
-    unless ``buffer_updates == "not_private"``: then return them, for the run to label itself not private."""
+def _put_value(record) -> bool:
+    """The tensor of ``record`` with its recorded value; False when no copy was kept and it changed."""
+    tensor, value = record[0], record[4]
+    if value is None:
+        return _tensor_same(record, tensor)
+    with torch.no_grad():
+        if tensor.shape != value.shape or tensor.dtype != value.dtype:
+            tensor.set_(value.clone())
+        else:
+            tensor.copy_(value)
+    return True
+
+
+def _owner(model: nn.Module, name: str) -> tuple[nn.Module, str]:
+    prefix, _, local = name.rpartition(".")
+    return (model.get_submodule(prefix) if prefix else model), local
+
+
+def _put(module: nn.Module, kind: str, local: str, value, delete: bool = False) -> None:
+    if kind == "attribute":
+        if delete:
+            vars(module).pop(local, None)
+        else:
+            vars(module)[local] = value
+        return
+    slots = module._buffers if kind == "buffer" else module._parameters
+    if delete:
+        slots.pop(local, None)
+    else:
+        slots[local] = value
+
+
+def check_buffers(names: list[str], buffer_updates: str, kinds: dict[str, str] | None = None) -> list[str]:
+    """Refuse (ModelError naming the first slot) when ``names`` (state written from the batch: buffers, or with
+    ``kinds`` saying so, parameters or attributes) is not empty, unless ``buffer_updates == "not_private"``: then
+    return them, for the run to label itself not private."""
     if names and buffer_updates != "not_private":
         more = f" (and {len(names) - 1} more)" if len(names) > 1 else ""
+        kind = (kinds or {}).get(names[0], "buffer")
         raise ModelError(
-            f"model buffer {names[0]!r}{more} is written by a training-mode forward pass (whatever it holds, a statistic "
-            "or a count of private batches, it is released unnoised with the model); compute it without buffers, or pass "
-            'buffer_updates="not_private" (config: training.buffer_updates) to train anyway with the run labelled '
-            "NOT private"
+            f"model {kind} {names[0]!r}{more} is written by a training-mode forward pass (whatever it holds, a statistic "
+            "or a count of private batches, it is released unnoised with the model, or read by the next steps); "
+            "compute it without state, or pass buffer_updates=\"not_private\" (config: training.buffer_updates) to "
+            "train anyway with the run labelled NOT private"
         )
     return list(names)
 
 
 __all__ = [
     "BUFFER_UPDATES",
+    "COMPARED_BYTES",
+    "state_slots",
     "BufferWatch",
     "check_buffer_updates",
     "check_buffers",

@@ -241,7 +241,7 @@ def forward_check(trainer, x, y, rows: list[int], tol: Tolerance, buffer_updates
     finally:
         written.update(watch.written())
         watch.restore()
-    check_buffers(sorted(written), buffer_updates)
+    check_buffers(sorted(written), buffer_updates, watch.kinds)
     for i in rows:
         with restored(model), torch.no_grad(), autocast, _one_example():
             alone = _leaves(call_model(model, take(x, torch.tensor([i], device=y.device))))
@@ -282,7 +282,7 @@ def settle(trainer, x, y, rows: list[int], tol: Tolerance, *, mixing: bool, grad
         finally:
             out.written.update(watch.written())
             watch.restore()
-        check_buffers(sorted(out.written), buffer_updates)
+        check_buffers(sorted(out.written), buffer_updates, watch.kinds)
         if not _batched_forward(sampler):  # (the layerwise backend refuses those itself, on every chunk)
             calls.refuse_without_autograd(names)
         if not (mixing or gradients):

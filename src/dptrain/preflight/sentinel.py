@@ -67,16 +67,23 @@ class Sentinel:
         """Every buffer of the model as it is before a chunk's forward pass."""
         return BufferWatch(self.trainer.model, COMPARED_BYTES)
 
-    def written(self, watch: BufferWatch) -> None:
-        """After a chunk's forward and backward pass: a written buffer is put back and refused, or (not private by
-        the user's choice) recorded, labelling the run not private."""
+    def written(self, watch: BufferWatch, user_code: bool = False) -> None:
+        """After a chunk's forward and backward pass: a written slot of the model's state (a buffer, a parameter, a
+        module's attribute) is put back and refused, or (not private by the user's choice) recorded, labelling the
+        run not private. A slot that cannot be put back exactly (a large tensor written in place), or one written while
+        code of the user's ran (``user_code``: your own loop's body, which may have read or saved it), labels the run
+        not private even when refused."""
         names = watch.written()
         if not names:
             return
-        if self.buffer_updates != "not_private":
-            watch.restore()
-            check_buffers(names, self.buffer_updates)
         trainer = self.trainer
+        if self.buffer_updates != "not_private":
+            lost = watch.restore()
+            kept = names if user_code else lost
+            if kept:
+                trainer.not_private_buffers[:] = sorted({*trainer.not_private_buffers, *kept})
+                trainer.ledger.private = trainer.private
+            check_buffers(names, self.buffer_updates, watch.kinds)
         trainer.not_private_buffers[:] = sorted({*trainer.not_private_buffers, *names})
         trainer.ledger.private = trainer.private
 
