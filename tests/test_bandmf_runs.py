@@ -236,6 +236,8 @@ def test_account_and_calibrate_take_bands(capsys):
     [
         (("account", "--noise-multiplier", "1", "--bands", "auto"), "--bands auto chooses b for a target epsilon"),
         (("account", "--noise-multiplier", "1", "--bands", "4", "--accountant", "gdp"), "cannot certify banded"),
+        (("account", "--noise-multiplier", "1", "--bands", "4", "--accountant", "last_iterate"),
+         "last_iterate accountant cannot certify banded"),
         (("account", "--noise-multiplier", "1", "--bands", "0"), "expected an integer >= 1 or auto"),
         (("account", "--noise-multiplier", "1", "--bands", "40", "--sampling-rate", "0.05"), "--bands x --sampling-rate"),
         (("account", "--noise-multiplier", "1", "--momentum", "0.9"), "--momentum goes with --bands"),

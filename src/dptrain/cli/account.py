@@ -69,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
                 "--tuning-mean certifies a search of DP-SGD runs with the rdp accountant (--accountant auto, rdp or "
                 "all), not last_iterate"
             )
+        bandmf.check_accountant(args)
         return _last_iterate(args)
     for flag in ("noise_multiplier", "sampling_rate"):
         if getattr(args, flag) is None:

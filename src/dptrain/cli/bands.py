@@ -104,6 +104,16 @@ def workload(args: argparse.Namespace):
     return momentum_workload(beta)
 
 
+def check_accountant(args: argparse.Namespace) -> None:
+    """``--bands`` with an accountant that cannot certify BandMF: refused in one line (before that accountant's own
+    flags are asked for)."""
+    if getattr(args, "bands", None) is not None and args.accountant not in CERTIFY:
+        raise ConfigError(
+            f"--bands: the {args.accountant} accountant cannot certify banded matrix factorization; pld and rdp "
+            "certify it as ceil(T/b) DP-SGD steps (use --accountant auto, pld, rdp or all)"
+        )
+
+
 def requested(args: argparse.Namespace, numbers: RunNumbers, target: float | None = None) -> Bands | None:
     """The BandMF run ``--bands`` asks for (None without it): ``auto`` needs the budget ``target`` (calibrate); the
     flags that cannot go with it are refused in one line."""
@@ -113,11 +123,7 @@ def requested(args: argparse.Namespace, numbers: RunNumbers, target: float | Non
         return None
     check(numbers.sampling == "poisson", "--sampling", "poisson with --bands (the groups are Poisson-sampled)",
           numbers.sampling)
-    if args.accountant not in CERTIFY:
-        raise ConfigError(
-            f"--bands: the {args.accountant} accountant cannot certify banded matrix factorization; pld and rdp "
-            "certify it as ceil(T/b) DP-SGD steps (use --accountant auto, pld, rdp or all)"
-        )
+    check_accountant(args)
     if getattr(args, "tau_over_lr", None) is not None:
         raise ConfigError("--bands is not certified with ModelMix's mixing (--tau-over-lr): use one or the other")
     if args.bands != AUTO_BANDS:
