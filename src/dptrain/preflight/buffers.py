@@ -53,9 +53,11 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Equal tensors: one shape and dtype, equal values (NaN equal to NaN)."""
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
+    if torch.equal(a, b):  # (one pass, no temporaries: the common case)
+        return True
     if a.is_floating_point() or a.is_complex():
         return bool(((a == b) | (a.isnan() & b.isnan())).all())
-    return bool(torch.equal(a, b))
+    return False
 
 
 #: State tensors up to this size (bytes) have their values copied during training (put back exactly after a write);
