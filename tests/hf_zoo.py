@@ -220,7 +220,19 @@ def build(model: str, adapter_name: str = "full", checkpointing: str = "off", dt
     config = adapter(adapter_name, model)
     if config is not None:
         net = peft.get_peft_model(net, config)
-    return net.to(dtype).train()
+    return moved(net).to(dtype).train()
+
+
+def moved(net):
+    """``net`` with every trainable parameter moved by a small random amount: adapters start where some gradients are
+    exactly zero (LoRA's B = 0 zeroes A's gradient, LoKr's and IA3's starts likewise), and a rule for a parameter whose
+    gradient is zero cannot be checked."""
+    g = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for p in net.parameters():
+            if p.requires_grad and p.is_floating_point():
+                p.add_(0.1 * torch.randn(p.shape, generator=g, dtype=p.dtype))
+    return net
 
 
 def lengths(n: int) -> list[int]:
