@@ -179,15 +179,32 @@ MODELS = {
     "convnext": (convnext, "image", ["pwconv1", "pwconv2"], ["pwconv2"]),
     "swin": (swin, "image", ["q_proj", "v_proj", "fc2"], ["fc2"]),
 }
-TASKS = {"causal": "CAUSAL_LM", "classify": "SEQ_CLS", "seq2seq": "SEQ_2_SEQ_LM", "image": None}
-HEADS = {"classify": None, "image": ["classifier"]}  # (SEQ_CLS makes peft train the head itself)
+
+
+def spec(model: str):
+    """(builder, kind, the layers adapters target, IA3's feed-forward ones) of a model of MODELS or MORE."""
+    if model in MODELS:
+        return MODELS[model]
+    builder, kind, targets = MORE[model]
+    return builder, kind, targets, targets[-1:]
+
+
+TASKS = {"causal": "CAUSAL_LM", "classify": "SEQ_CLS", "seq2seq": "SEQ_2_SEQ_LM", "image": None, "audio": None,
+         "speech2seq": None}
+#: (SEQ_CLS makes peft train the head itself)
+HEADS = {"classify": None, "image": ["classifier"], "audio": ["classifier"], "speech2seq": None}
+#: More adapters (tests/test_hf_architectures.py), by the layers they take: a model's token embedding (LoRA on an
+#: Embedding), a module trained whole beside the adapters (peft's modules_to_save), its convolutions.
+EMBEDDINGS = {"gpt2": ["wte"], "llama": ["embed_tokens"], "bert": ["word_embeddings"]}
+SAVED = {"gpt2": ["lm_head"], "llama": ["lm_head"], "bert": ["pooler"]}
+CONVOLUTIONS = {"wav2vec2": ["conv"], "vit": ["projection"]}
 
 
 def adapter(name: str, model: str):
     """The peft config of adapter ``name`` for ``model`` (None: full fine-tuning)."""
     import peft
 
-    _, kind, targets, feedforward = MODELS[model]
+    _, kind, targets, feedforward = spec(model)
     common = {"task_type": TASKS[kind]} if TASKS[kind] else {"modules_to_save": HEADS[kind]}
     fan = {"fan_in_fan_out": True} if model == "gpt2" else {}
     if name == "full":
@@ -205,6 +222,25 @@ def adapter(name: str, model: str):
     if name == "prompt":  # (DistilBERT's config names its sizes in words peft does not read)
         return peft.PromptTuningConfig(num_virtual_tokens=2, token_dim=16, num_attention_heads=2, num_layers=2,
                                        **common)
+    more = {
+        "adalora": lambda: peft.AdaLoraConfig(r=2, init_r=4, target_r=2, lora_alpha=4, target_modules=targets,
+                                              total_step=10, **fan, **common),
+        "lokr": lambda: peft.LoKrConfig(r=2, alpha=4, target_modules=targets, **common),
+        "oft": lambda: peft.OFTConfig(r=0, oft_block_size=4, target_modules=targets, **common),
+        "boft": lambda: peft.BOFTConfig(boft_block_size=4, target_modules=targets, **common),
+        "fourierft": lambda: peft.FourierFTConfig(n_frequency=8, target_modules=targets, **fan, **common),
+        "ln_tuning": lambda: peft.LNTuningConfig(**common),
+        "p_tuning": lambda: peft.PromptEncoderConfig(num_virtual_tokens=2, encoder_hidden_size=8, token_dim=16,
+                                                     num_attention_heads=2, num_layers=2, **common),
+        "rslora": lambda: peft.LoraConfig(r=2, lora_alpha=4, target_modules=targets, use_rslora=True, **fan, **common),
+        "lora_embedding": lambda: peft.LoraConfig(r=2, lora_alpha=4, target_modules=targets + EMBEDDINGS[model],
+                                                  **fan, **common),
+        "lora_saved": lambda: peft.LoraConfig(r=2, lora_alpha=4, target_modules=targets, modules_to_save=SAVED[model],
+                                              **fan, **common),
+        "lora_conv": lambda: peft.LoraConfig(r=2, lora_alpha=4, target_modules=CONVOLUTIONS[model], **common),
+    }
+    if name in more:
+        return more[name]()
     raise ValueError(name)
 
 
@@ -214,7 +250,7 @@ def build(model: str, adapter_name: str = "full", checkpointing: str = "off", dt
     import peft
 
     torch.manual_seed(0)
-    net = MODELS[model][0]()
+    net = spec(model)[0]()
     if checkpointing != "off":
         net.gradient_checkpointing_enable({"use_reentrant": checkpointing == "reentrant"})
     config = adapter(adapter_name, model)
@@ -243,12 +279,21 @@ def lengths(n: int) -> list[int]:
 def batch(model: str, n: int = 4, dtype=torch.float64):
     """(inputs, labels, one_example) for ``n`` examples: token ids right-padded to LENGTH with an attention mask
     (labels -100 on padding), or images; ``one_example(i)`` is example i alone, without padding, as a batch of one."""
-    kind = MODELS[model][1]
+    kind = spec(model)[1]
     g = torch.Generator().manual_seed(1)
     if kind == "image":
         x = {"pixel_values": torch.randn(n, 3, IMAGE, IMAGE, generator=g, dtype=dtype)}
         y = torch.randint(0, 3, (n,), generator=g)
         return x, y, lambda i: ({"pixel_values": x["pixel_values"][i : i + 1]}, y[i : i + 1])
+    if kind == "audio":  # (a waveform of 64 samples)
+        x = {"input_values": torch.randn(n, 64, generator=g, dtype=dtype)}
+        y = torch.randint(0, 3, (n,), generator=g)
+        return x, y, lambda i: ({"input_values": x["input_values"][i : i + 1]}, y[i : i + 1])
+    if kind == "speech2seq":  # (4 mel bins x 16 frames, and the decoder's shifted target)
+        target = torch.randint(2, VOCAB, (n, 4), generator=g)
+        x = {"input_features": torch.randn(n, 4, 16, generator=g, dtype=dtype),
+             "decoder_input_ids": torch.cat([torch.ones(n, 1, dtype=torch.long), target[:, :-1]], 1)}
+        return x, target, lambda i: ({k: v[i : i + 1] for k, v in x.items()}, target[i : i + 1])
     pad = 1 if model == "roberta" else 0
     ids = torch.randint(2, VOCAB, (n, LENGTH), generator=g)
     mask = torch.zeros(n, LENGTH, dtype=torch.long)
