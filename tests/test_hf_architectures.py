@@ -99,3 +99,18 @@ def test_a_converted_resnet_normalizing_over_more_values_is_exact():
     model.train()
     params = {k: p for k, p in model.named_parameters() if p.requires_grad}
     assert_exact(trainer.grad_sampler(x, y)[0].materialize(), single_example_gradients(model, loss, one, params, 4))
+
+
+def test_an_adapter_on_a_module_the_forward_pass_never_calls_is_named_in_a_warning():
+    """LoRA on T5's ``shared`` embedding: peft wraps ``model.shared``, but the encoder and decoder call their own
+    references to the original Embedding, so the adapter is never used: its gradient is zero in every example (also
+    without dptrain) and DP-SGD's noise alone moves it. The model probe says so, naming it; a used adapter is not
+    named."""
+    from dptrain.preflight.gradient_check import UnusedParameterWarning
+
+    model = peft.get_peft_model(spec("t5")[0](), peft.LoraConfig(r=2, target_modules=["shared", "q"],
+                                                                task_type="SEQ_2_SEQ_LM")).double()
+    x, y, _ = batch("t5")
+    with pytest.warns(UnusedParameterWarning, match="shared.lora_embedding_A") as record:
+        private(model, x, y, per_example_loss("seq2seq"))
+    assert not any("q.lora" in str(w.message) for w in record)

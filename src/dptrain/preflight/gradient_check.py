@@ -32,6 +32,7 @@ forward and backward at secret chunks. Their only outcomes are the backend that 
 from __future__ import annotations
 
 import contextlib
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -109,13 +110,14 @@ def _one_example(model, inputs):
 
 
 def _alone(model, loss_fn, x, y, params, i: int, autocast):
-    """Example i's loss and gradient (by parameter name) from a backward pass on a batch of that example alone."""
+    """Example i's loss and gradient (by parameter name) from a backward pass on a batch of that example alone, and
+    the names of the parameters its loss does not depend on at all (not in autograd's graph)."""
     idx = torch.tensor([i], device=y.device)
     with torch.enable_grad(), autocast, _one_example(model, take(x, idx)):
         loss = loss_fn(call_model(model, take(x, idx)), y[i : i + 1]).reshape(())
         grads = torch.autograd.grad(loss, list(params.values()), allow_unused=True)
     out = {n: torch.zeros_like(p) if g is None else g.detach() for (n, p), g in zip(params.items(), grads, strict=True)}
-    return out, loss.detach()
+    return out, loss.detach(), {n for n, g in zip(params, grads, strict=True) if g is None}
 
 
 def _row(grads, i: int, n: int, like: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -226,10 +228,12 @@ def compare(model, sampler, loss_fn, x, y, grads, losses, rows: list[int], tol: 
         with torch.no_grad(), autocast:  # (torch.func and the loop compute each loss alone: the batch's, here)
             losses = loss_fn(call_model(model, x), y)
     moved, bad = [], []
+    unused = set(params) if reference == "autograd" and gradients and rows else set()
     for i in rows:
         if reference == "autograd":
             with restored(model):
-                alone, alone_loss = _alone(model, loss_fn, x, y, params, i, autocast)
+                alone, alone_loss, not_in_graph = _alone(model, loss_fn, x, y, params, i, autocast)
+            unused &= not_in_graph
         else:
             with restored(model):
                 one, alone_loss = sampler(take(x, torch.tensor([i], device=y.device)), y[i : i + 1])
@@ -252,7 +256,24 @@ def compare(model, sampler, loss_fn, x, y, grads, losses, rows: list[int], tol: 
             own = float(g.double().norm())
             if not err <= tol.param * own + tol.whole * whole + floor and name not in bad:  # (NaN fails too)
                 bad.append(name)
+    if unused and not moved:
+        warn_unused(sorted(unused))
     return moved, bad
+
+
+class UnusedParameterWarning(UserWarning):
+    """Trainable parameters that no example's loss depends on: their update is the noise alone."""
+
+
+def warn_unused(names: list[str]) -> None:
+    """Warn (once per set of names) that the trainable parameters ``names`` are not used by the loss."""
+    more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+    warnings.warn(UnusedParameterWarning(
+        f"dptrain: trainable parameter(s) {', '.join(map(repr, names[:3]))}{more} are not used by the model's loss on "
+        "the examples checked (an adapter on a module the forward pass does not call, a head the task does not "
+        "read): their per-example gradients are zero and their update is the noise alone; freeze them "
+        "(requires_grad=False) or target the modules the model calls"
+    ), stacklevel=2)
 
 
 def _leaves(out) -> list:
