@@ -279,3 +279,24 @@ def test_importing_the_package_and_its_arguments_imports_no_transformers():
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('transformers', 'peft')))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.strip() == "[]", (proc.stdout[:300], proc.stderr[-500:])
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_a_model_whose_gradients_need_the_whole_model_is_refused_naming_what_trains_it(tmp_path):
+    """T5 fully fine-tuned: its relative-position bias is computed once for the batch, so its per-example gradients
+    need the whole model differentiated example by example, which a Trainer step (one forward pass) cannot give. The
+    refusal used to tell a Trainer user to use "the trainer's own step instead of your own loop" (they wrote no loop);
+    now it names the layer, make_private and LoRA. A translation data set holding labels only (the decoder's inputs
+    derived from them, tests/test_hf_seq2seq_labels.py)."""
+    from hf_zoo import build
+    from test_hf_seq2seq_labels import Pairs
+
+    trainer = DPTrainer(model=build("t5", dtype=torch.float32), args=arguments(tmp_path, max_steps=1,
+                                                                               per_device_train_batch_size=2),
+                        train_dataset=Pairs(), privacy_args=PrivacyArguments(noise_multiplier=1.0, delta=1e-2))
+    with pytest.raises(DPTrainError) as refused:
+        trainer.train()
+    message = str(refused.value)
+    assert "\n" not in message and "your own loop" not in message
+    assert "relative_attention_bias" in message and "dptrain.make_private" in message and "LoRA" in message

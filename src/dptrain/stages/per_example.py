@@ -415,6 +415,16 @@ class LayerwiseGradSampler:
         self._handles = []
 
 
+class WholeModelError(ModelError):
+    """A forward pass of the caller's cannot be differentiated per example: the model needs torch.func (or the loop
+    of single-example passes) for the whole of it, which recomputes the forward pass itself. ``reason``: why (the
+    layer the layerwise backend could not record), or None."""
+
+    def __init__(self, message: str, reason: str | None = None):
+        super().__init__(message)
+        self.reason = reason
+
+
 class AutoGradSampler:
     """``layerwise``: its rules where a module has one, torch.func for each other module on its own (per module,
     not for the whole model); switches to ``func`` for the whole model for good if a layer output turns out to be
@@ -423,6 +433,8 @@ class AutoGradSampler:
     def __init__(self, model: nn.Module, loss_fn: LossFn):
         self.model, self.loss_fn = model, loss_fn
         self.backend = LayerwiseGradSampler(model, loss_fn)
+        #: why the layerwise backend was left for torch.func on the whole model (its FallbackError), or None
+        self.reason: str | None = None
 
     @property
     def name(self) -> str:
@@ -434,9 +446,11 @@ class AutoGradSampler:
         while True:
             try:
                 return self.backend(x, y)
-            except (InplaceOutputError, FallbackError):
+            except (InplaceOutputError, FallbackError) as e:
                 if isinstance(self.backend, LoopGradSampler):
                     raise
+                if isinstance(self.backend, LayerwiseGradSampler):
+                    self.reason = str(e)
                 self._next()
 
     def _next(self) -> None:
@@ -449,9 +463,11 @@ class AutoGradSampler:
         """The layerwise backend's recording of a caller's forward pass (:meth:`LayerwiseGradSampler.recording`);
         a model that needs torch.func for the whole of it cannot be differentiated from a caller's forward pass."""
         if not isinstance(self.backend, LayerwiseGradSampler):
-            raise ModelError(
-                "this model's per-example gradients need torch.func for the whole model, which recomputes the forward "
-                "pass itself: train it with the trainer's own step (make_private) instead of your own loop"
+            why = f" ({self.reason.rstrip('.')})" if self.reason else ""
+            raise WholeModelError(
+                f"this model's per-example gradients need torch.func for the whole model{why}, which recomputes the "
+                "forward pass itself: train it with the trainer's own step (make_private) instead of your own loop",
+                self.reason,
             )
         return self.backend.recording(batch)
 
