@@ -175,7 +175,12 @@ def _grad_dtype(p: torch.Tensor) -> torch.dtype:
 
 
 class InplaceOutputError(ModelError):
-    """A recorded layer output was overwritten in place during the forward pass."""
+    """A recorded layer output was overwritten in place during the forward pass. ``modules``: the modules whose
+    outputs were (the sampler then hands the model copies of their outputs, and records again)."""
+
+    def __init__(self, message: str, modules: frozenset = frozenset()):
+        super().__init__(message)
+        self.modules = modules
 
 
 class LayerwiseGradSampler:
@@ -217,6 +222,9 @@ class LayerwiseGradSampler:
         self._layers = {m: v for m, v in self._layers.items() if not any(m in f.modules() for f in self._fallback)}
         self._records: dict[nn.Module, list] | None = None
         self._recorded: dict[nn.Module, list] | None = None
+        #: modules whose outputs the model modifies in place (Falcon adds its attention output to its MLP's in place):
+        #: the model is handed a copy of each recorded output, so the recorded one keeps the values its gradient is of
+        self._copied: set[nn.Module] = set()
         self._batch = 0
         #: the layout of each recorded call (rows or shared per tensor), measured on the first forward pass of two
         #: examples or more (dptrain.stages.batch_layout)
@@ -266,7 +274,7 @@ class LayerwiseGradSampler:
             return output
         self._records.setdefault(module, []).append((a, output, output._version, layout))
         self._calls.append(Call(module, [output], input_nodes(inputs[0])))
-        return None
+        return output.clone() if module in self._copied else None
 
     @torch.compiler.disable
     def _record_call(self, module, args, kwargs, output):
@@ -280,24 +288,34 @@ class LayerwiseGradSampler:
             nodes = input_nodes(args, kwargs)
             args = tuple(a.detach() if torch.is_tensor(a) else a for a in args)
             output, outs = separated(output)  # (each output's own gradient, not also another's flowing into it)
-            record = (args, dict(kwargs), _tensors(output) if outs is None else outs, layout, outs is not None)
+            recorded = _tensors(output) if outs is None else outs
+            versions = [t._version for t in recorded]
+            record = (args, dict(kwargs), recorded, layout, outs is not None, versions)
             self._records.setdefault(module, []).append(record)
             self._calls.append(Call(module, _tensors(output), nodes))
+            if module in self._copied and outs is not None:  # (the model gets copies; the records keep their values)
+                output, _ = separated(output, copy=True)
             return output
         return None
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> tuple[PerExampleGrads, torch.Tensor]:
-        for attempt in range(2):
+        measured = copied = False
+        while True:
             with self.recording(batch_len(y)):
                 with torch.enable_grad():
                     losses = self.loss_fn(call_model(self.model, x), y)
             try:
                 return self.from_losses(losses), losses.detach()
             except LayoutChanged:
-                if attempt:
+                if measured:
                     raise
+                measured = True
                 self._layout_of.forget()  # measured again on this chunk
-        raise AssertionError("unreachable")
+            except InplaceOutputError as e:
+                if copied or not e.modules:
+                    raise
+                copied = True
+                self._copied |= e.modules  # recorded again, the model handed copies of these modules' outputs
 
     @contextlib.contextmanager
     def recording(self, batch: int):
@@ -357,10 +375,14 @@ class LayerwiseGradSampler:
             check_coverage(losses, recorded, self._covers, self._names, without_autograd)
         calls = [(m, *r) for m, recs in records.items() if m in self._layers for r in recs]
         fallbacks = [(m, *r) for m, recs in records.items() if m in self._fallback for r in recs]
-        if any(out._version != v for _, _, out, v, _ in calls):
+        overwritten = frozenset(
+            [m for m, _, out, v, _ in calls if out._version != v]
+            + [f[0] for f in fallbacks if any(t._version != v for t, v in zip(f[3], f[6], strict=True))]
+        )
+        if overwritten:
             raise InplaceOutputError(
                 "a layer's output is modified in place (e.g. ReLU(inplace=True)), which the layerwise "
-                "per-example gradient backend cannot see through; use grad_sampler='func'"
+                "per-example gradient backend cannot see through; use grad_sampler='func'", overwritten
             )
         n = self._batch
         if losses.shape != (n,):
@@ -370,7 +392,7 @@ class LayerwiseGradSampler:
         if n == 0:  # (an empty Poisson batch: no example, no gradient)
             calls, fallbacks = [], []
         outs = [out for _, _, out, _, _ in calls]
-        fb_outs = [o for _, _, _, fouts, _, _ in fallbacks for o in fouts if o.requires_grad]
+        fb_outs = [o for _, _, _, fouts, _, _, _ in fallbacks for o in fouts if o.requires_grad]
         everything = outs + fb_outs
         grads_all = torch.autograd.grad(losses.sum(), everything, allow_unused=True) if everything else []
         grads_out, fb_grads = list(grads_all[: len(outs)]), dict(zip(map(id, fb_outs), grads_all[len(outs) :], strict=True))
@@ -383,7 +405,7 @@ class LayerwiseGradSampler:
                 g = upcast(g)  # (a bfloat16 model's per-example gradients are formed and clipped in float32)
                 per_example[key] = shared(per_example[key], g) if key in per_example else g
 
-        for m, args, kwargs, fouts, layout, separable in fallbacks:
+        for m, args, kwargs, fouts, layout, separable, _ in fallbacks:
             gos = [fb_grads.get(id(o)) for o in fouts]
             if all(g is None for g in gos):
                 continue  # (an output that does not reach the loss: no gradient, whatever its layout)
