@@ -38,16 +38,17 @@ CELLS = (
        ("falcon", "full", "reentrant"), ("bart", "full", "reentrant")]
 )
 #: Cells over about 5 s on a shared 2-core machine (their backend runs the whole model example by example).
-SLOW = {("rwkv", "full"), ("bart", "full"), ("pegasus", "full"), ("swinv2", "full"), ("deberta_v2", "full"),
+SLOW = {("rwkv", "full"), ("pegasus", "full"), ("swinv2", "full"), ("deberta_v2", "full"),
         ("llama", "boft"), ("llama", "oft")}
 #: Cells whose per-example gradients need the whole model differentiated example by example (exact, slower, and not
 #: trainable from a forward pass of your own: make_private_loop, DPTrainer): RWKV's attention reads its time-mixing
-#: state across the sequence in a layout the measurement cannot split; BART's learned positions are computed once for
-#: the batch; LoKr's layers draw random numbers (its dropouts) that vmap cannot replay; P-tuning's prompt encoder is
-#: computed once for the batch. Every other cell records its layers (Falcon: its MLP output is added to in place, so
-#: the model is handed a copy; it used to go to torch.func whole).
-WHOLE_MODEL = {("rwkv", "full"), ("bart", "full"), ("llama", "lokr"), ("bert", "lokr"), ("llama", "p_tuning"),
-               ("bert", "p_tuning"), ("gpt2", "p_tuning")}
+#: state across the sequence in a layout the measurement cannot split; LoKr's layers draw random numbers (its
+#: dropouts) that vmap cannot replay; P-tuning's prompt encoder is computed once for the batch and repeated by peft.
+#: Every other cell records its layers (Falcon: its MLP output is added to in place, so the model is handed a copy;
+#: BART: its decoder's learned positions [1, T, d], computed once for the batch, are expanded to it; both used to
+#: need the whole model).
+WHOLE_MODEL = {("rwkv", "full"), ("llama", "lokr"), ("bert", "lokr"), ("llama", "p_tuning"), ("bert", "p_tuning"),
+               ("gpt2", "p_tuning")}
 
 
 def cells():

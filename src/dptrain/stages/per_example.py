@@ -33,6 +33,7 @@ where that is cheaper, decided per layer from its shapes (:func:`ghost_pays`), a
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable
 
 import torch
@@ -228,7 +229,7 @@ class LayerwiseGradSampler:
         self._batch = 0
         #: the layout of each recorded call (rows or shared per tensor), measured on the first forward pass of two
         #: examples or more (dptrain.stages.batch_layout)
-        self._layout_of = Layouts(model, set(self._layers))
+        self._layout_of = Layouts(model, set(self._layers), set(self._fallback))
         #: the trainable parameters when the hooks were placed (the engine's, too: it fixes them when it is made)
         self._params = trainable_parameters(model)
         #: a parameter's name in the model by identity: a tied parameter (GPT-2's token embedding, also its output
@@ -279,12 +280,18 @@ class LayerwiseGradSampler:
     @torch.compiler.disable
     def _record_call(self, module, args, kwargs, output):
         if self._layout_of.probing:
-            self._layout_of.probe_record(module, tree_flatten((tuple(args), dict(kwargs)))[0], output)
-            return None
+            return self._layout_of.probe_record(module, tree_flatten((tuple(args), dict(kwargs)))[0], output)
         if self._records is not None and not torch.is_grad_enabled() and module not in self._without_autograd:
             self._without_autograd.append(module)
         if self._records is not None and any(t.requires_grad for t in _tensors(output)):
             layout = self._layout_of.call(module)
+            if self._batch > 1 and isinstance(layout, CallLayout) and layout.expand == REPLACE and torch.is_tensor(
+                output
+            ) and output.dim() and output.shape[0] == 1:
+                # (its one output computed once for the batch and only broadcast against it, verified by the
+                # measurement: expanded, each example gets its own output gradient, as for a layer with a rule)
+                output = expanded(output, self._batch, REPLACE)
+                layout = dataclasses.replace(layout, outputs=(ROWS,))
             nodes = input_nodes(args, kwargs)
             args = tuple(a.detach() if torch.is_tensor(a) else a for a in args)
             output, outs = separated(output)  # (each output's own gradient, not also another's flowing into it)
