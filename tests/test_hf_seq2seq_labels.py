@@ -5,7 +5,8 @@ the model used to be called without them: T5 raised its own ValueError, and BART
 read its *encoder* input shifted as the decoder input, training a denoising objective against the labels (exact
 per-example gradients of the wrong function). Now the decoder inputs are derived from the labels as transformers
 derives them, so each example's gradient is that of the model called with its labels; a model that derives them in
-its own way (Whisper) is refused in one line naming ``decoder_input_ids``."""
+its own way is refused in one line naming ``decoder_input_ids``; one without transformers' method (Whisper) gets the
+labels shifted as its forward shifts them, verified first."""
 
 import pytest
 import torch
@@ -69,11 +70,43 @@ def test_decoder_inputs_are_derived_from_the_labels_as_the_model_would(name):
             assert float((got[n][i] - r).norm()) <= 1e-6 * float(r.norm()) + 1e-12, (n, i)
 
 
-def test_a_model_deriving_its_decoder_inputs_its_own_way_is_refused_in_one_line():
-    model = MORE["whisper"][0]().train()
-    features = torch.randn(N, 4, 16)
-    labels = torch.randint(2, 32, (N, 3))
+def test_whisper_shifting_its_labels_inside_forward_gets_them_shifted_and_verified():
+    """Whisper (as M2M100) has no prepare_decoder_input_ids_from_labels: it shifts the labels inside forward. The
+    labels shifted right behind its config's decoder_start_token_id are verified on one example to give its own
+    outputs, then used (it used to be refused); a model whose forward derives them another way is refused in one
+    line naming decoder_input_ids."""
+    torch.manual_seed(0)
+    model = MORE["whisper"][0]().double().train()
+    g = torch.Generator().manual_seed(0)
+    features = torch.randn(N, 4, 16, generator=g, dtype=torch.float64)
+    labels = torch.randint(2, 32, (N, 3), generator=g)
+    labels[0, 2:] = -100
+    trainer = dptrain.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                                   ({"input_features": features}, labels), noise_multiplier=1.0, batch_size=2)
+    x, y = trainer.data.batch(torch.arange(N))
+    model.train()
+    got = trainer.grad_sampler(x, y)[0].materialize()
+    named = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    for i in range(N):
+        out = model(input_features=features[i : i + 1], labels=labels[i : i + 1])
+        ref = torch.autograd.grad(cross_entropy_per_example(out.logits, labels[i : i + 1]).sum(), list(named.values()),
+                                  allow_unused=True)
+        for (n, p), r in zip(named.items(), ref, strict=True):
+            r = torch.zeros_like(p) if r is None else r
+            assert float((got[n][i] - r).norm()) <= 1e-6 * float(r.norm()) + 1e-12, (n, i)
+
+    class Unshifted(torch.nn.Module):  # (its decoder reads the labels themselves, not shifted)
+        def __init__(self):
+            super().__init__()
+            self.inner, self.config = MORE["whisper"][0](), MORE["whisper"][0]().config
+
+        def forward(self, input_features, decoder_input_ids=None, labels=None):
+            if decoder_input_ids is None:
+                decoder_input_ids = labels.clamp_min(0)
+            return self.inner(input_features=input_features, decoder_input_ids=decoder_input_ids)
+
+    model = Unshifted()
     with pytest.raises(DataError, match="decoder_input_ids") as e:
-        dptrain.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), ({"input_features": features}, labels),
-                             noise_multiplier=1.0, batch_size=2)
+        dptrain.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                             ({"input_features": features.float()}, labels), noise_multiplier=1.0, batch_size=2)
     assert "\n" not in str(e.value)
