@@ -88,6 +88,81 @@ def swin():
         mlp_ratio=2.0, num_labels=3, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, drop_path_rate=0.0))
 
 
+def _seq2seq(config_class, model_class, **kw):
+    return model_class(config_class(
+        vocab_size=VOCAB, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=32, pad_token_id=0,
+        eos_token_id=1, dropout=0.0, attention_dropout=0.0, activation_dropout=0.0, **kw))
+
+
+#: Architectures beyond issue 30's matrix (tests/test_hf_architectures.py): name -> (builder, kind, the layers
+#: adapters target). What each stresses: GPT-NeoX, GPT-J and CodeGen partial rotary; Falcon (ALiBi) its MLP output
+#: added to in place and a Linear subclass; BLOOM and MPT ALiBi; Phi-3 fused qkv; Gemma2 its own RMSNorm and sliding
+#: window; BART and Pegasus learned / sinusoidal positions computed once for the batch; ALBERT one layer shared by
+#: every depth (a parameter used twice); DeBERTa-v2 relative-position embeddings read by the attention; Swin-v2 a
+#: learned logit scale and a continuous position-bias MLP; Whisper and Wav2Vec2 Conv1d over time (Wav2Vec2: GroupNorm
+#: over time in its feature encoder, a weight-normed positional convolution); Mamba its depthwise causal Conv1d and
+#: selective scan; RWKV its time-mixing parameters read in the block's own forward.
+MORE = {
+    "gpt_neox": (lambda: transformers.GPTNeoXForCausalLM(transformers.GPTNeoXConfig(
+        **TEXT, pad_token_id=0, hidden_dropout=0.0, attention_dropout=0.0, tie_word_embeddings=False)),
+        "causal", ["query_key_value", "dense_4h_to_h"]),
+    "falcon": (lambda: transformers.FalconForCausalLM(transformers.FalconConfig(
+        vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, pad_token_id=0, alibi=True,
+        hidden_dropout=0.0, attention_dropout=0.0)), "causal", ["query_key_value", "dense_4h_to_h"]),
+    "bloom": (lambda: transformers.BloomForCausalLM(transformers.BloomConfig(
+        vocab_size=VOCAB, hidden_size=16, n_layer=2, n_head=2, pad_token_id=0, hidden_dropout=0.0,
+        attention_dropout=0.0)), "causal", ["query_key_value", "dense_4h_to_h"]),
+    "mpt": (lambda: transformers.MptForCausalLM(transformers.MptConfig(
+        vocab_size=VOCAB, d_model=16, n_layers=2, n_heads=2, max_seq_len=32, pad_token_id=0)),
+        "causal", ["Wqkv", "down_proj"]),
+    "gptj": (lambda: transformers.GPTJForCausalLM(transformers.GPTJConfig(
+        vocab_size=VOCAB, n_embd=16, n_layer=2, n_head=2, rotary_dim=4, n_positions=32, pad_token_id=0,
+        bos_token_id=1, eos_token_id=1, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=False)),
+        "causal", ["q_proj", "v_proj", "fc_out"]),
+    "phi3": (lambda: transformers.Phi3ForCausalLM(transformers.Phi3Config(
+        **DECODER, bos_token_id=1, eos_token_id=1, resid_pdrop=0.0, embd_pdrop=0.0,
+        attention_dropout=0.0)), "causal", ["qkv_proj", "down_proj"]),
+    "gemma2": (lambda: transformers.Gemma2ForCausalLM(transformers.Gemma2Config(
+        **DECODER, head_dim=8, sliding_window=4)), "causal", ["q_proj", "v_proj", "down_proj"]),
+    "mamba": (lambda: transformers.MambaForCausalLM(transformers.MambaConfig(
+        vocab_size=VOCAB, hidden_size=16, state_size=4, num_hidden_layers=2, expand=2, conv_kernel=2, pad_token_id=0,
+        use_mambapy=True)), "causal", ["in_proj", "out_proj"]),
+    "rwkv": (lambda: transformers.RwkvForCausalLM(transformers.RwkvConfig(
+        vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2, attention_hidden_size=16, intermediate_size=32,
+        context_length=32)), "causal", ["key", "value"]),
+    "bart": (lambda: _seq2seq(transformers.BartConfig, transformers.BartForConditionalGeneration, bos_token_id=1,
+                              decoder_start_token_id=1), "seq2seq", ["q_proj", "v_proj", "fc2"]),
+    "pegasus": (lambda: _seq2seq(transformers.PegasusConfig, transformers.PegasusForConditionalGeneration,
+                                 decoder_start_token_id=0), "seq2seq", ["q_proj", "v_proj", "fc2"]),
+    "albert": (lambda: transformers.AlbertForSequenceClassification(transformers.AlbertConfig(
+        **ENCODER, embedding_size=8, classifier_dropout_prob=0.0, pad_token_id=0)),
+        "classify", ["query", "value", "ffn_output"]),
+    "deberta_v2": (lambda: transformers.DebertaV2ForSequenceClassification(transformers.DebertaV2Config(
+        **ENCODER, pad_token_id=0, relative_attention=True, position_buckets=4, max_relative_positions=8,
+        pos_att_type=["c2p", "p2c"], pooler_dropout=0.0)), "classify", ["query_proj", "value_proj", "output.dense"]),
+    "swinv2": (lambda: transformers.Swinv2ForImageClassification(transformers.Swinv2Config(
+        image_size=IMAGE, patch_size=2, num_channels=3, embed_dim=8, depths=[1, 1], num_heads=[1, 2], window_size=2,
+        mlp_ratio=2.0, num_labels=3, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, drop_path_rate=0.0)),
+        "image", ["query", "value", "output.dense"]),
+    "whisper": (lambda: transformers.WhisperForConditionalGeneration(transformers.WhisperConfig(
+        vocab_size=VOCAB, num_mel_bins=4, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_source_positions=8,
+        max_target_positions=16, pad_token_id=0, bos_token_id=1, eos_token_id=1, decoder_start_token_id=1,
+        dropout=0.0, attention_dropout=0.0, activation_dropout=0.0, begin_suppress_tokens=None, suppress_tokens=None)),
+        "speech2seq", ["q_proj", "v_proj", "fc2"]),
+    "wav2vec2": (lambda: transformers.Wav2Vec2ForSequenceClassification(transformers.Wav2Vec2Config(
+        vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
+        conv_dim=(8, 8), conv_stride=(4, 2), conv_kernel=(8, 4), num_conv_pos_embeddings=4,
+        num_conv_pos_embedding_groups=2, feat_extract_norm="group", num_labels=3, hidden_dropout=0.0,
+        attention_dropout=0.0, activation_dropout=0.0, feat_proj_dropout=0.0, final_dropout=0.0, layerdrop=0.0,
+        mask_time_prob=0.0, classifier_proj_size=8)), "audio", ["q_proj", "v_proj", "conv"]),
+    "resnet": (lambda: transformers.ResNetForImageClassification(transformers.ResNetConfig(
+        num_channels=3, embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], layer_type="basic", num_labels=3)),
+        "image", ["convolution"]),
+}
+
+
 #: name -> (builder, kind: causal | classify | seq2seq | image, the layers adapters target, IA3's feed-forward ones)
 MODELS = {
     "gpt2": (gpt2, "causal", ["c_attn", "c_fc"], ["c_fc"]),
@@ -104,15 +179,32 @@ MODELS = {
     "convnext": (convnext, "image", ["pwconv1", "pwconv2"], ["pwconv2"]),
     "swin": (swin, "image", ["q_proj", "v_proj", "fc2"], ["fc2"]),
 }
-TASKS = {"causal": "CAUSAL_LM", "classify": "SEQ_CLS", "seq2seq": "SEQ_2_SEQ_LM", "image": None}
-HEADS = {"classify": None, "image": ["classifier"]}  # (SEQ_CLS makes peft train the head itself)
+
+
+def spec(model: str):
+    """(builder, kind, the layers adapters target, IA3's feed-forward ones) of a model of MODELS or MORE."""
+    if model in MODELS:
+        return MODELS[model]
+    builder, kind, targets = MORE[model]
+    return builder, kind, targets, targets[-1:]
+
+
+TASKS = {"causal": "CAUSAL_LM", "classify": "SEQ_CLS", "seq2seq": "SEQ_2_SEQ_LM", "image": None, "audio": None,
+         "speech2seq": None}
+#: (SEQ_CLS makes peft train the head itself)
+HEADS = {"classify": None, "image": ["classifier"], "audio": ["classifier"], "speech2seq": None}
+#: More adapters (tests/test_hf_architectures.py), by the layers they take: a model's token embedding (LoRA on an
+#: Embedding), a module trained whole beside the adapters (peft's modules_to_save), its convolutions.
+EMBEDDINGS = {"gpt2": ["wte"], "llama": ["embed_tokens"], "bert": ["word_embeddings"]}
+SAVED = {"gpt2": ["lm_head"], "llama": ["lm_head"], "bert": ["pooler"]}
+CONVOLUTIONS = {"wav2vec2": ["conv"], "vit": ["projection"]}
 
 
 def adapter(name: str, model: str):
     """The peft config of adapter ``name`` for ``model`` (None: full fine-tuning)."""
     import peft
 
-    _, kind, targets, feedforward = MODELS[model]
+    _, kind, targets, feedforward = spec(model)
     common = {"task_type": TASKS[kind]} if TASKS[kind] else {"modules_to_save": HEADS[kind]}
     fan = {"fan_in_fan_out": True} if model == "gpt2" else {}
     if name == "full":
@@ -130,6 +222,25 @@ def adapter(name: str, model: str):
     if name == "prompt":  # (DistilBERT's config names its sizes in words peft does not read)
         return peft.PromptTuningConfig(num_virtual_tokens=2, token_dim=16, num_attention_heads=2, num_layers=2,
                                        **common)
+    more = {
+        "adalora": lambda: peft.AdaLoraConfig(r=2, init_r=4, target_r=2, lora_alpha=4, target_modules=targets,
+                                              total_step=10, **fan, **common),
+        "lokr": lambda: peft.LoKrConfig(r=2, alpha=4, target_modules=targets, **common),
+        "oft": lambda: peft.OFTConfig(r=0, oft_block_size=4, target_modules=targets, **common),
+        "boft": lambda: peft.BOFTConfig(boft_block_size=4, target_modules=targets, **common),
+        "fourierft": lambda: peft.FourierFTConfig(n_frequency=8, target_modules=targets, **fan, **common),
+        "ln_tuning": lambda: peft.LNTuningConfig(**common),
+        "p_tuning": lambda: peft.PromptEncoderConfig(num_virtual_tokens=2, encoder_hidden_size=8, token_dim=16,
+                                                     num_attention_heads=2, num_layers=2, **common),
+        "rslora": lambda: peft.LoraConfig(r=2, lora_alpha=4, target_modules=targets, use_rslora=True, **fan, **common),
+        "lora_embedding": lambda: peft.LoraConfig(r=2, lora_alpha=4, target_modules=targets + EMBEDDINGS[model],
+                                                  **fan, **common),
+        "lora_saved": lambda: peft.LoraConfig(r=2, lora_alpha=4, target_modules=targets, modules_to_save=SAVED[model],
+                                              **fan, **common),
+        "lora_conv": lambda: peft.LoraConfig(r=2, lora_alpha=4, target_modules=CONVOLUTIONS[model], **common),
+    }
+    if name in more:
+        return more[name]()
     raise ValueError(name)
 
 
@@ -139,13 +250,25 @@ def build(model: str, adapter_name: str = "full", checkpointing: str = "off", dt
     import peft
 
     torch.manual_seed(0)
-    net = MODELS[model][0]()
+    net = spec(model)[0]()
     if checkpointing != "off":
         net.gradient_checkpointing_enable({"use_reentrant": checkpointing == "reentrant"})
     config = adapter(adapter_name, model)
     if config is not None:
         net = peft.get_peft_model(net, config)
-    return net.to(dtype).train()
+    return moved(net).to(dtype).train()
+
+
+def moved(net):
+    """``net`` with every trainable parameter moved by a small random amount: adapters start where some gradients are
+    exactly zero (LoRA's B = 0 zeroes A's gradient, LoKr's and IA3's starts likewise), and a rule for a parameter whose
+    gradient is zero cannot be checked."""
+    g = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for p in net.parameters():
+            if p.requires_grad and p.is_floating_point():
+                p.add_(0.1 * torch.randn(p.shape, generator=g, dtype=p.dtype))
+    return net
 
 
 def lengths(n: int) -> list[int]:
@@ -156,12 +279,21 @@ def lengths(n: int) -> list[int]:
 def batch(model: str, n: int = 4, dtype=torch.float64):
     """(inputs, labels, one_example) for ``n`` examples: token ids right-padded to LENGTH with an attention mask
     (labels -100 on padding), or images; ``one_example(i)`` is example i alone, without padding, as a batch of one."""
-    kind = MODELS[model][1]
+    kind = spec(model)[1]
     g = torch.Generator().manual_seed(1)
     if kind == "image":
         x = {"pixel_values": torch.randn(n, 3, IMAGE, IMAGE, generator=g, dtype=dtype)}
         y = torch.randint(0, 3, (n,), generator=g)
         return x, y, lambda i: ({"pixel_values": x["pixel_values"][i : i + 1]}, y[i : i + 1])
+    if kind == "audio":  # (a waveform of 64 samples)
+        x = {"input_values": torch.randn(n, 64, generator=g, dtype=dtype)}
+        y = torch.randint(0, 3, (n,), generator=g)
+        return x, y, lambda i: ({"input_values": x["input_values"][i : i + 1]}, y[i : i + 1])
+    if kind == "speech2seq":  # (4 mel bins x 16 frames, and the decoder's shifted target)
+        target = torch.randint(2, VOCAB, (n, 4), generator=g)
+        x = {"input_features": torch.randn(n, 4, 16, generator=g, dtype=dtype),
+             "decoder_input_ids": torch.cat([torch.ones(n, 1, dtype=torch.long), target[:, :-1]], 1)}
+        return x, target, lambda i: ({k: v[i : i + 1] for k, v in x.items()}, target[i : i + 1])
     pad = 1 if model == "roberta" else 0
     ids = torch.randint(2, VOCAB, (n, LENGTH), generator=g)
     mask = torch.zeros(n, LENGTH, dtype=torch.long)

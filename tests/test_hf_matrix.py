@@ -84,6 +84,8 @@ def single_example_gradients(model, loss, one, params: dict, n: int) -> list[dic
 def assert_exact(got: dict, expected: list[dict], rtol: float = 1e-4) -> None:
     """Each example's gradient of each parameter within rtol of that parameter's own single-example gradient (plus
     1e-9 of the example's whole gradient: rounding of a gradient that is zero in exact arithmetic)."""
+    unused = [name for name in expected[0] if all(float(ref[name].abs().max()) == 0 for ref in expected)]
+    assert not unused, f"parameters with no gradient to check: {unused}"
     for i, ref in enumerate(expected):
         whole = float(torch.sqrt(sum((g.double() ** 2).sum() for g in ref.values())))
         assert whole > 0

@@ -279,3 +279,57 @@ def test_importing_the_package_and_its_arguments_imports_no_transformers():
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('transformers', 'peft')))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.strip() == "[]", (proc.stdout[:300], proc.stderr[-500:])
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_a_model_whose_gradients_need_the_whole_model_is_refused_naming_what_trains_it(tmp_path):
+    """T5 fully fine-tuned: its relative-position bias is computed once for the batch, so its per-example gradients
+    need the whole model differentiated example by example, which a Trainer step (one forward pass) cannot give. The
+    refusal used to tell a Trainer user to use "the trainer's own step instead of your own loop" (they wrote no loop);
+    now it names the layer, make_private and LoRA. A translation data set holding labels only (the decoder's inputs
+    derived from them, tests/test_hf_seq2seq_labels.py)."""
+    from hf_zoo import build
+    from test_hf_seq2seq_labels import Pairs
+
+    trainer = DPTrainer(model=build("t5", dtype=torch.float32), args=arguments(tmp_path, max_steps=1,
+                                                                               per_device_train_batch_size=2),
+                        train_dataset=Pairs(), privacy_args=PrivacyArguments(noise_multiplier=1.0, delta=1e-2))
+    with pytest.raises(DPTrainError) as refused:
+        trainer.train()
+    message = str(refused.value)
+    assert "\n" not in message and "your own loop" not in message
+    assert "relative_attention_bias" in message and "dptrain.make_private" in message and "LoRA" in message
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_a_fully_fine_tuned_bart_from_a_seq2seq_script_trains_evaluates_and_reloads(tmp_path):
+    """A translation script as HF writes it: BART fully fine-tuned, `DataCollatorForSeq2Seq(tokenizer)` (labels
+    only: the decoder's inputs derived from them), gradient accumulation, evaluation during training, `save_model`
+    and `from_pretrained` alone. It used to be refused (BART's decoder positions, computed once for the batch, needed
+    the whole model differentiated example by example, and the refusal named "your own loop"), and without decoder
+    inputs BART would have read its encoder input as the decoder's."""
+    from hf_zoo import MORE
+    from test_hf_inputs import tokenizer
+    from test_hf_seq2seq_labels import Pairs
+
+    class Items(Pairs):
+        def __getitem__(self, i):
+            item = super().__getitem__(i)
+            return {"input_ids": item["input_ids"].tolist(), "labels": item["labels"][item["labels"] >= 0].tolist()}
+
+    torch.manual_seed(0)
+    model = MORE["bart"][0]()
+    args = arguments(tmp_path, per_device_train_batch_size=2, gradient_accumulation_steps=2, max_steps=2,
+                     eval_strategy="steps", eval_steps=1, per_device_eval_batch_size=3, learning_rate=1e-2)
+    collator = transformers.DataCollatorForSeq2Seq(tokenizer())
+    trainer = DPTrainer(model=model, args=args, train_dataset=Items(), eval_dataset=Items(), data_collator=collator,
+                        privacy_args=PrivacyArguments(noise_multiplier=1.0, delta=1e-2))
+    trainer.train()
+    assert trainer.private_loop.trainer.grad_sampler.name.startswith("layerwise")
+    assert sum("eval_loss" in row for row in trainer.state.log_history) == 2 and trainer.private_loop.steps == 2
+    trainer.save_model(str(tmp_path / "saved"))
+    reloaded = transformers.AutoModelForSeq2SeqLM.from_pretrained(str(tmp_path / "saved")).eval()
+    batch = collator([Items()[i] for i in range(3)])
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(**batch).logits, model.eval()(**batch).logits)

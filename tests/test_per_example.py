@@ -185,15 +185,17 @@ def test_ghost_norms_are_chosen_per_layer_from_its_shapes():
     assert not ghost_pays(positions=196, fan_in=9, fan_out=16)  # cnn28's first convolution as a matmul
 
 
-def test_inplace_activation_falls_back_to_func_with_correct_gradients():
-    # ReLU(inplace=True) overwrites the Linear's output, which the layerwise backend would misread.
+def test_inplace_activation_gets_a_copy_with_correct_gradients():
+    # ReLU(inplace=True) overwrites the Linear's output, which the layerwise backend would misread: it sees the
+    # overwrite (the output's version counter) and records again, handing the model a copy of that layer's output
+    # (it used to send the whole model to torch.func).
     torch.manual_seed(1)
     model = nn.Sequential(nn.Linear(5, 8), nn.ReLU(inplace=True), nn.Linear(8, 3)).double()
     x, y = torch.randn(6, 5, dtype=torch.float64), torch.randint(0, 3, (6,))
     sampler = make_grad_sampler(model, cross_entropy_per_example, "auto")
     assert sampler.name == "layerwise"
     grads = sampler(x, y)[0].materialize()
-    assert sampler.name == "func"
+    assert sampler.name == "layerwise" and sampler.backend._copied == {model[0]}
     expected = loop_gradients(model, x, y)
     for n in expected:
         torch.testing.assert_close(grads[n], expected[n])

@@ -41,6 +41,7 @@ from dptrain.engine.privacy_side import PrivacySide
 from dptrain.engine.weight_averaging import WeightAverage, check_decay
 from dptrain.errors import AccountingError, BudgetExhausted, ConfigError, ModelError, NonFiniteError
 from dptrain.models.builders import check_private_compatible
+from dptrain.models.decoder_inputs import with_decoder_inputs
 from dptrain.models.losses import default_loss
 from dptrain.preflight import checks as preflight
 from dptrain.preflight.buffers import check_buffer_updates
@@ -181,7 +182,7 @@ class PrivateTrainer(Checkpointing, PrivacySide):
         #: the training examples (:mod:`dptrain.data.batches`): tensors in memory or a map-style Dataset
         if batch_size is None:  # a DataLoader's own batch size, as the expected logical batch
             batch_size = loader_batch_size(data)
-        self.data = as_source(data, label_key)
+        self.data = with_decoder_inputs(as_source(data, label_key), model)  # (an encoder-decoder's, from its labels)
         augmentation = make_augmentation(augment)
         #: augmentation multiplicity (:mod:`dptrain.stages.augmentation`): each example's gradient the mean over K
         #: augmented views before clipping; None without ``augment``

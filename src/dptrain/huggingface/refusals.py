@@ -123,6 +123,19 @@ def refuse_resume() -> None:
     )
 
 
+def whole_model_refusal(e: BaseException) -> str:
+    """Why DPTrainer cannot train a model whose per-example gradients need the whole model differentiated example by
+    example (``e``: the loop's WholeModelError, which names the layer), and what trains it."""
+    reason = getattr(e, "reason", None)
+    because = f" ({reason.rstrip('.')})" if reason else ""
+    return (
+        f"DPTrainer cannot train this model: its per-example gradients need the whole model differentiated example by "
+        f"example{because}, which recomputes the forward pass, and a Trainer step runs it once; train it with "
+        "dptrain.make_private(model, optimizer, train_dataset, ...).train() (the same DP-SGD and certificate), or "
+        "fine-tune with an adapter whose layers record per-example gradients (LoRA)"
+    )
+
+
 def refuse_search() -> None:
     raise ConfigError(
         "DPTrainer.hyperparameter_search: every trial spends privacy on the same data and the best one is chosen "

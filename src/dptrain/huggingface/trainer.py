@@ -42,7 +42,7 @@ from dptrain.accounting import AUTO, PrivacyReport
 from dptrain.accounting.run_numbers import steps_for_epochs
 from dptrain.data.batches import DatasetSource
 from dptrain.engine.private_loop import PrivateLoop, make_private_loop
-from dptrain.errors import BudgetExhausted, ConfigError
+from dptrain.errors import BudgetExhausted, ConfigError, ModelError
 from dptrain.huggingface.arguments import PrivacyArguments
 from dptrain.huggingface.refusals import (
     check_arguments,
@@ -50,8 +50,10 @@ from dptrain.huggingface.refusals import (
     check_trainer,
     refuse_resume,
     refuse_search,
+    whole_model_refusal,
 )
 from dptrain.runs.job import resolve_accountant
+from dptrain.stages.per_example import WholeModelError
 
 #: Log keys of the Trainer's training loop that are released quantities or public facts: the learning rate (a public
 #: schedule), the norm of the released gradient (post-processing), the epoch and the wall-clock speed over the planned
@@ -193,12 +195,15 @@ class DPTrainer(transformers.Trainer):
             device=args.device,
         )
         source = self._training_source()
-        if p.noise_multiplier is not None:
-            loop = make_private_loop(self.model, optimizer, source, noise_multiplier=p.noise_multiplier,
-                                     delta=p.delta, **common)
-        else:
-            loop = make_private_loop(self.model, optimizer, source, target_epsilon=p.target_epsilon,
-                                     target_delta=p.delta, steps=self.planned_steps, **common)
+        try:
+            if p.noise_multiplier is not None:
+                loop = make_private_loop(self.model, optimizer, source, noise_multiplier=p.noise_multiplier,
+                                         delta=p.delta, **common)
+            else:
+                loop = make_private_loop(self.model, optimizer, source, target_epsilon=p.target_epsilon,
+                                         target_delta=p.delta, steps=self.planned_steps, **common)
+        except WholeModelError as e:
+            raise ModelError(whole_model_refusal(e)) from None
         if loop.trainer.accountant == AUTO:  # (fixed noise: the accountant that certifies the planned run tightest)
             loop.trainer.accountant = resolve_accountant(loop.trainer, self.planned_steps)
         self.loss_fn = loop.trainer.loss_fn

@@ -32,9 +32,11 @@ forward and backward at secret chunks. Their only outcomes are the backend that 
 from __future__ import annotations
 
 import contextlib
+import warnings
 from dataclasses import dataclass, field
 
 import torch
+from torch import nn
 from torch.utils._pytree import tree_flatten
 
 from dptrain.data.batches import call_model, take
@@ -97,29 +99,25 @@ def _batched_forward(sampler) -> bool:
 
 
 @contextlib.contextmanager
-def _one_example():
-    """A model that fails on a batch of one example (it needs the others: batch statistics) as a one-line refusal."""
+def _one_example(model, inputs):
+    """A model that fails on ``inputs``, a batch of one example, as a one-line refusal (:func:`alone_error`)."""
     try:
         yield
     except (RuntimeError, ValueError) as e:
         if isinstance(e, DPTrainError):
             raise
-        raise ModelError(
-            f"{CHECK_NAME} failed: the model cannot compute an example alone (a batch of one example raised "
-            f"{type(e).__name__}), so it needs the other examples of a batch to compute one (batch statistics) and "
-            "per-example clipping does not bound one example's influence (and a chunk of training may hold one "
-            "example); remove the cross-example operation (BatchNorm -> GroupNorm)"
-        ) from None
+        raise alone_error(e, raising_layer(model, inputs)) from None
 
 
 def _alone(model, loss_fn, x, y, params, i: int, autocast):
-    """Example i's loss and gradient (by parameter name) from a backward pass on a batch of that example alone."""
+    """Example i's loss and gradient (by parameter name) from a backward pass on a batch of that example alone, and
+    the names of the parameters its loss does not depend on at all (not in autograd's graph)."""
     idx = torch.tensor([i], device=y.device)
-    with torch.enable_grad(), autocast, _one_example():
+    with torch.enable_grad(), autocast, _one_example(model, take(x, idx)):
         loss = loss_fn(call_model(model, take(x, idx)), y[i : i + 1]).reshape(())
         grads = torch.autograd.grad(loss, list(params.values()), allow_unused=True)
     out = {n: torch.zeros_like(p) if g is None else g.detach() for (n, p), g in zip(params.items(), grads, strict=True)}
-    return out, loss.detach()
+    return out, loss.detach(), {n for n, g in zip(params, grads, strict=True) if g is None}
 
 
 def _row(grads, i: int, n: int, like: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -156,13 +154,51 @@ def _device_of(x) -> torch.device:
     return next(t for t in tree_flatten(x)[0] if torch.is_tensor(t)).device
 
 
-def alone_error(e: BaseException) -> ModelError:
-    """A model that cannot compute one example without the others (e.g. batch normalisation in its forward pass)."""
+#: Layers that normalize each example on its own: one failing on a batch of one example does not need the others; it
+#: normalizes a single value (GroupNorm's groups of one channel on a 1 x 1 map), which torch refuses for one example.
+PER_EXAMPLE_NORMS = (nn.GroupNorm, nn.modules.instancenorm._InstanceNorm, nn.LayerNorm)
+
+
+def raising_layer(model, inputs) -> tuple[str, nn.Module] | None:
+    """(name, module) of the innermost module whose forward raises on ``inputs``, or None if the forward runs."""
+    names = {m: n for n, m in model.named_modules()}
+    stack: list = []
+
+    def enter(module, args) -> None:
+        stack.append(module)
+
+    def leave(module, args, output) -> None:  # (returns None: the output is the module's own)
+        stack.pop()
+
+    handles = [m.register_forward_pre_hook(enter) for m in names]
+    handles += [m.register_forward_hook(leave) for m in names]
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=[]), restored(model):
+            call_model(model, inputs)
+    except Exception:  # noqa: BLE001 (the model's own error, whatever it is)
+        return (names[stack[-1]], stack[-1]) if stack else None
+    finally:
+        for h in handles:
+            h.remove()
+    return None
+
+
+def alone_error(e: BaseException, where: tuple[str, nn.Module] | None = None) -> ModelError:
+    """A model that cannot compute one example without the others, naming the layer that raised (``where``): a
+    normalization of each example on its own over a single value, or else a layer needing the batch (BatchNorm)."""
+    if where is not None and isinstance(where[1], PER_EXAMPLE_NORMS):
+        return ModelError(
+            f"{CHECK_NAME} failed: layer {where[0]!r} ({type(where[1]).__name__}) cannot compute an example alone "
+            f"({one_line(e, 120)}): it normalizes a single value of each example (a group of one channel on a 1 x 1 "
+            "map), which torch refuses for a batch of one example and which makes its output a constant; normalize "
+            "over more values (fewer groups, e.g. GroupNorm(1, channels), or larger inputs)"
+        )
+    layer = f" (layer {where[0]!r}, {type(where[1]).__name__})" if where is not None and where[0] else ""
     return ModelError(
-        f"{CHECK_NAME} failed: the model cannot compute an example alone ({one_line(e, 120)}), so its output for one "
-        "example needs the other examples of its batch (a statistic of the batch: BatchNorm, its mean or maximum, ...) "
-        "and per-example clipping does not bound one example's influence; remove the cross-example operation "
-        "(BatchNorm -> GroupNorm)"
+        f"{CHECK_NAME} failed: the model cannot compute an example alone{layer} ({one_line(e, 120)}), so its output for "
+        "one example needs the other examples of its batch (a statistic of the batch: BatchNorm, its mean or maximum, "
+        "...) and per-example clipping does not bound one example's influence (and a chunk of training may hold one "
+        "example); remove the cross-example operation (BatchNorm -> GroupNorm)"
     )
 
 
@@ -192,10 +228,12 @@ def compare(model, sampler, loss_fn, x, y, grads, losses, rows: list[int], tol: 
         with torch.no_grad(), autocast:  # (torch.func and the loop compute each loss alone: the batch's, here)
             losses = loss_fn(call_model(model, x), y)
     moved, bad = [], []
+    unused = set(params) if reference == "autograd" and gradients and rows else set()
     for i in rows:
         if reference == "autograd":
             with restored(model):
-                alone, alone_loss = _alone(model, loss_fn, x, y, params, i, autocast)
+                alone, alone_loss, not_in_graph = _alone(model, loss_fn, x, y, params, i, autocast)
+            unused &= not_in_graph
         else:
             with restored(model):
                 one, alone_loss = sampler(take(x, torch.tensor([i], device=y.device)), y[i : i + 1])
@@ -218,7 +256,24 @@ def compare(model, sampler, loss_fn, x, y, grads, losses, rows: list[int], tol: 
             own = float(g.double().norm())
             if not err <= tol.param * own + tol.whole * whole + floor and name not in bad:  # (NaN fails too)
                 bad.append(name)
+    if unused and not moved:
+        warn_unused(sorted(unused))
     return moved, bad
+
+
+class UnusedParameterWarning(UserWarning):
+    """Trainable parameters that no example's loss depends on: their update is the noise alone."""
+
+
+def warn_unused(names: list[str]) -> None:
+    """Warn (once per set of names) that the trainable parameters ``names`` are not used by the loss."""
+    more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+    warnings.warn(UnusedParameterWarning(
+        f"dptrain: trainable parameter(s) {', '.join(map(repr, names[:3]))}{more} are not used by the model's loss on "
+        "the examples checked (an adapter on a module the forward pass does not call, a head the task does not "
+        "read): their per-example gradients are zero and their update is the noise alone; freeze them "
+        "(requires_grad=False) or target the modules the model calls"
+    ), stacklevel=2)
 
 
 def _leaves(out) -> list:
@@ -243,8 +298,9 @@ def forward_check(trainer, x, y, rows: list[int], tol: Tolerance, buffer_updates
         watch.restore()
     check_buffers(sorted(written), buffer_updates, watch.kinds)
     for i in rows:
-        with restored(model), torch.no_grad(), autocast, _one_example():
-            alone = _leaves(call_model(model, take(x, torch.tensor([i], device=y.device))))
+        one = take(x, torch.tensor([i], device=y.device))
+        with restored(model), torch.no_grad(), autocast, _one_example(model, one):
+            alone = _leaves(call_model(model, one))
         for a, b in zip(alone, batched, strict=False):  # (the same output, leaf by leaf: an example's rows)
             if not (torch.is_tensor(a) and torch.is_tensor(b) and a.dim() and b.dim() and len(a) == 1 and len(b) == k
                     and a.shape[1:] == b.shape[1:]):
@@ -278,7 +334,7 @@ def settle(trainer, x, y, rows: list[int], tol: Tolerance, *, mixing: bool, grad
         except (RuntimeError, ValueError) as e:  # (not a DPTrainError: those are ValueErrors too, and pass through)
             if isinstance(e, DPTrainError) or not _fails_alone(model, x):
                 raise
-            raise alone_error(e) from None
+            raise alone_error(e, raising_layer(model, take(x, torch.arange(1, device=_device_of(x))))) from None
         finally:
             out.written.update(watch.written())
             watch.restore()

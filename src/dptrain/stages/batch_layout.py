@@ -150,11 +150,18 @@ REPLACE, PREPEND = "replace", "prepend"
 MAX_EXPANSIONS = 8
 
 
-def expansion(layout: CallLayout, record) -> str:
+def expansion(layout: CallLayout, record, whole: bool = False) -> str:
     """How a shared call of a layer (one input, one output) would be expanded to the batch: REPLACE a leading
     dimension of 1 of both ([1, T] -> [1, T, d] becomes [B, T] -> [B, T, d]), PREPEND one ([T] -> [T, d] becomes
-    [B, T] -> [B, T, d]), or "" (not a shared call of one tensor)."""
+    [B, T] -> [B, T, d]), or "" (not a shared call of one tensor). ``whole``: a module differentiated by torch.func on
+    its own, whose inputs are split by their layout whatever it is: only its one output, shared with a leading
+    dimension of 1, is expanded (REPLACE: BART's decoder positions [1, T, d] from the shared [T] positions; each
+    example's recomputation gives [1, T, d] again)."""
     ins, outs = record
+    if whole:
+        out = outs[0] if len(outs) == 1 else None
+        ok = out is not None and layout.outputs == (SHARED,) and None not in layout.inputs and out.dim() > 0
+        return REPLACE if ok and out.shape[0] == 1 else ""
     if not layout.shared or len(ins) != 1 or len(outs) != 1 or not torch.is_tensor(ins[0]):
         return ""
     ones = all(t.dim() and t.shape[0] == 1 for t in (ins[0], outs[0]))
@@ -224,10 +231,11 @@ class Layouts:
     the model): measured on the first forward pass of two examples or more, again after :meth:`forget`. The sampler's
     hooks report each call (:meth:`call`) and, while a measuring pass runs (:attr:`probing`), what it saw
     (:meth:`probe_record`). ``expandable_modules``: the modules whose shared output may be expanded to the batch
-    (the layers with a rule)."""
+    (the layers with a rule); ``whole_modules``: those differentiated by torch.func on their own, whose one shared output
+    may be (:func:`expansion`)."""
 
-    def __init__(self, model: torch.nn.Module, expandable_modules: set):
-        self.model, self.expandable_modules = model, expandable_modules
+    def __init__(self, model: torch.nn.Module, expandable_modules: set, whole_modules: set = frozenset()):
+        self.model, self.expandable_modules, self.whole_modules = model, expandable_modules, whole_modules
         self.layouts: dict[tuple, CallLayout] | None = None
         self._calls: dict = {}  # recorded calls per module in the current forward pass
         self._probe: dict | None = None  # the records of a measuring pass
@@ -306,8 +314,9 @@ class Layouts:
                 fewer, _ = self._pass(*fewer_inputs, b - 1, kept)
                 missing = CallLayout((None,), (None,))
                 layouts = {s: classify(r, fewer[s], b, b - 1) if s in fewer else missing for s, r in full.items()}
-                candidates = [(s, expansion(lay, full[s])) for s, lay in layouts.items()
-                              if s[0] in self.expandable_modules and s not in kept and s not in rejected]
+                candidates = [(s, expansion(lay, full[s], s[0] in self.whole_modules)) for s, lay in layouts.items()
+                              if (s[0] in self.expandable_modules or s[0] in self.whole_modules) and s not in kept
+                              and s not in rejected]
                 found = None
                 for slot, how in candidates:
                     if how and found is None:

@@ -29,15 +29,18 @@ class FallbackError(ModelError):
     """A module without a layerwise rule could not be differentiated per example on its own."""
 
 
-def separated(output):
+def separated(output, copy: bool = False):
     """``output`` with each tensor that requires grad replaced by a view of it (same values, a node of its own), and
     the list of its tensors: the gradient that reaches each returned tensor is then what the module's consumers send
     it, not also what flows back into it from another output computed from it inside the module (Mixtral's router
     returns its logits and the top-k weights computed from them: the weights' gradient would be counted twice). None
-    for the list when the output is a container this cannot rebuild."""
+    for the list when the output is a container this cannot rebuild. ``copy``: copies instead of views (for a
+    consumer that modifies them in place)."""
 
     def view(t):
-        return t.view_as(t) if torch.is_tensor(t) and t.requires_grad else t
+        if not (torch.is_tensor(t) and t.requires_grad):
+            return t
+        return t.clone() if copy else t.view_as(t)
 
     if torch.is_tensor(output):
         output = view(output)

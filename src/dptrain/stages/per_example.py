@@ -33,6 +33,7 @@ where that is cheaper, decided per layer from its shapes (:func:`ghost_pays`), a
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable
 
 import torch
@@ -175,7 +176,12 @@ def _grad_dtype(p: torch.Tensor) -> torch.dtype:
 
 
 class InplaceOutputError(ModelError):
-    """A recorded layer output was overwritten in place during the forward pass."""
+    """A recorded layer output was overwritten in place during the forward pass. ``modules``: the modules whose
+    outputs were (the sampler then hands the model copies of their outputs, and records again)."""
+
+    def __init__(self, message: str, modules: frozenset = frozenset()):
+        super().__init__(message)
+        self.modules = modules
 
 
 class LayerwiseGradSampler:
@@ -217,10 +223,13 @@ class LayerwiseGradSampler:
         self._layers = {m: v for m, v in self._layers.items() if not any(m in f.modules() for f in self._fallback)}
         self._records: dict[nn.Module, list] | None = None
         self._recorded: dict[nn.Module, list] | None = None
+        #: modules whose outputs the model modifies in place (Falcon adds its attention output to its MLP's in place):
+        #: the model is handed a copy of each recorded output, so the recorded one keeps the values its gradient is of
+        self._copied: set[nn.Module] = set()
         self._batch = 0
         #: the layout of each recorded call (rows or shared per tensor), measured on the first forward pass of two
         #: examples or more (dptrain.stages.batch_layout)
-        self._layout_of = Layouts(model, set(self._layers))
+        self._layout_of = Layouts(model, set(self._layers), set(self._fallback))
         #: the trainable parameters when the hooks were placed (the engine's, too: it fixes them when it is made)
         self._params = trainable_parameters(model)
         #: a parameter's name in the model by identity: a tied parameter (GPT-2's token embedding, also its output
@@ -266,38 +275,54 @@ class LayerwiseGradSampler:
             return output
         self._records.setdefault(module, []).append((a, output, output._version, layout))
         self._calls.append(Call(module, [output], input_nodes(inputs[0])))
-        return None
+        return output.clone() if module in self._copied else None
 
     @torch.compiler.disable
     def _record_call(self, module, args, kwargs, output):
         if self._layout_of.probing:
-            self._layout_of.probe_record(module, tree_flatten((tuple(args), dict(kwargs)))[0], output)
-            return None
+            return self._layout_of.probe_record(module, tree_flatten((tuple(args), dict(kwargs)))[0], output)
         if self._records is not None and not torch.is_grad_enabled() and module not in self._without_autograd:
             self._without_autograd.append(module)
         if self._records is not None and any(t.requires_grad for t in _tensors(output)):
             layout = self._layout_of.call(module)
+            if self._batch > 1 and isinstance(layout, CallLayout) and layout.expand == REPLACE and torch.is_tensor(
+                output
+            ) and output.dim() and output.shape[0] == 1:
+                # (its one output computed once for the batch and only broadcast against it, verified by the
+                # measurement: expanded, each example gets its own output gradient, as for a layer with a rule)
+                output = expanded(output, self._batch, REPLACE)
+                layout = dataclasses.replace(layout, outputs=(ROWS,))
             nodes = input_nodes(args, kwargs)
             args = tuple(a.detach() if torch.is_tensor(a) else a for a in args)
             output, outs = separated(output)  # (each output's own gradient, not also another's flowing into it)
-            record = (args, dict(kwargs), _tensors(output) if outs is None else outs, layout, outs is not None)
+            recorded = _tensors(output) if outs is None else outs
+            versions = [t._version for t in recorded]
+            record = (args, dict(kwargs), recorded, layout, outs is not None, versions)
             self._records.setdefault(module, []).append(record)
             self._calls.append(Call(module, _tensors(output), nodes))
+            if module in self._copied and outs is not None:  # (the model gets copies; the records keep their values)
+                output, _ = separated(output, copy=True)
             return output
         return None
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> tuple[PerExampleGrads, torch.Tensor]:
-        for attempt in range(2):
+        measured = copied = False
+        while True:
             with self.recording(batch_len(y)):
                 with torch.enable_grad():
                     losses = self.loss_fn(call_model(self.model, x), y)
             try:
                 return self.from_losses(losses), losses.detach()
             except LayoutChanged:
-                if attempt:
+                if measured:
                     raise
+                measured = True
                 self._layout_of.forget()  # measured again on this chunk
-        raise AssertionError("unreachable")
+            except InplaceOutputError as e:
+                if copied or not e.modules:
+                    raise
+                copied = True
+                self._copied |= e.modules  # recorded again, the model handed copies of these modules' outputs
 
     @contextlib.contextmanager
     def recording(self, batch: int):
@@ -357,10 +382,14 @@ class LayerwiseGradSampler:
             check_coverage(losses, recorded, self._covers, self._names, without_autograd)
         calls = [(m, *r) for m, recs in records.items() if m in self._layers for r in recs]
         fallbacks = [(m, *r) for m, recs in records.items() if m in self._fallback for r in recs]
-        if any(out._version != v for _, _, out, v, _ in calls):
+        overwritten = frozenset(
+            [m for m, _, out, v, _ in calls if out._version != v]
+            + [f[0] for f in fallbacks if any(t._version != v for t, v in zip(f[3], f[6], strict=True))]
+        )
+        if overwritten:
             raise InplaceOutputError(
                 "a layer's output is modified in place (e.g. ReLU(inplace=True)), which the layerwise "
-                "per-example gradient backend cannot see through; use grad_sampler='func'"
+                "per-example gradient backend cannot see through; use grad_sampler='func'", overwritten
             )
         n = self._batch
         if losses.shape != (n,):
@@ -370,7 +399,7 @@ class LayerwiseGradSampler:
         if n == 0:  # (an empty Poisson batch: no example, no gradient)
             calls, fallbacks = [], []
         outs = [out for _, _, out, _, _ in calls]
-        fb_outs = [o for _, _, _, fouts, _, _ in fallbacks for o in fouts if o.requires_grad]
+        fb_outs = [o for _, _, _, fouts, _, _, _ in fallbacks for o in fouts if o.requires_grad]
         everything = outs + fb_outs
         grads_all = torch.autograd.grad(losses.sum(), everything, allow_unused=True) if everything else []
         grads_out, fb_grads = list(grads_all[: len(outs)]), dict(zip(map(id, fb_outs), grads_all[len(outs) :], strict=True))
@@ -383,7 +412,7 @@ class LayerwiseGradSampler:
                 g = upcast(g)  # (a bfloat16 model's per-example gradients are formed and clipped in float32)
                 per_example[key] = shared(per_example[key], g) if key in per_example else g
 
-        for m, args, kwargs, fouts, layout, separable in fallbacks:
+        for m, args, kwargs, fouts, layout, separable, _ in fallbacks:
             gos = [fb_grads.get(id(o)) for o in fouts]
             if all(g is None for g in gos):
                 continue  # (an output that does not reach the loss: no gradient, whatever its layout)
@@ -415,6 +444,16 @@ class LayerwiseGradSampler:
         self._handles = []
 
 
+class WholeModelError(ModelError):
+    """A forward pass of the caller's cannot be differentiated per example: the model needs torch.func (or the loop
+    of single-example passes) for the whole of it, which recomputes the forward pass itself. ``reason``: why (the
+    layer the layerwise backend could not record), or None."""
+
+    def __init__(self, message: str, reason: str | None = None):
+        super().__init__(message)
+        self.reason = reason
+
+
 class AutoGradSampler:
     """``layerwise``: its rules where a module has one, torch.func for each other module on its own (per module,
     not for the whole model); switches to ``func`` for the whole model for good if a layer output turns out to be
@@ -423,6 +462,8 @@ class AutoGradSampler:
     def __init__(self, model: nn.Module, loss_fn: LossFn):
         self.model, self.loss_fn = model, loss_fn
         self.backend = LayerwiseGradSampler(model, loss_fn)
+        #: why the layerwise backend was left for torch.func on the whole model (its FallbackError), or None
+        self.reason: str | None = None
 
     @property
     def name(self) -> str:
@@ -434,9 +475,11 @@ class AutoGradSampler:
         while True:
             try:
                 return self.backend(x, y)
-            except (InplaceOutputError, FallbackError):
+            except (InplaceOutputError, FallbackError) as e:
                 if isinstance(self.backend, LoopGradSampler):
                     raise
+                if isinstance(self.backend, LayerwiseGradSampler):
+                    self.reason = str(e)
                 self._next()
 
     def _next(self) -> None:
@@ -449,9 +492,11 @@ class AutoGradSampler:
         """The layerwise backend's recording of a caller's forward pass (:meth:`LayerwiseGradSampler.recording`);
         a model that needs torch.func for the whole of it cannot be differentiated from a caller's forward pass."""
         if not isinstance(self.backend, LayerwiseGradSampler):
-            raise ModelError(
-                "this model's per-example gradients need torch.func for the whole model, which recomputes the forward "
-                "pass itself: train it with the trainer's own step (make_private) instead of your own loop"
+            why = f" ({self.reason.rstrip('.')})" if self.reason else ""
+            raise WholeModelError(
+                f"this model's per-example gradients need torch.func for the whole model{why}, which recomputes the "
+                "forward pass itself: train it with the trainer's own step (make_private) instead of your own loop",
+                self.reason,
             )
         return self.backend.recording(batch)
 

@@ -1,0 +1,127 @@
+"""Beyond issue 30's matrix: architectures and peft adapters it did not list, tried as a Hugging Face user switching
+from Opacus would (2-layer models from config objects, random weights, every trainable parameter moved off peft's
+start so none has a zero gradient). Each cell is made private with ``make_private`` and its per-example gradients must
+match a backward pass on each example alone, parameter by parameter, in float64, to 1e-4 of the parameter's own
+gradient (test_hf_matrix.assert_exact), or be refused in one line naming the way out.
+
+What each architecture stresses is said at hf_zoo.MORE. ResNet's BatchNorm is refused naming the converter; the
+converted model on images so small that its last stage is 1 x 1 normalizes a single value per group, which torch
+refuses for one example: refused naming that GroupNorm layer and fewer groups (it used to be refused for "needing the
+other examples of its batch", and the way out it named was the converter that produced it)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+peft = pytest.importorskip("peft")
+
+from hf_zoo import MORE, batch, build, spec  # noqa: E402
+from test_hf_matrix import assert_exact, per_example_loss, private, single_example_gradients  # noqa: E402
+
+from dptrain.errors import ModelError  # noqa: E402
+
+LOSS_KIND = {"audio": "classify", "image": "classify", "speech2seq": "seq2seq"}
+
+#: (model, adapter, gradient checkpointing): each architecture fully fine-tuned and with LoRA, the other adapters
+#: on one decoder and one encoder, checkpointing on a few.
+CELLS = (
+    [(m, "full", "off") for m in MORE if m != "resnet"]
+    + [(m, "lora", "off") for m in ("gpt_neox", "bloom", "phi3", "bart", "albert", "deberta_v2", "whisper", "wav2vec2")]
+    + [("llama", a, "off") for a in ("adalora", "lokr", "oft", "boft", "fourierft", "ln_tuning", "p_tuning", "rslora",
+                                     "lora_embedding", "lora_saved")]
+    + [("bert", a, "off") for a in ("adalora", "lokr", "oft", "fourierft", "p_tuning", "lora_embedding", "lora_saved")]
+    + [("gpt2", a, "off") for a in ("adalora", "lora_embedding", "lora_saved", "p_tuning")]
+    + [("wav2vec2", "lora_conv", "off"), ("vit", "lora_conv", "off")]
+    + [("gpt_neox", "full", "non_reentrant"), ("bloom", "lora", "non_reentrant"), ("bart", "lora", "non_reentrant"),
+       ("falcon", "full", "reentrant"), ("bart", "full", "reentrant")]
+)
+#: Cells over about 5 s on a shared 2-core machine (their backend runs the whole model example by example).
+SLOW = {("rwkv", "full"), ("pegasus", "full"), ("swinv2", "full"), ("deberta_v2", "full"),
+        ("llama", "boft"), ("llama", "oft")}
+#: Cells whose per-example gradients need the whole model differentiated example by example (exact, slower, and not
+#: trainable from a forward pass of your own: make_private_loop, DPTrainer): RWKV's attention reads its time-mixing
+#: state across the sequence in a layout the measurement cannot split; LoKr's layers draw random numbers (its
+#: dropouts) that vmap cannot replay; P-tuning's prompt encoder is computed once for the batch and repeated by peft.
+#: Every other cell records its layers (Falcon: its MLP output is added to in place, so the model is handed a copy;
+#: BART: its decoder's learned positions [1, T, d], computed once for the batch, are expanded to it; both used to
+#: need the whole model).
+WHOLE_MODEL = {("rwkv", "full"), ("llama", "lokr"), ("bert", "lokr"), ("llama", "p_tuning"), ("bert", "p_tuning"),
+               ("gpt2", "p_tuning")}
+
+
+def cells():
+    return [pytest.param(*c, id="-".join(c), marks=[pytest.mark.slow] if c[:2] in SLOW else [])
+            for c in CELLS]
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("model_name,adapter,checkpointing", cells())
+def test_more_architectures_and_adapters_are_exact_or_refused_in_one_line(model_name, adapter, checkpointing):
+    model = build(model_name, adapter, checkpointing)
+    kind = spec(model_name)[1]
+    virtual = 2 if adapter == "p_tuning" and kind == "causal" else 0
+    loss = per_example_loss(LOSS_KIND.get(kind, kind), virtual)
+    x, y, one = batch(model_name)
+    try:
+        trainer = private(model, x, y, loss)
+    except ModelError as e:
+        assert checkpointing == "reentrant" and "\n" not in str(e) and "use_reentrant=False" in str(e), str(e)
+        return
+    assert checkpointing != "reentrant", "reentrant checkpointing must be refused"
+    model.train()
+    grads, _ = trainer.grad_sampler(x, y)
+    params = {k: p for k, p in model.named_parameters() if p.requires_grad}
+    assert_exact(grads.materialize(), single_example_gradients(model, loss, one, params, len(y)))
+    backend = trainer.grad_sampler.name
+    assert backend.startswith("layerwise") == ((model_name, adapter) not in WHOLE_MODEL), backend
+
+
+def _resnet(size: int, groups: int | None):
+    from dptrain.models.builders import convert_batchnorm_to_groupnorm
+
+    model = build("resnet", dtype=torch.float64)
+    if groups is not None:
+        convert_batchnorm_to_groupnorm(model, num_groups=groups)
+    g = torch.Generator().manual_seed(1)
+    x = {"pixel_values": torch.randn(4, 3, size, size, generator=g, dtype=torch.float64)}
+    y = torch.randint(0, 3, (4,), generator=g)
+    return model, x, y, lambda i: ({"pixel_values": x["pixel_values"][i : i + 1]}, y[i : i + 1])
+
+
+def test_batchnorm_is_refused_naming_the_converter_and_a_group_of_one_value_naming_the_layer():
+    model, x, y, _ = _resnet(8, None)
+    with pytest.raises(ModelError, match="convert_batchnorm_to_groupnorm") as e:
+        private(model, x, y, per_example_loss("classify"))
+    assert "\n" not in str(e.value)
+    model, x, y, _ = _resnet(8, 32)  # (16 channels in 16 groups on the last stage's 1 x 1 map)
+    with pytest.raises(ModelError, match="GroupNorm") as e:
+        private(model, x, y, per_example_loss("classify"))
+    message = str(e.value)
+    assert "\n" not in message and "encoder.stages.1" in message and "fewer groups" in message, message
+    assert "other examples" not in message
+
+
+def test_a_converted_resnet_normalizing_over_more_values_is_exact():
+    model, x, y, one = _resnet(8, 1)  # (the way out the refusal names: GroupNorm(1, channels))
+    loss = per_example_loss("classify")
+    trainer = private(model, x, y, loss)
+    model.train()
+    params = {k: p for k, p in model.named_parameters() if p.requires_grad}
+    assert_exact(trainer.grad_sampler(x, y)[0].materialize(), single_example_gradients(model, loss, one, params, 4))
+
+
+def test_an_adapter_on_a_module_the_forward_pass_never_calls_is_named_in_a_warning():
+    """LoRA on T5's ``shared`` embedding: peft wraps ``model.shared``, but the encoder and decoder call their own
+    references to the original Embedding, so the adapter is never used: its gradient is zero in every example (also
+    without dptrain) and DP-SGD's noise alone moves it. The model probe says so, naming it; a used adapter is not
+    named."""
+    from dptrain.preflight.gradient_check import UnusedParameterWarning
+
+    model = peft.get_peft_model(spec("t5")[0](), peft.LoraConfig(r=2, target_modules=["shared", "q"],
+                                                                task_type="SEQ_2_SEQ_LM")).double()
+    x, y, _ = batch("t5")
+    with pytest.warns(UnusedParameterWarning, match="shared.lora_embedding_A") as record:
+        private(model, x, y, per_example_loss("seq2seq"))
+    assert not any("q.lora" in str(w.message) for w in record)
