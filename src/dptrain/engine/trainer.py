@@ -204,6 +204,7 @@ class PrivateTrainer(Checkpointing, PrivacySide):
         self.params = trainable_parameters(model)
         preflight.check_trainable(self.params)
         self._check_optimizer()
+        preflight.warm_up(model, self.data, self.device)  # (a framework's first-call set-up, from no example)
         preflight.check_labels(model, self.data, loss_fn, self.device, own_backend=isinstance(grad_sampler, str))
         check_delta_for_size(self.delta, len(self.data), "delta")
         if budget is not None:

@@ -99,6 +99,31 @@ def loss_errors_named():
         ) from None
 
 
+def warm_up(model: nn.Module, source, device: torch.device) -> None:
+    """The model's first call made on a data-independent input, before any private example is read: one
+    training-mode forward pass on an all-zero example (the structure, shapes and dtypes of one), its buffers put back.
+    What frameworks set up on a model's first call (transformers' output-capturing hooks and the flag that says they
+    are installed, a lazy module's parameters) is set up here, from no example; a module attribute that a later pass
+    on private examples writes is then the examples' to answer for (the state watch refuses it). A model that cannot
+    run on zeros is left as it is (the model probe reports what fails on real examples)."""
+    try:
+        inputs, _ = to_device(source.example(), device)
+    except (RuntimeError, ValueError, TypeError, IndexError, KeyError):
+        return
+    watch = buffers.BufferWatch(model, kinds=("buffer",))
+    was_training = model.training
+    with torch.no_grad(), torch.random.fork_rng(devices=[]):
+        model.train()
+        try:
+            call_model(model, tree_map(torch.zeros_like, inputs))
+        except Exception as e:  # noqa: BLE001 (any failure of the model on zeros: the probe meets it on examples)
+            if isinstance(e, DPTrainError):
+                raise
+        finally:
+            model.train(was_training)
+            watch.restore()
+
+
 def check_labels(model: nn.Module, source, loss_fn, device: torch.device, own_backend: bool = True) -> None:
     """With the default cross-entropy loss, labels must be integer class indices that index the model's outputs (a
     one-line DataError, not a raw torch error in the middle of a step). The model is run on one all-zero input; the
