@@ -67,8 +67,14 @@ def test_more_architectures_and_adapters_are_exact_or_refused_in_one_line(model_
     try:
         trainer = private(model, x, y, loss)
     except ModelError as e:
-        assert checkpointing == "reentrant" and "\n" not in str(e) and "use_reentrant=False" in str(e), str(e)
-        return
+        if model_name == "rwkv":  # (it rescales its weights in forward on a switch of mode: refused, the way out named)
+            assert "\n" not in str(e) and "config.rescale_every = 0" in str(e), str(e)
+            model = build(model_name, adapter, checkpointing)
+            model.config.rescale_every = 0  # (the way out: exact)
+            trainer = private(model, x, y, loss)
+        else:
+            assert checkpointing == "reentrant" and "\n" not in str(e) and "use_reentrant=False" in str(e), str(e)
+            return
     assert checkpointing != "reentrant", "reentrant checkpointing must be refused"
     model.train()
     grads, _ = trainer.grad_sampler(x, y)
