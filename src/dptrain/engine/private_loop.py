@@ -199,8 +199,7 @@ class PrivateLoop:
         ]
         self._handles += [p.register_post_accumulate_grad_hook(self._accumulated) for p in trainer.params.values()]
         self._install_step()
-        #: the model's state (parameters, buffers, attributes) since the last point the loop checked it: it may change
-        #: only in the loop's optimizer step (:meth:`_check_state`)
+        #: the model's state since the loop last checked it: it changes only in the optimizer step (:meth:`_check_state`)
         self._state = trainer.sentinel.watch()
         trainer.step = self._trainer_step  # (the trainer's own steps would call the loop's optimizer step)
 
@@ -252,9 +251,8 @@ class PrivateLoop:
             else:
                 self._check_per_example(chunk, losses)
                 grads = self.trainer.grad_sampler.from_losses(losses)
-                # (state the chunk's passes or your code wrote: refused and the run labelled not private, or with
-                # buffer_updates="not_private" labelled only)
-                self.trainer.sentinel.written(chunk.watch, user_code=True)
+                # (state the chunk's passes or your code wrote: refused and labelled not private, or labelled only)
+                wrote = self.trainer.sentinel.written(chunk.watch, user_code=True)
                 if extra is not None:  # (after the chunk's backward: the check writes the chunk's tensors, then restores)
                     self._extra_replayed(chunk, extra, extra_grads)
                 summed, stats, _ = clipped_sum([(grads, losses.detach())], self.trainer.clipping, self.trainer.params)
@@ -270,8 +268,9 @@ class PrivateLoop:
             chunk.handed = chunk.floats = chunk.outputs = chunk.layer_outputs = []  # (the chunk's activations, freed)
             inputs, labels = tree_map(lambda t: t.detach() if torch.is_tensor(t) else t, chunk.batch)
             chunk.batch = ()
-            self.trainer.sentinel.check(self.trainer.steps, chunk.index, inputs, labels)  # before the release
-            self._state = self.trainer.sentinel.watch()  # (after the sentinel's float64 passes, which recast .data)
+            ran = self.trainer.sentinel.check(self.trainer.steps, chunk.index, inputs, labels)  # before the release
+            if empty or ran or wrote or self._state is not chunk.watch:  # (else the chunk's watch still holds)
+                self._state = self.trainer.sentinel.watch()
             if chunk.last:
                 self._release(batch)
         except BaseException:
@@ -373,8 +372,7 @@ class PrivateLoop:
                 recording.enter_context(trainer.grad_sampler.recording(len(c)))
                 recording.enter_context(autocast_of(trainer.grad_sampler))
                 chunk = self._chunk = _Chunk(k == len(chunks) - 1, len(c), handed, floats, recording, k,
-                                             (inputs, labels), trainer.sentinel.watch())
-                self._state = chunk.watch
+                                             (inputs, labels), self._state)  # (checked just now: it holds)
                 yield inputs, labels
                 if self._batch is not batch:
                     raise LoopError(
@@ -493,10 +491,12 @@ class PrivateLoop:
             self._foreign = True
 
     def _check_state(self, parameters_only: bool = False) -> None:
-        """The model's state as the loop last saw it, or the run labelled NOT private (:mod:`dptrain.engine.loop_state`)."""
+        """The model's state as the loop last saw it (then ``self._state`` holds), else refused (:mod:`.loop_state`)."""
+        if not self._state.written():
+            return
         message = changed_outside_step(self.trainer, self._state, parameters_only)
+        self._state = self.trainer.sentinel.watch()
         if message is not None:
-            self._state = self.trainer.sentinel.watch()
             for p in self.trainer.params.values():  # (a gradient of the logical batch is not applied)
                 p.grad = None
             self._refuse(message)

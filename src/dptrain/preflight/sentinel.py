@@ -67,15 +67,15 @@ class Sentinel:
         """Every buffer of the model as it is before a chunk's forward pass."""
         return BufferWatch(self.trainer.model, COMPARED_BYTES)
 
-    def written(self, watch: BufferWatch, user_code: bool = False) -> None:
+    def written(self, watch: BufferWatch, user_code: bool = False) -> list[str]:
         """After a chunk's forward and backward pass: a written slot of the model's state (a buffer, a parameter, a
         module's attribute) is put back and refused, or (not private by the user's choice) recorded, labelling the
         run not private. A slot that cannot be put back exactly (a large tensor written in place), or one written while
         code of the user's ran (``user_code``: your own loop's body, which may have read or saved it), labels the run
-        not private even when refused."""
+        not private even when refused. Returns the slots written (none: ``watch`` still holds)."""
         names = watch.written()
         if not names:
-            return
+            return names
         trainer = self.trainer
         if self.buffer_updates != "not_private":
             lost = watch.restore()
@@ -86,6 +86,7 @@ class Sentinel:
             check_buffers(names, self.buffer_updates, watch.kinds)
         trainer.not_private_buffers[:] = sorted({*trainer.not_private_buffers, *names})
         trainer.ledger.private = trainer.private
+        return names
 
     # -- per-example gradients ---------------------------------------------------------------------------------
     def _hash(self, step: int, index: int) -> bytes:
@@ -123,13 +124,14 @@ class Sentinel:
             )
         return moved, bad
 
-    def check(self, step: int, index: int, x, y) -> None:
+    def check(self, step: int, index: int, x, y) -> bool:
         """Compare chunk ``index`` of step ``step`` (inputs ``x``, labels ``y``, on the trainer's device) with each
         example alone if it is due: forward passes for a new batch size (mixing shows in the outputs), forward and
-        backward at a secret place. SentinelError (the run marked not private) on a mismatch."""
+        backward at a secret place. SentinelError (the run marked not private) on a mismatch. Returns whether it
+        compared (its float64 passes recast the parameters' ``.data``: a watch begun before is stale)."""
         rows, new, secret = self.due(step, index, len(y))
         if not rows:
-            return
+            return False
         trainer = self.trainer
         model = trainer.model
         with exact.probing(model):
@@ -158,6 +160,7 @@ class Sentinel:
             )
         if new:
             self.verified.add(len(y))
+        return True
 
 
 __all__ = ["RATE", "ROWS", "Sentinel", "SentinelError"]
