@@ -10,6 +10,9 @@ Cases (random weights from config objects; random token ids, a binary label per 
   the adapters and the score head train;
 - ``bert-full``: BERT (4 layers, width 256, 4 heads, vocabulary 2000), every parameter trains.
 
+Ways: dptrain's own step (``make_private``), dptrain in your own loop (``make_private_loop``, as a Trainer script
+uses it), Opacus' hooks and ghost clipping.
+
 Batches of 32 sequences of 64 tokens (fixed size for every way: Opacus' Poisson sampler and dptrain's are not the
 same draw), one thread by default (``--threads``). dptrain's checks on the model before training (the probe and the
 gradient check) are made once, before the timing, and reported beside it. Prints median milliseconds per step and
@@ -92,6 +95,34 @@ class DptrainWay:
         self.trainer.step()
 
 
+class LoopWay:
+    """dptrain in your own loop (``make_private_loop``: the loop body calls the model, ``loop.backward`` and the
+    optimizer, as a Trainer script does), with its checks of the model's state at each point of the loop."""
+
+    name = "dptrain loop"
+
+    def __init__(self, case: str, ids, y):
+        from dptrain.engine.private_loop import make_private_loop
+
+        self.model = build(case, 0)
+        self.opt = torch.optim.SGD([p for p in self.model.parameters() if p.requires_grad], lr=0.1)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            self.loop = make_private_loop(self.model, self.opt, ({"input_ids": ids}, y), noise_multiplier=1.0,
+                                          max_grad_norm=1.0, batch_size=B, sampling="fixed_size", seed=0)
+        self.batches = iter(self.loop.batches(steps=10**6))
+
+    def step(self) -> None:
+        """One logical batch: its chunks, until the optimizer's step applies the release."""
+        while True:
+            inputs, labels = next(self.batches)
+            self.loop.backward(F.cross_entropy(self.model(**inputs).logits, labels, reduction="none"))
+            self.opt.step()
+            self.opt.zero_grad()
+            if not self.loop.step_skipped:
+                return
+
+
 class OpacusWay:
     def __init__(self, case: str, ids, y, mode: str):
         from opacus import PrivacyEngine
@@ -136,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     ids, y = data()
-    ways = [DptrainWay(args.case, ids, y)]
+    ways = [DptrainWay(args.case, ids, y), LoopWay(args.case, ids, y)]
     for mode in ("hooks", "ghost"):
         try:
             ways.append(OpacusWay(args.case, ids, y, mode))
