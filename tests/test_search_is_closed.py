@@ -3,7 +3,7 @@ a trial's own files under private/trials are held to what the search gives it (a
 instead of failing the trial silently), nothing of a search's config may change on resume (a key allowed to change
 half-way would show in best/ whether the best trial ran before or after the resume), a run is never trained into a
 search's directory nor a trial continued by ``dptrain train``, a trial is scored on its examples as its model sees
-them, best/ holds no hidden file of the selected trial; and the data under a frozen run: the fingerprint sees every
+them, best/ holds no hidden file of the selected trial, a started trial deleted is never run again; and the data under a frozen run: the fingerprint sees every
 tensor a data set holds (text inputs live in a dict), data.classes on memory-mapped arrays is one line."""
 
 import json
@@ -93,6 +93,22 @@ def test_an_edited_trial_refuses_the_resume_instead_of_failing(interrupted, tmp_
     assert not (out / "summary.json").exists()  # nothing released, and the trial is not recorded as failed:
     path.write_text(text)  # restored, the same search goes on, every trial scored
     code, _, _ = _cli(capsys, "tune", "--resume", str(out), "--no-progress", "--keep-trials", "--json")
+    assert code == 0 and json.loads((out / "summary.json").read_text())["best"] is not None
+
+
+def test_a_started_trial_deleted_is_never_run_again(interrupted, tmp_path, capsys):
+    """Deleting a started trial's directory made the resume run it again with fresh randomness: a user who disliked
+    what the trial's private files showed could draw it again, the search then selecting among more trials than its
+    certificate counts. Refused in one line; restored, the search goes on."""
+    out = _copy(interrupted, tmp_path)
+    trial = out / "private" / "trials" / "0"
+    kept = tmp_path / "kept"
+    shutil.move(trial, kept)
+    code, _, err = _cli(capsys, "tune", "--resume", str(out), "--no-progress")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "started trial's directory is missing" in err, err
+    assert not (out / "summary.json").exists() and not trial.exists()
+    shutil.move(kept, trial)
+    code, _, _ = _cli(capsys, "tune", "--resume", str(out), "--no-progress", "--json")
     assert code == 0 and json.loads((out / "summary.json").read_text())["best"] is not None
 
 

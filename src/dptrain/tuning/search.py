@@ -372,8 +372,15 @@ def _one_trial(search: Search, state: SearchState, trial: Trial, rd: RunDirector
     job_of: dict = {}
     summary: dict = {}
     resuming = RunDirectory(where).checkpoint.exists()
+    if trial.noise_multiplier is not None and not where.is_dir():  # (its directory is made before it is marked started)
+        raise RunDirectoryError(
+            f"a started trial's directory is missing from {where.parent}: a search runs each trial once (run again with "
+            "fresh randomness, it would select among more trials than its certificate counts); restore the search's "
+            "private/ or start a new search"
+        )
     try:
         if trial.noise_multiplier is None:
+            where.mkdir(parents=True, exist_ok=True)
             trial.noise_multiplier = search.noise_for(trial.values, state.reference_noise)
             rd.save_private(STATE, state.to_dict())
         cfg = search.trial_config(trial.values, trial.noise_multiplier)
