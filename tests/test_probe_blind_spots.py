@@ -120,6 +120,37 @@ def test_a_model_mixing_only_at_some_batch_sizes_is_stopped_before_any_release_f
     assert trainer.steps == released
 
 
+class _MixGradientRows(torch.autograd.Function):
+    """The identity forward; backward, in batches of more than 7 rows, adds the mean of the rows' gradients to each."""
+
+    @staticmethod
+    def forward(ctx, h):
+        return h.view_as(h)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g + g.mean(0, keepdim=True) if len(g) > 7 else g
+
+
+class MixesInBackwardOnly(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(6, 2)
+
+    def forward(self, x):
+        return _MixGradientRows.apply(self.lin(x))
+
+
+def test_mixing_in_the_backward_pass_only_is_stopped_at_the_first_chunk():
+    """Outputs unmoved, gradients mixed, at the chunk size only: the probe compares gradients on 6 examples and
+    outputs at the chunk size, so the run went on until a secret comparison met it (step 10 of one run, 9 steps
+    released). The first chunk of a run is now compared backward too: stopped before anything is released."""
+    trainer = _private(MixesInBackwardOnly(), batch_size=40, max_physical_batch_size=16, sampling="fixed_size")
+    with pytest.raises(SentinelError, match="per-example gradient of parameter"):
+        trainer.step()
+    assert trainer.steps == 0 and trainer.ledger.releases == 0 and not trainer.private
+
+
 def test_the_sentinel_compares_secret_chunks_forward_and_backward_and_passes_an_independent_model():
     from dptrain.preflight import sentinel
 

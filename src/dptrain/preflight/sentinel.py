@@ -14,8 +14,8 @@ its step is released:
   compared with the same examples alone, by forward passes (:func:`dptrain.preflight.gradient_check.forward_check`:
   training mode, dropout off, the training precision's tolerance), on ROWS secret rows. So no step is released from a
   chunk of a batch size whose mixing was never checked (the Poisson remainder chunk, an odd size);
-- **per-example gradients at secret places**: RATE of the chunks, at secret random places, are compared forward and
-  backward (:func:`dptrain.preflight.gradient_check.compare`): data-dependent mixing or a rule wrong on some data
+- **per-example gradients at secret places**: the first chunk of the run (in each process: a resumed run's too) and
+  RATE of the chunks, at secret random places, are compared forward and backward (:func:`dptrain.preflight.gradient_check.compare`): data-dependent mixing or a rule wrong on some data
   that the probe missed is caught with probability RATE per chunk where it occurs.
 
 A mismatch stops the run before the step's release with a :class:`SentinelError`, and the trainer is marked not
@@ -59,8 +59,9 @@ class Sentinel:
         self.buffer_updates = buffer_updates
         #: why the sentinel stopped the run (None: it did not); such a run is not private
         self.stopped: str | None = None
-        #: chunks compared so far (in this process)
+        #: chunks compared so far (in this process); whether one was compared backward (the first chunk is)
         self.checked = 0
+        self.compared_backward = False
 
     # -- buffers -----------------------------------------------------------------------------------------------
     def watch(self) -> BufferWatch:
@@ -94,14 +95,15 @@ class Sentinel:
         key = self.trainer.randomness.derived_key("sentinel")
         return hashlib.blake2b(data, key=key, digest_size=32).digest()
 
-    def due(self, step: int, index: int, size: int) -> tuple[list[int], bool, bool]:
-        """(rows, new size, secret place) of chunk ``index`` of step ``step`` (``size`` examples): the rows to compare
-        (none: not checked), whether the chunk's batch size is one not checked yet, whether it is a secret place."""
+    def due(self, step: int, index: int, size: int, first: bool = False) -> tuple[list[int], bool, bool]:
+        """(rows, new size, compared backward) of chunk ``index`` of step ``step`` (``size`` examples): the rows to
+        compare (none: not checked), whether the chunk's batch size is one not checked yet, whether its gradients are
+        compared (a secret place, or ``first``: the first chunk of the run in this process)."""
         if size < 1 or not (self.mixing or self.gradients):
             return [], False, False
         h = self._hash(step, index)
         new = self.mixing and size not in self.verified
-        secret = int.from_bytes(h[:8], "little") < RATE * 2**64
+        secret = int.from_bytes(h[:8], "little") < RATE * 2**64 or (first and self.gradients)
         if not (new or secret):
             return [], False, False
         return sorted({int.from_bytes(h[8 + 8 * r : 16 + 8 * r], "little") % size for r in range(ROWS)}), new, secret
@@ -129,9 +131,12 @@ class Sentinel:
         example alone if it is due: forward passes for a new batch size (mixing shows in the outputs), forward and
         backward at a secret place. SentinelError (the run marked not private) on a mismatch. Returns whether it
         compared (its float64 passes recast the parameters' ``.data``: a watch begun before is stale)."""
-        rows, new, secret = self.due(step, index, len(y))
+        # (the run's first chunk, the run's chunk size in the common case, is compared backward too: the probe
+        # compares gradients on a few examples and at the chunk size forward passes only)
+        rows, new, secret = self.due(step, index, len(y), first=not self.compared_backward)
         if not rows:
             return False
+        self.compared_backward = self.compared_backward or secret
         trainer = self.trainer
         model = trainer.model
         with exact.probing(model):
