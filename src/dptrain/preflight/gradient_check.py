@@ -212,14 +212,16 @@ def refusal(name: str, backend: str, k: int) -> ModelError:
 
 
 def compare(model, sampler, loss_fn, x, y, grads, losses, rows: list[int], tol: Tolerance, *,
-            mixing: bool, gradients: bool, reference: str = "autograd", floor: float = 0.0) -> tuple[list[int], list[str]]:
+            mixing: bool, gradients: bool, reference: str = "autograd", floor: float = 0.0,
+            params: dict | None = None) -> tuple[list[int], list[str]]:
     """(rows whose loss moved, names of the parameters whose gradient disagrees) between the batch's per-example
     ``grads`` / ``losses`` and each row of ``rows`` computed alone. ``reference``: "autograd" (a backward pass on the
     example alone) or "backend" (the backend itself on a batch of one: a backend of the caller's own that need not use
     ``loss_fn``, checked for mixing only). ``floor``: an absolute tolerance added to every gradient's (during training,
     a tiny fraction of the clip norm: a well-fit example's gradient is a cancellation, e.g. 1 - p, whose rounding is
-    large beside it and nothing beside what clipping bounds)."""
-    params = trainable_parameters(model)
+    large beside it and nothing beside what clipping bounds). ``params``: the parameters compared (default: the
+    model's trainable ones; during training the trainer's, those its backend privatizes)."""
+    params = trainable_parameters(model) if params is None else {n: p for n, p in params.items() if p.requires_grad}
     first = next(iter(params.values()))
     n = len(y)
     autocast = autocast_of(sampler)

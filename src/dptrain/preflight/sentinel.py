@@ -123,6 +123,7 @@ class Sentinel:
             moved, bad = gradient_check.compare(
                 trainer.model, sampler, trainer.loss_fn, x, y, grads, losses, rows, tol, mixing=self.mixing and not outputs,
                 gradients=self.gradients, reference=self.reference, floor=tol.whole * trainer.clipping.sensitivity,
+                params=trainer.params,
             )
         return moved, bad
 
