@@ -1,7 +1,5 @@
 """``python -m dptrain ...`` is the ``dptrain`` command (also under torchrun)."""
 
-import sys
+from dptrain.cli import entry
 
-from dptrain.cli import main
-
-sys.exit(main())
+entry()

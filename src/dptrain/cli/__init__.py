@@ -81,4 +81,23 @@ def main(argv: list[str] | None = None) -> int:
         return 141  # 128 + SIGPIPE, the shell's code for a command stopped by a closed pipe
 
 
-__all__ = ["COMMANDS", "OneLineErrorParser", "add_command", "build_parser", "main"]
+def entry() -> None:
+    """The process's entry (the ``dptrain`` command, ``python -m dptrain``, also under torchrun): exits with
+    :func:`main`'s status. A data-parallel rank that stops with an error (a peer lost, an interrupt) leaves at once,
+    its output flushed (``os._exit``): the interpreter's exit would run the destructors of a process group whose peer
+    is gone, and gloo's threads then abort the process now and then (SIGABRT instead of the status, after the one-line
+    message)."""
+    code = main()
+    if code and _in_process_group():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
+def _in_process_group() -> bool:
+    dist = sys.modules.get("torch.distributed")  # (never imports torch: a command that did not has no group)
+    return dist is not None and dist.is_available() and dist.is_initialized()
+
+
+__all__ = ["COMMANDS", "OneLineErrorParser", "add_command", "build_parser", "entry", "main"]
