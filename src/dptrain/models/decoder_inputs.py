@@ -16,7 +16,6 @@ in one line naming ``decoder_input_ids``.
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 
 import torch
@@ -24,6 +23,7 @@ from torch import nn
 from torch.utils._pytree import tree_map
 
 from dptrain.errors import DataError
+from dptrain.models.quiet import quiet_passes
 
 DECODER_KEYS = ("decoder_input_ids", "decoder_inputs_embeds")
 
@@ -79,31 +79,13 @@ def shifted_right(labels: torch.Tensor, start: int, pad: int) -> torch.Tensor:
     return out.masked_fill(out == -100, pad)
 
 
-@contextlib.contextmanager
-def _quietly(model: nn.Module):
-    """Evaluation mode, no autograd, torch's generators forked, every buffer and training flag as they were after."""
-    modes = [(m, m.training) for m in model.modules()]
-    saved = [(b, b.detach().clone()) for b in model.buffers()]
-    try:
-        with torch.no_grad(), torch.random.fork_rng(devices=[]):
-            model.eval()
-            yield
-    finally:
-        for m, mode in modes:
-            m.training = mode
-        with torch.no_grad():
-            for b, value in saved:
-                if not torch.equal(b, value):
-                    b.copy_(value)
-
-
 def _derives_as(model: nn.Module, derive, inputs, labels) -> bool:
     """Whether the model called with ``derive(labels=labels)`` as its decoder inputs gives the outputs it gives with
     the labels (one example)."""
     device = next(model.parameters()).device
     inputs, labels = tree_map(lambda t: t.to(device) if torch.is_tensor(t) else t, (inputs, labels))
     try:
-        with _quietly(model):
+        with quiet_passes(model, grad=False):
             own = model(**inputs, labels=labels).logits
             ours = model(**inputs, decoder_input_ids=derive(labels=labels)).logits
     except Exception:  # noqa: BLE001 (the model's own error: nothing verified)

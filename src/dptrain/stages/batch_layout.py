@@ -40,12 +40,13 @@ padding-free collator's packed rows would): the gradient check against single-ex
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from dataclasses import dataclass
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
+
+from dptrain.models.quiet import quiet_passes
 
 ROWS, SHARED = "rows", "shared"
 
@@ -193,27 +194,11 @@ def same_outputs(a, b) -> bool:
     return all(_same(x, y) if torch.is_tensor(x) and torch.is_tensor(y) else type(x) is type(y) for x, y in zip(la, lb, strict=True))
 
 
-@contextlib.contextmanager
 def measuring(model: torch.nn.Module):
-    """The model as the layout measurement runs it: evaluation mode (no dropout, so that two passes can be compared),
-    gradients on (a call records what training records: outputs that require grad), torch's generators forked, and
-    every buffer and the training flags of every module as they were."""
-    modes = [(m, m.training) for m in model.modules()]
-    saved = {n: (b.detach().clone(), b._version) for n, b in model.named_buffers()}
-    devices = sorted({p.device for p in model.parameters() if p.device.type != "cpu"}, key=str)
-    try:
-        with torch.random.fork_rng(devices=devices), torch.enable_grad():
-            model.eval()
-            yield
-    finally:
-        for m, mode in modes:
-            m.training = mode
-        with torch.no_grad():
-            for n, b in model.named_buffers():
-                # only a buffer the passes wrote: restoring one they left alone would count as a write of the chunk
-                # for the buffer watch (dptrain.preflight.buffers.BufferWatch reads version counters)
-                if n in saved and b.shape == saved[n][0].shape and b._version != saved[n][1]:
-                    b.copy_(saved[n][0])
+    """The model as the layout measurement runs it (:func:`dptrain.models.quiet.quiet_passes`): evaluation mode (no
+    dropout, so that two passes can be compared), gradients on (a call records what training records: outputs that
+    require grad), torch's generators forked, and every buffer and the training flags of every module as they were."""
+    return quiet_passes(model, grad=True)
 
 
 def view_rows(t: torch.Tensor, batch: int) -> torch.Tensor:
