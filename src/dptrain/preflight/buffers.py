@@ -275,20 +275,19 @@ def check_buffers(names: list[str], buffer_updates: str, kinds: dict[str, str] |
     if names and buffer_updates != "not_private":
         more = f" (and {len(names) - 1} more)" if len(names) > 1 else ""
         kind = (kinds or {}).get(names[0], "buffer")
-        if kind == "parameter":
-            raise ModelError(
-                f"model parameter {names[0]!r}{more} is written by a training-mode forward pass: parameters change only "
-                "in the optimizer's step (a write from the batch is released unnoised with the model, and a model that "
-                "rescales its own weights when it switches between train and eval mode, as transformers' RWKV does, "
-                "writes them too); make the forward pass leave its parameters alone (RWKV: config.rescale_every = 0), "
-                "or pass buffer_updates=\"not_private\" (config: training.buffer_updates) to train anyway with the run "
-                "labelled NOT private"
-            )
+        why, way_out = (
+            (": parameters change only in the optimizer's step (a write from the batch is released unnoised with the "
+             "model, and a model that rescales its own weights when it switches between train and eval mode, as "
+             "transformers' RWKV does, writes them too)",
+             "make the forward pass leave its parameters alone (RWKV: config.rescale_every = 0)")
+            if kind == "parameter" else
+            (" (whatever it holds, a statistic or a count of private batches, it is released unnoised with the model, "
+             "or read by the next steps)", "compute it without state")
+        )
         raise ModelError(
-            f"model {kind} {names[0]!r}{more} is written by a training-mode forward pass (whatever it holds, a statistic "
-            "or a count of private batches, it is released unnoised with the model, or read by the next steps); "
-            "compute it without state, or pass buffer_updates=\"not_private\" (config: training.buffer_updates) to "
-            "train anyway with the run labelled NOT private"
+            f"model {kind} {names[0]!r}{more} is written by a training-mode forward pass{why}; {way_out}, or pass "
+            "buffer_updates=\"not_private\" (config: training.buffer_updates) to train anyway with the run labelled "
+            "NOT private"
         )
     return list(names)
 
