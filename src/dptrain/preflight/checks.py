@@ -99,6 +99,12 @@ def loss_errors_named():
         ) from None
 
 
+def zero_example(source, device: torch.device):
+    """The inputs of one example, all zeros (its structure, shapes and dtypes, none of its values), on ``device``."""
+    inputs, _ = to_device(source.example(), device)
+    return tree_map(torch.zeros_like, inputs)
+
+
 def warm_up(model: nn.Module, source, device: torch.device) -> None:
     """The model's first call made on a data-independent input, before any private example is read: one
     training-mode forward pass on an all-zero example (the structure, shapes and dtypes of one), its buffers put back.
@@ -107,7 +113,7 @@ def warm_up(model: nn.Module, source, device: torch.device) -> None:
     on private examples writes is then the examples' to answer for (the state watch refuses it). A model that cannot
     run on zeros is left as it is (the model probe reports what fails on real examples)."""
     try:
-        inputs, _ = to_device(source.example(), device)
+        zeros = zero_example(source, device)
     except (RuntimeError, ValueError, TypeError, IndexError, KeyError):
         return
     watch = buffers.BufferWatch(model, kinds=("buffer",))
@@ -115,7 +121,7 @@ def warm_up(model: nn.Module, source, device: torch.device) -> None:
     with torch.no_grad(), torch.random.fork_rng(devices=[]):
         model.train()
         try:
-            call_model(model, tree_map(torch.zeros_like, inputs))
+            call_model(model, zeros)
         except Exception as e:  # noqa: BLE001 (any failure of the model on zeros: the probe meets it on examples)
             if isinstance(e, DPTrainError):
                 raise
@@ -141,12 +147,12 @@ def check_labels(model: nn.Module, source, loss_fn, device: torch.device, own_ba
         )
     if y.dtype.is_floating_point:
         return  # class probabilities, one row per example
-    inputs, _ = to_device(source.example(), device)
+    zeros = zero_example(source, device)
     with torch.no_grad(), torch.random.fork_rng(devices=[]), buffers.restored(model):
         was_training = model.training
         model.eval()
         try:
-            outputs = call_model(model, tree_map(torch.zeros_like, inputs))
+            outputs = call_model(model, zeros)
         except (RuntimeError, ValueError) as e:  # (a model that cannot run one example: the probe refuses it)
             if isinstance(e, DPTrainError):
                 raise
