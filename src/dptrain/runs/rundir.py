@@ -126,11 +126,33 @@ class RunDirectory:
                 return True
         return False
 
+    def refuse_foreign(self) -> None:
+        """Refuse to start a run or a search in a directory that holds files dptrain did not make there. A run or a
+        search claims a directory that is new, empty, or already dptrain's (its ``.lock``, made before any other file):
+        in another, what it writes (``config.toml``, ``summary.json``, ...) would replace the user's own files, a run
+        that released nothing would be discarded with the user's ``config.toml``, and a search's end (its shareable
+        files written again and given one time) would alter them."""
+        if not self.path.is_dir() or (self.path / LOCK).exists():
+            return
+        try:
+            names = sorted(p.name for p in self.path.iterdir())
+        except OSError as e:
+            raise _os_error(self.path, e, "read") from None
+        if names:
+            more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+            raise RunDirectoryError(
+                f"output directory {self.path} holds files that are not a dptrain run's ({', '.join(names[:3])}{more}): "
+                "a run writes config.toml, summary.json, model.pt, ... there and would replace them; choose a new or "
+                "empty directory"
+            )
+
     def refuse_if_holding(self) -> None:
-        """Refuse a directory that holds a run which released something. A run that released nothing (stopped before
+        """Refuse a directory that holds a run which released something, or files that are not a run's
+        (:meth:`refuse_foreign`). A run that released nothing (stopped before
         its first step: an error at step 1, a signal or kill -9 in its first moments) does not count: a new run may
         start there afresh (:meth:`discard_unreleased`, under the lock). A search's directory is always refused."""
         self.refuse_search()
+        self.refuse_foreign()
         if self.holds_run() and self.released_anything():
             raise RunDirectoryError(
                 f"output directory {self.path} already holds a run; continue it with --resume {self.path} or choose "
@@ -150,10 +172,12 @@ class RunDirectory:
     # -- the lock -----------------------------------------------------------------------------------------
     @contextlib.contextmanager
     def locked(self, create: bool = False):
-        """Hold the directory's exclusive lock (creating the directory first if ``create``)."""
+        """Hold the directory's exclusive lock (creating the directory first if ``create``: a new run's or search's,
+        which may not be a directory holding files dptrain did not make, :meth:`refuse_foreign`)."""
         if self.path.exists() and not self.path.is_dir():
             raise RunDirectoryError(f"output directory {self.path} exists and is not a directory")
         if create:
+            self.refuse_foreign()  # (a directory dptrain did not make: the user's own files)
             try:
                 self.path.mkdir(parents=True, exist_ok=True)
             except OSError as e:

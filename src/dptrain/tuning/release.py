@@ -14,7 +14,8 @@ depend on either:
   keys that are neither privacy numbers nor times (a key not on it is left out), its ``config.toml`` the trial's
   config with the search's ``[tune]`` section as it was;
 - every shareable file of the search is written (again) when it finishes, and every shareable file and directory
-  ends with one and the same modification time, that moment: no file dates the start of the search or the best
+  it wrote (:data:`OWN`; a file the user put in its directory is left as it is) ends with one and the same
+  modification time, that moment: no file dates the start of the search or the best
   trial among the others. What the file system keeps of the directory itself (its own creation, its ``.lock`` and
   ``private/``) dates the search's start: share the files, not the directory (docs/tuning.md).
 
@@ -34,7 +35,7 @@ from typing import Any
 from dptrain.accounting import Ledger
 from dptrain.accounting import epsilon as ledger_epsilon
 from dptrain.errors import DataError
-from dptrain.runs.rundir import LEDGER, METRICS, PRIVATE, SUMMARY, RunDirectory
+from dptrain.runs.rundir import CONFIG, LEDGER, LOCK, METRICS, PRIVATE, SUMMARY, RunDirectory
 
 #: The selected trial's run directory, inside the search's; the trials' directories, inside its private/.
 BEST, TRIALS = "best", "trials"
@@ -196,30 +197,34 @@ def selected_summary(search: dict, trial: dict, out: str, ledger: dict) -> dict[
     }
 
 
+#: What a search writes at the top of its directory besides its secret ``private/``: the only entries its end writes
+#: again and gives one time (a file the user put there is left as it is).
+OWN = (CONFIG, LEDGER, SUMMARY, LOCK, BEST)
+
+
 def fresh_files(rd: RunDirectory) -> None:
-    """Write every shareable file of the search's directory (not ``best/``'s, copied at the end already) anew, so
-    that none was born when the search started (a file system records birth times and allocates inode numbers in
-    order, which set mtimes do not change): its config.toml among the summary and the ledger written at the end."""
-    for path in sorted(rd.path.iterdir()):
-        if path.is_file() and not path.is_symlink() and not path.name.startswith("."):
-            rd.write_bytes(path.name, path.read_bytes())
+    """Write the search's own shareable files (not ``best/``'s, copied at the end already) anew, so that none was born
+    when the search started (a file system records birth times and allocates inode numbers in order, which set mtimes
+    do not change): its config.toml among the summary and the ledger written at the end."""
+    for name in (CONFIG, LEDGER, SUMMARY):
+        path = rd.path / name
+        if path.is_file() and not path.is_symlink():
+            rd.write_bytes(name, path.read_bytes())
 
 
 def same_times(rd: RunDirectory, when: float | None = None) -> None:
-    """One modification (and access) time, ``when`` (default: now), on every file and directory of the search but its
-    secret ``private/``: the search's start, its length and where the best trial ran among the others are not
-    written in the file system."""
+    """One modification (and access) time, ``when`` (default: now), on the search's directory and every file and
+    directory it wrote there (:data:`OWN`, ``best/`` with all it holds), never its secret ``private/``: the search's
+    start, its length and where the best trial ran among the others are not written in the file system."""
     when = time.time() if when is None else when
-    secret = rd.path / PRIVATE
-    for root, dirs, files in os.walk(rd.path, topdown=False):
-        here = os.path.realpath(root)
-        if here == os.path.realpath(secret) or here.startswith(os.path.realpath(secret) + os.sep):
-            continue
-        for name in files:
-            os.utime(os.path.join(root, name), (when, when), follow_symlinks=False)
-        for name in dirs:
-            if os.path.join(root, name) != str(secret):
-                os.utime(os.path.join(root, name), (when, when), follow_symlinks=False)
+    for name in OWN:
+        top = rd.path / name
+        if top.is_dir() and not top.is_symlink():
+            for root, dirs, files in os.walk(top, topdown=False):
+                for entry in (*files, *dirs):
+                    os.utime(os.path.join(root, entry), (when, when), follow_symlinks=False)
+        if top.is_symlink() or top.exists():
+            os.utime(top, (when, when), follow_symlinks=False)
     os.utime(rd.path, (when, when))
 
 
