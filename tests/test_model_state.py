@@ -8,6 +8,8 @@ optimizer), since only ``.grad`` accumulation was watched. Now every slot of the
 trainable or not, the modules' own attributes) is watched across every training pass, and in a loop everywhere but the
 loop's optimizer step."""
 
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -227,3 +229,38 @@ def test_a_projection_in_the_optimizers_step_keeps_the_loop_private():
     assert loop.steps == 4 and loop.trainer.private and loop.epsilon().certified
     assert max(float(p.detach().abs().max()) for p in model.parameters()) <= 0.2 + 1e-6
     loop.close()
+
+
+class HookedNorm(Base):
+    """torch's old weight_norm / spectral_norm: ``weight`` is not a Parameter but an attribute a forward pre-hook
+    computes from ``weight_g``/``weight_v`` (``weight_orig``, with power-iteration buffers) on every call."""
+
+    def __init__(self, hook):
+        super().__init__()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            self.lin = hook(nn.Linear(6, 2))
+
+    def forward(self, x):
+        return self.lin(x)
+
+
+@pytest.mark.parametrize("hook", [nn.utils.weight_norm, nn.utils.spectral_norm])
+def test_a_weight_computed_by_a_forward_hook_is_refused_in_one_line_not_a_traceback(hook):
+    """Before: AttributeError ("`weight` is not an nn.Parameter", the Linear rule asked for it), then, with torch.func,
+    RuntimeError (the watch read the storage of the tensor the transform left in the slot)."""
+    with pytest.raises(ModelError, match="model attribute 'lin.weight' .*is written by a training-mode forward") as e:
+        _private(HookedNorm(hook))
+    assert "\n" not in str(e.value)
+
+
+def test_weight_norm_as_a_parametrization_trains_with_exact_per_example_gradients():
+    model = HookedNorm(nn.utils.parametrizations.weight_norm)
+    trainer = _private(model)
+    grads, _ = trainer.grad_sampler(X[:5], Y[:5])
+    for i in range(5):
+        model.zero_grad()
+        F.cross_entropy(model(X[i : i + 1]), Y[i : i + 1]).backward()
+        row = grads.zero_examples(torch.arange(5) != i).weighted_sum(torch.ones(5))
+        for name, p in model.named_parameters():
+            assert torch.allclose(row[name].reshape(p.shape), p.grad, atol=1e-6), name

@@ -106,7 +106,10 @@ def _leaves(value, max_bytes, path: str = "", out: dict | None = None, budget: l
     out = {} if out is None else out
     budget = [ATTRIBUTE_ITEMS] if budget is None else budget
     if torch.is_tensor(value):
-        out[path] = ("tensor", _tensor_record(value, max_bytes))
+        try:
+            out[path] = ("tensor", _tensor_record(value, max_bytes))
+        except RuntimeError:  # (no storage to read: a tensor a torch.func transform left in the slot, a pass's own)
+            out[path] = ("object", id(value))
     elif isinstance(value, float):
         out[path] = ("value", float, value.hex())
     elif isinstance(value, _SCALARS):

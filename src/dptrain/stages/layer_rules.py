@@ -171,7 +171,12 @@ def _layer_norm(m: nn.LayerNorm, a: torch.Tensor, go: torch.Tensor) -> dict[str,
 
 
 def _layerwise_rule(m: nn.Module):
-    """The per-example rule for a module, or None if the layerwise backend cannot handle it."""
+    """The per-example rule for a module, or None if the layerwise backend cannot handle it. A rule gives the gradients
+    of the module's own ``weight`` (and ``bias``) Parameters: a module of one of these types whose weight is computed
+    from other parameters (torch's ``nn.utils.weight_norm`` / ``spectral_norm`` keep ``weight_g``, ``weight_v`` or
+    ``weight_orig`` and set ``weight`` in a forward pre-hook) has none (torch.func differentiates it)."""
+    if not isinstance(m._parameters.get("weight"), nn.Parameter) or not set(m._parameters) <= {"weight", "bias"}:
+        return None
     if type(m) is nn.Linear:
         return _linear
     if type(m) is nn.Conv2d and m.padding_mode == "zeros" and not isinstance(m.padding, str):
