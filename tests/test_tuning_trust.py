@@ -20,6 +20,7 @@ from dptrain.cli import main
 from dptrain.config import load_config
 from dptrain.engine.trainer import PrivateTrainer
 from dptrain.runs.rundir import RunDirectory
+from dptrain.tuning import release as release_module
 from dptrain.tuning import search as search_module
 from dptrain.tuning.search import run_search
 
@@ -292,3 +293,26 @@ def test_no_shareable_file_is_born_when_the_search_started(tmp_path):
     first_trial_done = _birth_ns(out / "best" / "model.pt")  # (copied when the search finished)
     for name in ("config.toml", "ledger.json", "summary.json"):
         assert _birth_ns(out / name) >= first_trial_done, name
+
+
+def test_a_search_interrupted_while_it_publishes_publishes_everything_again(tmp_path, monkeypatch):
+    """Stopped after its files were written but before they were given one time, a search resumed as finished and
+    left them so: its .lock dated the search's start, the others its end (its length tracks K)."""
+    real, calls = release_module.same_times, {"n": 0}
+
+    def interrupted_once(rd, when=None):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise KeyboardInterrupt
+        real(rd, when)
+
+    monkeypatch.setattr(release_module, "same_times", interrupted_once)
+    out = tmp_path / "s"
+    with pytest.raises(KeyboardInterrupt):
+        run_search(load_config(_config(tmp_path, seed=None)), out, progress=False)
+    os.utime(out / ".lock", (1e9, 1e9))  # (made when the search started)
+    run_search(None, out, resume=True, progress=False)
+    assert calls["n"] == 2
+    assert len({os.stat(p).st_mtime_ns for p in [*_shareable(out), str(out)]}) == 1
+    run_search(None, out, resume=True, progress=False)  # published: a resume publishes nothing again
+    assert calls["n"] == 2

@@ -35,7 +35,7 @@ from typing import Any
 from dptrain.accounting import Ledger
 from dptrain.accounting import epsilon as ledger_epsilon
 from dptrain.errors import DataError
-from dptrain.runs.rundir import CONFIG, LEDGER, LOCK, METRICS, PRIVATE, SUMMARY, RunDirectory
+from dptrain.runs.rundir import CONFIG, LEDGER, LOCK, METRICS, PRIVATE, SEARCH_STATE, SUMMARY, RunDirectory
 
 #: The selected trial's run directory, inside the search's; the trials' directories, inside its private/.
 BEST, TRIALS = "best", "trials"
@@ -99,7 +99,12 @@ def publish(state, rd: RunDirectory, keep_trials: bool) -> dict:
 
 def finished(state, rd: RunDirectory, keep_trials: bool) -> dict:
     """A finished search's summary, from its secret state: ``summary.json`` and ``ledger.json`` must be what it
-    released (a file lost in a crash is published again; an edited one is refused)."""
+    released (a file lost in a crash is published again; an edited one is refused). A search interrupted while it
+    published (its state does not say ``published``) publishes everything again: a file left with its own time would
+    date the search's start or its length."""
+    if not state.extra.get("published"):  # (interrupted while it published: published again, all of it)
+        _publish(state, rd, keep_trials)
+        return returned(state, keep_trials)
     for name, kept in ((SUMMARY, state.summary), (LEDGER, state.ledger)):
         on_disk = rd.read_json(name)
         if on_disk is None and not (rd / name).exists():
@@ -143,6 +148,9 @@ def _publish(state, rd: RunDirectory, keep_trials: bool) -> None:
             stale.unlink()
     fresh_files(rd)
     same_times(rd)
+    if not state.extra.get("published"):  # (until this is kept, a resume publishes everything again)
+        state.extra["published"] = True
+        rd.save_private(SEARCH_STATE, state.to_dict())
 
 
 def _copy_best(state, rd: RunDirectory, source) -> None:
