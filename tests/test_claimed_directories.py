@@ -85,3 +85,5 @@ def test_a_search_publishing_again_leaves_a_file_the_user_put_there_as_it_is(tmp
     assert script.stat().st_mtime == 1e9
     times = {(out / name).stat().st_mtime_ns for name in ("config.toml", "ledger.json", "summary.json", "best", ".lock")}
     assert len(times) == 1  # the search's own files: one time
+    code, err = _cli(capsys, "train", "--config", str(config), "--out", str(out / "best"))
+    assert code == 2 and "already holds a run; choose another --out" in err  # (a copy without its checkpoint)

@@ -152,12 +152,10 @@ class RunDirectory:
         its first step: an error at step 1, a signal or kill -9 in its first moments) does not count: a new run may
         start there afresh (:meth:`discard_unreleased`, under the lock). A search's directory is always refused."""
         self.refuse_search()
-        self.refuse_foreign()
         if self.holds_run() and self.released_anything():
-            raise RunDirectoryError(
-                f"output directory {self.path} already holds a run; continue it with --resume {self.path} or choose "
-                "another --out"
-            )
+            way = f"continue it with --resume {self.path} or " if self.checkpoint.exists() else ""  # (not a copy: best/)
+            raise RunDirectoryError(f"output directory {self.path} already holds a run; {way}choose another --out")
+        self.refuse_foreign()
 
     def discard_unreleased(self) -> bool:
         """Remove the files of a run that released nothing (call it holding the lock, after :meth:`refuse_if_holding`);
