@@ -109,6 +109,17 @@ def test_an_unknown_or_fixed_key_is_refused(tmp_path, capsys):
         assert code == 2 and words in capsys.readouterr().err
 
 
+def test_an_algorithm_other_than_dpsgd_is_refused_naming_what_tune_searches(tmp_path, capsys):
+    """Projected noisy SGD sets its noise by convex.noise_std; the refusal used to blame privacy.noise_multiplier,
+    which the user never set (the search had set it on the trial)."""
+    path = _config(tmp_path)
+    path.write_text(path.read_text().replace('[training]', '[training]\nalgorithm = "projected_noisy_sgd"')
+                    + '[convex]\nloss = "logistic"\nfeature_norm = 1.0\nl2 = 1e-3\ndiameter = 10.0\n')
+    code = main(["tune", "--config", str(path), "--out", str(tmp_path / "x"), "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2 and "tune searches DP-SGD trials" in err and len(err.strip().splitlines()) == 1
+
+
 def test_an_interrupted_search_resumes_as_the_same_search(tmp_path, monkeypatch):
     cfg = load_config(_config(tmp_path, mean=3, seed=11))
     whole = run_search(cfg, tmp_path / "whole", progress=False, keep_trials=True)

@@ -138,6 +138,12 @@ class Search:
     def __init__(self, cfg: RunConfig):
         if cfg.privacy.target_epsilon is None:
             raise ConfigError("dptrain tune needs privacy.target_epsilon: the budget of the whole search")
+        if cfg.training.algorithm != "dpsgd":
+            # a trial runs at the noise multiplier the search gives it: DP-SGD's privacy.noise_multiplier
+            raise ConfigError(
+                f'dptrain tune searches DP-SGD trials (training.algorithm = "dpsgd"), not {cfg.training.algorithm!r}, '
+                "whose noise is not set by privacy.noise_multiplier: train it with dptrain train"
+            )
         if cfg.noise.mechanism == "bandmf" and cfg.noise.bands in (None, "auto"):
             # a trial runs at the noise multiplier the search gives it, with no budget of its own to choose b for
             raise ConfigError(
