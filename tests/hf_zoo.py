@@ -12,6 +12,8 @@ TEXT = dict(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2, num_attention
             max_position_embeddings=32)
 DECODER = dict(TEXT, num_key_value_heads=1, pad_token_id=0, tie_word_embeddings=False)
 ENCODER = dict(TEXT, num_labels=3, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+VISION = dict(image_size=IMAGE, patch_size=4, num_channels=3, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+              intermediate_size=32, num_labels=3, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
 
 
 def gpt2():
@@ -102,7 +104,11 @@ def _seq2seq(config_class, model_class, **kw):
 #: every depth (a parameter used twice); DeBERTa-v2 relative-position embeddings read by the attention; Swin-v2 a
 #: learned logit scale and a continuous position-bias MLP; Whisper and Wav2Vec2 Conv1d over time (Wav2Vec2: GroupNorm
 #: over time in its feature encoder, a weight-normed positional convolution); Mamba its depthwise causal Conv1d and
-#: selective scan; RWKV its time-mixing parameters read in the block's own forward.
+#: selective scan; RWKV its time-mixing parameters read in the block's own forward; ConvNeXt-v2 global response
+#: normalization (each example's channels scaled by their spatial norms over its own map); BEiT a relative-position
+#: bias table shared by every layer (computed once for the batch); Data2Vec-vision a bias table in each layer and
+#: layer scale; SEW a Conv1d feature encoder with GroupNorm, its sequence squeezed by a strided convolution and
+#: upsampled back.
 MORE = {
     "gpt_neox": (lambda: transformers.GPTNeoXForCausalLM(transformers.GPTNeoXConfig(
         **TEXT, pad_token_id=0, hidden_dropout=0.0, attention_dropout=0.0, tie_word_embeddings=False)),
@@ -157,6 +163,21 @@ MORE = {
         num_conv_pos_embedding_groups=2, feat_extract_norm="group", num_labels=3, hidden_dropout=0.0,
         attention_dropout=0.0, activation_dropout=0.0, feat_proj_dropout=0.0, final_dropout=0.0, layerdrop=0.0,
         mask_time_prob=0.0, classifier_proj_size=8)), "audio", ["q_proj", "v_proj", "conv"]),
+    "convnextv2": (lambda: transformers.ConvNextV2ForImageClassification(transformers.ConvNextV2Config(
+        num_channels=3, patch_size=2, num_stages=2, hidden_sizes=[8, 16], depths=[1, 1], num_labels=3,
+        drop_path_rate=0.0)), "image", ["pwconv1", "pwconv2"]),
+    "beit": (lambda: transformers.BeitForImageClassification(transformers.BeitConfig(
+        **VISION, use_shared_relative_position_bias=True, layer_scale_init_value=0.1, drop_path_rate=0.0)),
+        "image", ["query", "value", "output.dense"]),
+    "data2vec_vision": (lambda: transformers.Data2VecVisionForImageClassification(transformers.Data2VecVisionConfig(
+        **VISION, use_relative_position_bias=True, layer_scale_init_value=0.1, drop_path_rate=0.0)),
+        "image", ["query", "value", "output.dense"]),
+    "sew": (lambda: transformers.SEWForSequenceClassification(transformers.SEWConfig(
+        vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
+        conv_dim=(8, 8), conv_stride=(4, 2), conv_kernel=(8, 4), num_conv_pos_embeddings=4,
+        num_conv_pos_embedding_groups=2, feat_extract_norm="group", squeeze_factor=2, num_labels=3,
+        hidden_dropout=0.0, attention_dropout=0.0, activation_dropout=0.0, feat_proj_dropout=0.0, final_dropout=0.0,
+        layerdrop=0.0, mask_time_prob=0.0, classifier_proj_size=8)), "audio", ["q_proj", "v_proj", "conv"]),
     "resnet": (lambda: transformers.ResNetForImageClassification(transformers.ResNetConfig(
         num_channels=3, embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], layer_type="basic", num_labels=3)),
         "image", ["convolution"]),

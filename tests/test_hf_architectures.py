@@ -38,17 +38,18 @@ CELLS = (
        ("falcon", "full", "reentrant"), ("bart", "full", "reentrant")]
 )
 #: Cells over about 5 s on a shared 2-core machine (their backend runs the whole model example by example).
-SLOW = {("rwkv", "full"), ("pegasus", "full"), ("swinv2", "full"), ("deberta_v2", "full"),
+SLOW = {("rwkv", "full"), ("pegasus", "full"), ("beit", "full"), ("swinv2", "full"), ("deberta_v2", "full"),
         ("llama", "boft"), ("llama", "oft")}
 #: Cells whose per-example gradients need the whole model differentiated example by example (exact, slower, and not
 #: trainable from a forward pass of your own: make_private_loop, DPTrainer): RWKV's attention reads its time-mixing
-#: state across the sequence in a layout the measurement cannot split; LoKr's layers draw random numbers (its
+#: state across the sequence in a layout the measurement cannot split; BEiT's relative-position bias, shared by every
+#: layer, is computed once for the batch (as T5's and Swin's); LoKr's layers draw random numbers (its
 #: dropouts) that vmap cannot replay; P-tuning's prompt encoder is computed once for the batch and repeated by peft.
 #: Every other cell records its layers (Falcon: its MLP output is added to in place, so the model is handed a copy;
 #: BART: its decoder's learned positions [1, T, d], computed once for the batch, are expanded to it; both used to
 #: need the whole model).
-WHOLE_MODEL = {("rwkv", "full"), ("llama", "lokr"), ("bert", "lokr"), ("llama", "p_tuning"), ("bert", "p_tuning"),
-               ("gpt2", "p_tuning")}
+WHOLE_MODEL = {("rwkv", "full"), ("beit", "full"), ("llama", "lokr"), ("bert", "lokr"), ("llama", "p_tuning"),
+               ("bert", "p_tuning"), ("gpt2", "p_tuning")}
 
 
 def cells():
@@ -131,3 +132,20 @@ def test_an_adapter_on_a_module_the_forward_pass_never_calls_is_named_in_a_warni
     with pytest.warns(UnusedParameterWarning, match="shared.lora_embedding_A") as record:
         private(model, x, y, per_example_loss("seq2seq"))
     assert not any("q.lora" in str(w.message) for w in record)
+
+
+def test_reversible_layers_are_refused_naming_them_not_only_checkpointing():
+    """Reformer's reversible layers run under torch.no_grad in the forward pass and recompute their activations in a
+    backward pass of their own: no per-example gradient can be recorded. The refusal used to name only reentrant
+    gradient checkpointing, which this model does not have on."""
+    config = transformers.ReformerConfig(
+        vocab_size=32, hidden_size=16, num_attention_heads=2, attention_head_size=8, feed_forward_size=32,
+        attn_layers=["local", "local"], axial_pos_embds=False, max_position_embeddings=32, local_attn_chunk_length=2,
+        is_decoder=True, hidden_dropout_prob=0.0, local_attention_probs_dropout_prob=0.0, pad_token_id=0,
+        eos_token_id=1)
+    torch.manual_seed(0)
+    model = transformers.ReformerModelWithLMHead(config).double().train()
+    x, y, _ = batch("gpt2")
+    with pytest.raises(ModelError, match="reversible layers") as e:
+        private(model, x, y, per_example_loss("causal"))
+    assert "\n" not in str(e.value) and "another architecture" in str(e.value)

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dptrain.errors import DataError
+from dptrain.errors import DataError, ModelError
 
 IGNORE_INDEX = -100
 
@@ -38,8 +38,8 @@ def logits_of(outputs) -> torch.Tensor:
         logits = outputs.get("logits")
     if logits is None and isinstance(outputs, tuple | list) and outputs and torch.is_tensor(outputs[0]):
         logits = outputs[0]
-    if logits is None:
-        raise TypeError(
+    if logits is None:  # (CLIP's and SigLIP's outputs: scores of every pair of the batch's examples, no logits)
+        raise ModelError(
             f"the model returned a {type(outputs).__name__} without logits; pass loss_fn(outputs, labels) returning one "
             "loss per example"
         )

@@ -41,12 +41,11 @@ from torch.utils._pytree import tree_flatten
 
 from dptrain.data.batches import call_model, take
 from dptrain.errors import DPTrainError, ModelError, one_line
+from dptrain.preflight.batch_dependence import CHECK_NAME, mixing_refusal
 from dptrain.preflight.buffers import BufferWatch, check_buffers, restored
 from dptrain.stages.coverage import CoverageError, ModuleCalls
 from dptrain.stages.per_example import AutoGradSampler, LayerwiseGradSampler, trainable_parameters
 from dptrain.stages.precision import LOW, MixedPrecision, autocast_of
-
-CHECK_NAME = "the per-example independence check"
 
 
 @dataclass(frozen=True)
@@ -125,15 +124,6 @@ def _row(grads, i: int, n: int, like: torch.Tensor) -> dict[str, torch.Tensor]:
     others = torch.ones(n, dtype=torch.bool, device=like.device)
     others[i] = False
     return grads.zero_examples(others).weighted_sum(torch.ones(n, dtype=like.dtype, device=like.device))
-
-
-def mixing_error(i: int, k: int) -> ModelError:
-    return ModelError(
-        f"{CHECK_NAME} failed: an example's output or loss computed in a batch of {k} differs from the same example's "
-        "computed alone, so the model mixes the examples of a batch (a statistic of the batch: its mean, its maximum, "
-        "BatchNorm, ...) and per-example clipping does not bound one example's influence; remove the cross-example "
-        "operation (BatchNorm -> GroupNorm), or pass check_independence=False only if you are sure"
-    )
 
 
 def _fails_alone(model, x) -> bool:
@@ -309,7 +299,9 @@ def forward_check(trainer, x, y, rows: list[int], tol: Tolerance, buffer_updates
                 continue
             a, b = a[0].double(), b[i].double()
             if not float((a - b).norm()) <= tol.loss * float(a.norm()) + 1e-30 and bool(a.isfinite().all()):
-                raise mixing_error(i, k)  # (a non-finite output of the example alone is the step's to refuse)
+                # (a non-finite output of the example alone is the step's to refuse)
+                raise mixing_refusal(model, trainer.loss_fn, x, y, i, lambda: autocast_of(
+                    trainer.grad_sampler if sampler is None else sampler), tol.loss)
 
 
 def settle(trainer, x, y, rows: list[int], tol: Tolerance, *, mixing: bool, gradients: bool, buffer_updates: str,
@@ -348,7 +340,7 @@ def settle(trainer, x, y, rows: list[int], tol: Tolerance, *, mixing: bool, grad
         moved, bad = compare(model, sampler, loss_fn, x, y, grads, losses, rows, tol, mixing=mixing,
                              gradients=gradients, reference=reference)
         if moved:
-            raise mixing_error(moved[0], len(y))
+            raise mixing_refusal(model, loss_fn, x, y, moved[0], lambda: autocast_of(sampler), tol.loss)
         if not bad:
             return out
         if auto is not None and auto.move_to_func(bad):

@@ -196,8 +196,11 @@ def refuse_without_autograd(modules, covers: dict[nn.Module, set[int]], names: d
         if owned:
             raise CoverageError(
                 f"parameter {owned[0]!r} is used by a layer that ran without autograd inside the training forward pass "
-                "(under torch.no_grad, as gradient checkpointing with use_reentrant=True runs its layers), so its "
-                f"per-example gradient cannot be recorded; {REENTRANT}", owned, fixable=False,
+                "(under torch.no_grad, as gradient checkpointing with use_reentrant=True runs its layers, and as a "
+                "model's own reversible layers do, which recompute their activations in a backward pass of their own: "
+                "Reformer's), so its per-example gradient cannot be recorded; with gradient checkpointing, "
+                f"{REENTRANT}; a model whose own layers run so cannot be trained with per-example gradients (fine-tune "
+                "another architecture)", owned, fixable=False,
             )
 
 

@@ -1,0 +1,115 @@
+"""Why an example's output in its batch differs from the same example's alone: the other examples' values, or only the
+batch's size and the example's place in it.
+
+The independence check (:mod:`dptrain.preflight.gradient_check`) sees that example i's output or loss computed in a
+batch is not its output alone. Two different models do that, and the way out differs:
+
+- the model or the loss **mixes the examples**: a statistic of the batch (its mean or maximum, BatchNorm), experts
+  whose capacity the batch's tokens share (NLLB-MoE), a loss comparing the examples with each other (CLIP's or
+  SigLIP's contrastive loss: there is no loss of one example). Per-example clipping does not bound one example's
+  influence: remove the cross-example operation;
+- the output depends on the batch's **shape** only: random numbers drawn for the whole batch inside the forward pass
+  (Wav2Vec2's and HuBERT's SpecAugment masks, ViTMAE's random masking: example i gets row i of a draw of the batch's
+  shape, so alone it gets other numbers). Nothing of the other examples reaches it, but its per-example gradient
+  cannot be verified against the example alone: turn the randomness off in training, or pass it as an input of
+  each example.
+
+One more comparison tells them apart (:func:`depends_on_others`): the batch with every other example replaced by a
+copy of example i, at the same size and place, the same random numbers drawn (torch's, NumPy's and Python's
+generators replayed). Example i's output is unchanged when only the shape matters, and changes when the others'
+values reach it (a batch of copies has example i's statistics).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+
+import torch
+from torch.utils._pytree import tree_flatten
+
+from dptrain.data.batches import call_model, take
+from dptrain.errors import ModelError
+from dptrain.preflight.buffers import restored
+
+CHECK_NAME = "the per-example independence check"
+#: Examples of the batch whose dependence on the others is tried (the one the check saw move, and the first ones).
+ROWS = 4
+
+
+@contextlib.contextmanager
+def replayed_randomness(device_type: str = "cpu"):
+    """A block after which torch's (CPU and the run's accelerator), NumPy's and Python's global generators are back
+    where they were: two such blocks in a row draw the same numbers."""
+    import numpy as np
+
+    python, numpy_state = random.getstate(), np.random.get_state()
+    devices = [torch.cuda.current_device()] if device_type == "cuda" and torch.cuda.is_available() else []
+    try:
+        with torch.random.fork_rng(devices=devices):
+            yield
+    finally:
+        random.setstate(python)
+        np.random.set_state(numpy_state)
+
+
+def _row_of(model, loss_fn, x, y, i: int, autocast) -> list[torch.Tensor]:
+    """Example i's rows of every output of the model with a batch dimension, and its loss, on the batch ``x``
+    (``autocast``: makes the training precision's autocast context)."""
+    k = len(y)
+    device = next(t for t in tree_flatten(x)[0] if torch.is_tensor(t)).device.type
+    with replayed_randomness(device), restored(model), torch.no_grad(), autocast():
+        out = call_model(model, x)
+        try:
+            loss = loss_fn(out, y).reshape(-1)
+        except Exception:  # noqa: BLE001 (a loss that fails here is the check's to report, not this diagnosis')
+            loss = None
+    rows = [t[i] for t in tree_flatten(out)[0] if torch.is_tensor(t) and t.dim() and len(t) == k]
+    return rows + ([loss[i]] if loss is not None and len(loss) == k else [])
+
+
+def depends_on_others(model, loss_fn, x, y, rows, autocast, rtol: float) -> bool:
+    """Whether, for some example i of ``rows``, its outputs or loss in the batch (``x``, ``y``) change when every other
+    example is replaced by a copy of example i (same size, same place, the same random numbers): the others' values
+    reach it. (Several rows: where the others' values reach an example may depend on its place, as experts filled in
+    the batch's order take the first examples' tokens and drop the later ones' whatever they are.)"""
+    for i in rows:
+        copies = torch.full((len(y),), i, dtype=torch.long, device=y.device)
+        batch = _row_of(model, loss_fn, x, y, i, autocast)
+        alike = _row_of(model, loss_fn, take(x, copies), take(y, copies), i, autocast)
+        if len(batch) != len(alike):
+            return True
+        for a, b in zip(batch, alike, strict=True):
+            if a.shape != b.shape:
+                return True
+            a, b = a.double(), b.double()
+            if not float((a - b).norm()) <= rtol * float(b.norm()) + 1e-30:  # (NaN: depends)
+                return True
+    return False
+
+
+def mixing_refusal(model, loss_fn, x, y, i: int, autocast, rtol: float) -> ModelError:
+    """The independence check's refusal for example i of the batch (``x``, ``y``), naming the way out of the kind of
+    dependence it is (module docstring); only computed to refuse (2 forward passes for each of up to ROWS examples)."""
+    k = len(y)
+    rows = [i] + [j for j in range(min(k, ROWS)) if j != i]
+    if not depends_on_others(model, loss_fn, x, y, rows, autocast, rtol):
+        return ModelError(
+            f"{CHECK_NAME} failed: an example's output or loss computed in a batch of {k} differs from the same "
+            "example's computed alone, not with the other examples' values but with the batch's size or the example's "
+            "place in it (random numbers drawn for the whole batch inside the forward pass, such as Wav2Vec2's or "
+            "HuBERT's SpecAugment masks or ViTMAE's random masking), so its per-example gradient cannot be verified "
+            "against the example alone; turn that randomness off in training (Wav2Vec2, HuBERT: config.mask_time_prob "
+            "= 0 and config.mask_feature_prob = 0) or pass it as an input of each example (ViTMAE: noise=)"
+        )
+    return ModelError(
+        f"{CHECK_NAME} failed: an example's output or loss computed in a batch of {k} depends on the other examples "
+        "of the batch, so the model or the loss mixes the examples of a batch (a statistic of the batch: its mean, its "
+        "maximum, BatchNorm; experts whose capacity the batch's tokens share; a loss comparing the examples with each "
+        "other, such as CLIP's or SigLIP's contrastive loss, which has no loss of one example) and per-example clipping "
+        "does not bound one example's influence; remove the cross-example operation (BatchNorm -> GroupNorm, a loss "
+        "of each example on its own), or pass check_independence=False only if you are sure"
+    )
+
+
+__all__ = ["CHECK_NAME", "depends_on_others", "mixing_refusal", "replayed_randomness"]
