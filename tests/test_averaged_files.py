@@ -42,7 +42,7 @@ def test_every_file_a_writer_names_gets_the_averages_name(tmp_path):
         rd.write_json("notes.json", {"bias": model.bias.tolist()})
         rd.write_text("notes.txt", str(model.bias.tolist()))
         rd.write_bytes("notes.bin", model.bias.detach().numpy().tobytes())
-        return {"test_accuracy": 0.5, "hf_model": str(rd / "hf_model")}
+        return {"test_accuracy": 0.5, "hf_model": str(rd / "hf_model"), "preprocessing": {"kind": "the same for both"}}
 
     rd = RunDirectory(tmp_path)
     job = _job(model, writer)
@@ -60,6 +60,7 @@ def test_every_file_a_writer_names_gets_the_averages_name(tmp_path):
         assert (tmp_path / name).read_bytes() != (tmp_path / ema).read_bytes()
     assert entries["hf_model_ema"] == str(tmp_path / "hf_model_ema") and entries["test_accuracy_ema"] == 0.5
     assert entries["model_ema"] == {"file": "model_ema.pt", "decay": 0.5}
+    assert "preprocessing_ema" not in entries  # (what names no file of the average's and measures nothing of it)
     assert torch.equal(model.weight, last["weight"])  # (the iterate is put back)
 
 

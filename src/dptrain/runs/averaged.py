@@ -51,24 +51,31 @@ class _AverageDirectory:
 
     def __init__(self, rd):
         self._rd = rd
+        #: the paths the writer reached (as str): the entries of its summary that name one are the average's files
+        self.named: set[str] = set()
+
+    def _name(self, name: str) -> str:
+        mapped = averaged_name(name)
+        self.named.add(str(self._rd / mapped))
+        return mapped
 
     def save_model(self, payload: dict, name: str = MODEL) -> None:
-        self._rd.save_model(payload, averaged_name(name))
+        self._rd.save_model(payload, self._name(name))
 
     def save_directory(self, name: str, write):
-        return self._rd.save_directory(averaged_name(name), write)
+        return self._rd.save_directory(self._name(name), write)
 
     def write_json(self, name: str, data) -> None:
-        self._rd.write_json(averaged_name(name), data)
+        self._rd.write_json(self._name(name), data)
 
     def write_text(self, name: str, text: str) -> None:
-        self._rd.write_text(averaged_name(name), text)
+        self._rd.write_text(self._name(name), text)
 
     def write_bytes(self, name: str, data: bytes) -> None:
-        self._rd.write_bytes(averaged_name(name), data)
+        self._rd.write_bytes(self._name(name), data)
 
     def __truediv__(self, name: str):
-        return self._rd / averaged_name(name)
+        return self._rd / self._name(name)
 
     def __getattr__(self, name):
         raise AttributeError(
@@ -79,15 +86,21 @@ class _AverageDirectory:
 
 def save_averaged(job, rd) -> dict:
     """Write the weight average with the job's own writer (the formats of the last iterate's files, under the
-    average's names: :class:`_AverageDirectory`); returns its summary entries: the writer's entries suffixed ``_ema``
-    (its test metrics, the paths of a Hugging Face model's directories) and ``model_ema`` = {file, decay}. Nothing
-    without an average."""
+    average's names: :class:`_AverageDirectory`); returns its summary entries: those of the writer's entries that
+    measure or name the model it wrote, suffixed ``_ema`` (its test metrics, the paths of a Hugging Face model's
+    directories; not what is the same for both models, e.g. DPSGD-F's preprocessing), and ``model_ema`` = {file,
+    decay}. Nothing without an average."""
     average = job.trainer.weight_average
     if average is None:
         return {}
+    directory = _AverageDirectory(rd)
     with average.applied():
-        entries = job.save_model(_AverageDirectory(rd))
-    out = {f"{k}{AVERAGE_SUFFIX}": v for k, v in entries.items()}
+        entries = job.save_model(directory)
+    out = {
+        f"{k}{AVERAGE_SUFFIX}": v
+        for k, v in entries.items()
+        if k.startswith("test_accuracy") or (isinstance(v, str) and v in directory.named)
+    }
     out["model_ema"] = {"file": MODEL_EMA, "decay": average.decay}
     return out
 
