@@ -108,7 +108,8 @@ def _averaged_text(summary: dict) -> str:
     accuracy = summary.get("test_accuracy_ema")
     logged = summary.get("not_private", {}).get("test_accuracy_ema")
     text = f"{accuracy:.4f}" if accuracy is not None else "not written" if logged is None else f"{logged:.4f} (NOT private)"
-    return f"{text} (model_ema.pt: weight average of the released iterates, decay {summary['model_ema']['decay']:g})"
+    files = ", ".join([summary["model_ema"]["file"], *(summary[k] for k in ("hf_model_ema", "hf_adapter_ema") if k in summary)])
+    return f"{text} ({files}: weight average of the released iterates, decay {summary['model_ema']['decay']:g})"
 
 
 def _last_iterate_row(summary: dict) -> tuple[str, str]:
