@@ -144,3 +144,22 @@ def test_an_interrupted_search_resumes_as_the_same_search(tmp_path, monkeypatch)
     resumed = run_search(None, tmp_path / "cut", resume=True, progress=False, keep_trials=True)
     assert resumed["not_private"]["trials"] == trials  # the same K, draws, noise and scores: nothing re-drawn
     assert resumed["best"] == whole["best"] and resumed["best_score"] == whole["best_score"]
+
+
+def test_a_search_states_its_attacker_bound_and_keeps_the_selected_runs_average(tmp_path, capsys):
+    """The search's summary says why no membership-inference bound applies (its certificate has no privacy profile),
+    and best/summary.json keeps the weight average's entries exactly as it keeps the last iterate's (``model_ema``; they
+    used to be kept by name, and an average's newer entries, ``hf_model_ema``, ``hf_adapter_ema``, dropped)."""
+    path = _config(tmp_path, seed=3)
+    path.write_text(path.read_text().replace("learning_rate = 0.5", "learning_rate = 0.5\nema = 0.9"))
+    out = tmp_path / "s"
+    assert main(["tune", "--config", str(path), "--out", str(out), "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    bound = json.loads((out / "summary.json").read_text())["membership_inference"]
+    assert bound["tpr_at_fpr_1pct"] is None and "hyperparameter search" in bound["no_profile"]
+    assert "no bound on a membership-inference attacker" in printed
+    best = json.loads((out / "best" / "summary.json").read_text())
+    assert best["model_ema"]["file"] == "model_ema.pt" and (out / "best" / "model_ema.pt").is_file()
+    from dptrain.tuning.release import public_key
+
+    assert public_key("hf_model_ema") and public_key("hf_adapter_ema") and not public_key("wall_time_s_ema")

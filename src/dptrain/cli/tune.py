@@ -8,6 +8,7 @@ import json
 
 from dptrain.cli import common
 from dptrain.errors import ConfigError
+from dptrain.runs.report import attacker_text
 
 NAME = "tune"
 HELP = "private hyperparameter search: the whole search certified (Papernot & Steinke 2022)"
@@ -65,6 +66,7 @@ def format_search(s: dict) -> str:
     cert = "" if s["certified"] else "  (NOT certified: " + ("not private)" if not s["private"] else "approx.)")
     rows = [
         ("search", f"epsilon = {s['epsilon']:.4f} at delta = {s['delta']:g} ({s['accountant']}){cert}"),
+        *([("attacker", attacker_text(s["membership_inference"]))] if "membership_inference" in s else []),
         *([("NOT private", "; ".join(s["not_private_because"]))] if not s["private"] else []),
         ("one trial alone", f"epsilon = {s['epsilon_single_run']:.4f} ({s['single_run_accountant']})"),
         ("trials", f"{s['tuning_distribution']}, mean {s['tuning_mean']:g} (how many ran is secret)"),

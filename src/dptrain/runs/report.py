@@ -16,7 +16,7 @@ def format_report(summary: dict) -> str:
     rows = [
         ("privacy", f"epsilon = {summary['epsilon']:.4f}{target} at delta = {summary['delta']:g}{cert}"),
         ("accountant", summary["accountant"] + (f" (others: {others})" if others else "")),
-        *([("attacker", _attacker_text(summary["membership_inference"]))] if "membership_inference" in summary else []),
+        *([("attacker", attacker_text(summary["membership_inference"]))] if "membership_inference" in summary else []),
         *([_search_row(summary)] if "trial_alone" in summary else []),
         *([_last_iterate_row(summary)] if "epsilon_last_iterate" in summary else []),
         *([("NOT private", "; ".join(summary["not_private_because"]))] if not private else []),
@@ -53,7 +53,7 @@ def format_report(summary: dict) -> str:
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
 
-def _attacker_text(bound: dict) -> str:
+def attacker_text(bound: dict) -> str:
     """The membership-inference bound in words (docs/privacy.md, "What a budget means to an attacker")."""
     if bound.get("tpr_at_fpr_1pct") is None:
         return f"no bound on a membership-inference attacker ({bound.get('no_profile')})"

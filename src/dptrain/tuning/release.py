@@ -35,6 +35,7 @@ from typing import Any
 from dptrain.accounting import Ledger
 from dptrain.accounting import epsilon as ledger_epsilon
 from dptrain.errors import DataError
+from dptrain.runs.averaged import AVERAGE_SUFFIX
 from dptrain.runs.rundir import CONFIG, LEDGER, LOCK, METRICS, PRIVATE, SEARCH_STATE, SUMMARY, RunDirectory
 
 #: The selected trial's run directory, inside the search's; the trials' directories, inside its private/.
@@ -48,17 +49,26 @@ CERTIFICATE_KEYS = (
 #: The other keys of a trial's summary ``best/summary.json`` keeps: neither a privacy number (those are the search's)
 #: nor a time (it would date or place the trial among the others). A key not listed is left out.
 PUBLIC_RUN_KEYS = (
-    "test_accuracy", "test_accuracy_ema", "test_is_public", "not_private", "steps", "planned_steps", "finished",
+    "test_accuracy", "test_is_public", "not_private", "steps", "planned_steps", "finished",
     "release", "epochs", "noise_multiplier", "noise_mechanism", "bands", "rmse_ratio", "sampling_rate", "sampling",
     "max_grad_norm", "batch_size", "dataset", "train_size", "model", "gradient_check", "randomness", "secure_noise",
-    "notes", "preprocessing", "model_ema", "hf_model", "hf_adapter",
+    "notes", "preprocessing", "hf_model", "hf_adapter",
 )
+
+
+def public_key(key: str) -> bool:
+    """Whether ``best/summary.json`` keeps the selected trial's entry ``key`` (PUBLIC_RUN_KEYS, or the weight
+    average's entry of one of them: ``model_ema``, ``hf_model_ema``, ``test_accuracy_ema`` are kept exactly when the
+    last iterate's ``model``, ``hf_model``, ``test_accuracy`` are)."""
+    return key in PUBLIC_RUN_KEYS or (key.endswith(AVERAGE_SUFFIX) and key[: -len(AVERAGE_SUFFIX)] in PUBLIC_RUN_KEYS)
 
 
 def summarize(search, state, rd: RunDirectory) -> tuple[dict, dict, int | None]:
     """(summary, ledger, the best trial's index) of a search whose trials have all run: the search's certificate
     (private only if every trial was), the best trial's values, score and noise. Nothing in the summary or the ledger
     depends on K or on the index (which stays in the secret state)."""
+    from dptrain.runs.run import attacker_bound
+
     cfg = search.cfg
     ledger = search.search_ledger(state.reference_noise)
     reasons = sorted({r for t in state.trials for r in t.not_private_because})
@@ -77,6 +87,7 @@ def summarize(search, state, rd: RunDirectory) -> tuple[dict, dict, int | None]:
         **({"not_private_because": [f"a trial is not private: {r}" for r in reasons]} if reasons else {}),
         "accountant": report.accountant,
         "target_epsilon": cfg.privacy.target_epsilon,
+        "membership_inference": attacker_bound(ledger, cfg.privacy.delta),
         "epsilon_single_run": single.epsilon,
         "single_run_accountant": single.accountant,
         **search.trials.to_dict(),
@@ -181,7 +192,7 @@ def selected_summary(search: dict, trial: dict, out: str, ledger: dict) -> dict[
     labelled, then the trial's entries of PUBLIC_RUN_KEYS (its gradient check without its time)."""
     from dptrain.runs.run import attacker_bound
 
-    rest = {k: trial[k] for k in PUBLIC_RUN_KEYS if k in trial}
+    rest = {k: v for k, v in trial.items() if public_key(k)}
     if isinstance(rest.get("gradient_check"), dict):
         rest["gradient_check"] = {k: v for k, v in rest["gradient_check"].items() if k != "seconds"}
     own = {k: trial[k] for k in CERTIFICATE_KEYS if k in trial}
