@@ -117,6 +117,17 @@ def test_calibrate_round_trips_through_account(capsys):
     assert json.loads(out)["epsilon"] <= 2.0
 
 
+def test_full_batch_sampling_needs_no_rate_and_refuses_another(capsys):
+    """--sampling full is rate 1: without --sampling-rate it accounts as with rate 1 (the rate used to be required),
+    and a rate below 1 given with it is refused (it used to be silently ignored)."""
+    base = ["account", "--sampling", "full", "--noise-multiplier", "1", "--steps", "10", "--delta", "1e-5", "--json"]
+    code, out, _ = run_cli(base, capsys)
+    code_1, out_1, _ = run_cli(base + ["--sampling-rate", "1"], capsys)
+    assert code == code_1 == 0 and json.loads(out)["epsilon"] == json.loads(out_1)["epsilon"]
+    code, out, err = run_cli(base + ["--sampling-rate", "0.5"], capsys)
+    assert code == 2 and out == "" and "--sampling-rate must be 1 or left out with --sampling full" in err
+
+
 @pytest.mark.parametrize(
     "args,message",
     [

@@ -71,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
             )
         bandmf.check_accountant(args)
         return _last_iterate(args)
+    common.full_batch_rate(args)
     for flag in ("noise_multiplier", "sampling_rate"):
         if getattr(args, flag) is None:
             raise ConfigError(f"--{flag.replace('_', '-')} is required with --accountant {args.accountant}")

@@ -49,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
         if trials is not None:
             raise ConfigError("--tuning-mean calibrates the trials of a search of DP-SGD runs: use --mechanism dpsgd")
         return _gaussian(args)
+    common.full_batch_rate(args)
     if args.sampling_rate is None or (args.steps is None and args.epochs is None):
         raise ConfigError("calibrate --mechanism dpsgd needs --sampling-rate and one of --steps / --epochs")
     common.check_rate_and_delta(args)

@@ -149,6 +149,16 @@ def add_sampling(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sampling", default="poisson", choices=["poisson", "full"])
 
 
+def full_batch_rate(args: argparse.Namespace) -> None:
+    """``--sampling full`` uses every example at every step: its rate is 1 without ``--sampling-rate``, and any other
+    rate given with it is refused (it used to be required, then ignored)."""
+    if args.sampling != "full":
+        return
+    check(args.sampling_rate in (None, 1.0), "--sampling-rate", "1 or left out with --sampling full (every example at "
+          "every step)", args.sampling_rate)
+    args.sampling_rate = 1.0
+
+
 def check_rate_and_delta(args: argparse.Namespace) -> None:
     """The range checks of ``--sampling-rate`` (given) and ``--delta``, in this order."""
     check(0 < args.sampling_rate <= 1, "--sampling-rate", "in (0, 1]", args.sampling_rate)
