@@ -121,11 +121,12 @@ def test_a_resume_that_changes_the_steps_is_refused(tmp_path, capsys):
         ("target_epsilon = 3.0", "", 'sampling = "fixed_size"', 'needs privacy.sampling = "poisson"'),
         ("target_epsilon = 3.0", "", 'sampling = "shuffled"', 'needs privacy.sampling = "poisson"'),
         ("target_epsilon = 3.0", "", 'accountant = "gdp"', "needs privacy.accountant in"),
+        ("target_epsilon = 3.0", "", 'accountant = "composition"', "needs privacy.accountant in auto, pld, rdp, not"),
     ],
 )
 def test_configs_bandmf_cannot_certify_are_refused_in_one_line(tmp_path, privacy, bands, extra, message):
     text = CONFIG.format(privacy=privacy + ("\n" + extra if extra.startswith("sampling") else ""), bands=bands,
-                         accountant="gdp" if "gdp" in extra else "auto")
+                         accountant=extra.split('"')[1] if extra.startswith("accountant") else "auto")
     with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
         config_from_toml(text)
 
@@ -241,7 +242,8 @@ def test_account_and_calibrate_take_bands(capsys):
         (("account", "--noise-multiplier", "1", "--bands", "0"), "expected an integer >= 1 or auto"),
         (("account", "--noise-multiplier", "1", "--bands", "40", "--sampling-rate", "0.05"), "--bands x --sampling-rate"),
         (("account", "--noise-multiplier", "1", "--momentum", "0.9"), "--momentum goes with --bands"),
-        (("account", "--noise-multiplier", "1", "--bands", "2", "--sampling", "full"), "--sampling must be poisson"),
+        (("account", "--noise-multiplier", "1", "--bands", "2", "--sampling", "full", "--sampling-rate", "1"),
+         "--sampling must be poisson"),
         (("calibrate", "--epsilon", "1", "--bands", "2", "--momentum", "1.5"), "--momentum must be in"),
     ],
 )
