@@ -87,3 +87,23 @@ def test_a_search_publishing_again_leaves_a_file_the_user_put_there_as_it_is(tmp
     assert len(times) == 1  # the search's own files: one time
     code, err = _cli(capsys, "train", "--config", str(config), "--out", str(out / "best"))
     assert code == 2 and "already holds a run; choose another --out" in err  # (a copy without its checkpoint)
+
+
+def test_a_refused_search_or_run_leaves_no_directory_behind(tmp_path, capsys):
+    """Refused after it claimed its directory (here: a search scoring on a test split cut from the private examples,
+    refused when the data is loaded; a run whose data file is missing), nothing is left: the directory it made is
+    removed, an empty one the user gave keeps nothing but what it had (it used to keep a stray .lock, and a second try
+    then met a directory dptrain had made)."""
+    tune = tmp_path / "tune.toml"
+    tune.write_text(TUNE.replace("validation_fraction = 0.2", "validation_is_public = true"))
+    code, err = _cli(capsys, "tune", "--config", str(tune), "--out", str(tmp_path / "new"))
+    assert code == 2 and "validation_is_public" in err and not (tmp_path / "new").exists()
+    (tmp_path / "given").mkdir()
+    assert _cli(capsys, "tune", "--config", str(tune), "--out", str(tmp_path / "given"))[0] == 2
+    assert list((tmp_path / "given").iterdir()) == []
+    run = tmp_path / "run.toml"
+    run.write_text(RUN.replace('name = "synthetic"\noptions = { n = 200, dim = 4, num_classes = 2, separation = 3.0 }',
+                               f'name = "npz"\npath = "{tmp_path / "missing.npz"}"\noptions = {{ num_classes = 2 }}'))
+    code, err = _cli(capsys, "train", "--config", str(run), "--out", str(tmp_path / "run"))
+    assert code == 2 and "file not found" in err
+    assert not (tmp_path / "run").exists()

@@ -174,6 +174,7 @@ class RunDirectory:
         which may not be a directory holding files dptrain did not make, :meth:`refuse_foreign`)."""
         if self.path.exists() and not self.path.is_dir():
             raise RunDirectoryError(f"output directory {self.path} exists and is not a directory")
+        made = create and not self.path.exists()
         if create:
             self.refuse_foreign()  # (a directory dptrain did not make: the user's own files)
             try:
@@ -199,10 +200,23 @@ class RunDirectory:
         self._lock_file = f
         try:
             yield self
+        except BaseException:
+            if create:  # refused before it wrote anything: no directory (or lock) left behind for the user to remove
+                self._unclaim(made)
+            raise
         finally:
             self._lock_file = None
             fcntl.flock(f, fcntl.LOCK_UN)
             f.close()
+
+    def _unclaim(self, made: bool) -> None:
+        """Undo :meth:`locked`'s claim of a directory in which nothing but its lock was written (a run or search
+        refused before its first file): the lock goes, and the directory too if the claim made it."""
+        with contextlib.suppress(OSError):
+            if [p.name for p in self.path.iterdir()] == [LOCK]:
+                (self.path / LOCK).unlink()
+                if made:
+                    self.path.rmdir()
 
     # -- writing ------------------------------------------------------------------------------------------
     def _atomic(self, name: str, write, directory: Path | None = None, mode: int = SHAREABLE_MODE) -> None:
