@@ -8,6 +8,8 @@ trapezoid rule and its binomial sum are re-derived below with ``scipy.integrate.
     P_v = N(v, z^2) * U[-w/2, w/2],    p_v(o) = (Phi((o - v + w/2)/z) - Phi((o - v - w/2)/z)) / w.
 """
 
+import contextlib
+import io
 import json
 import math
 import subprocess
@@ -29,6 +31,7 @@ from dptrain.accounting.modelmix import (
     reviewed_phase,
     step_rdp,
 )
+from dptrain.cli import main
 from dptrain.errors import AccountingError
 
 # --- independent reference -------------------------------------------------------------------------------------
@@ -355,7 +358,7 @@ def test_modelmix_ledger_under_rdp_is_the_looser_bound():
 
 # --- 7. the command line --------------------------------------------------------------------------------------
 
-CLI = [sys.executable, "-m", "dptrain.cli"]  # ``python -m dptrain`` has no __main__; dptrain.cli has
+CLI = [sys.executable, "-m", "dptrain.cli"]
 BASE = "account --noise-multiplier 0.36328 --sampling-rate 0.02 --steps 5000 --delta 1e-5".split()
 MM = ["--batch-size", "1000", "--max-grad-norm", "20"]
 CLI_ERRORS = {  # name: (extra arguments, a word the one-line message names)
@@ -369,25 +372,29 @@ CLI_ERRORS = {  # name: (extra arguments, a word the one-line message names)
     ),
 }
 SUCCESS = [*BASE, "--accountant", "modelmix", "--tau-over-lr", "0.3", *MM, "--json"]
+#: the refusal run in a real process (its exit status and a stderr without traceback, as a user sees them); the
+#: others call the command line's main in this process (a process costs 1.5 to 2 s of CPU importing dp_accounting)
+IN_A_PROCESS = "negative_tau"
+
+
+def _in_this_process(argv: list[str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(argv)
+    return code, out.getvalue(), err.getvalue()
 
 
 @pytest.fixture(scope="module")
 def cli_refusals():
-    """The refused commands, all at once: each process spends 1.5 to 2 s of CPU importing dp_accounting."""
-    procs = {
-        name: subprocess.Popen(
-            [*CLI, *BASE, *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
-        for name, (extra, _) in CLI_ERRORS.items()
-    }
-    out = {}
-    for name, proc in procs.items():
-        stdout, stderr = proc.communicate(timeout=120)
-        out[name] = (proc.returncode, stdout, stderr)
+    """The refused commands: (exit status, stdout, stderr) by name."""
+    proc = subprocess.Popen([*CLI, *BASE, *CLI_ERRORS[IN_A_PROCESS][0]], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    out = {name: _in_this_process([*BASE, *extra]) for name, (extra, _) in CLI_ERRORS.items() if name != IN_A_PROCESS}
+    stdout, stderr = proc.communicate(timeout=120)
+    out[IN_A_PROCESS] = (proc.returncode, stdout, stderr)
     return out
 
 
-@pytest.mark.slow  # five processes on two cores: about 5 s on an idle machine, 10 to 20 s beside other work
 @pytest.mark.parametrize("name", list(CLI_ERRORS))
 def test_cli_refusals_are_one_line(cli_refusals, name):
     code, stdout, stderr = cli_refusals[name]
@@ -399,9 +406,9 @@ def test_cli_refusals_are_one_line(cli_refusals, name):
 
 
 def test_cli_account_modelmix_json():
-    proc = subprocess.run([*CLI, *SUCCESS], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    out = json.loads(proc.stdout)
+    code, stdout, stderr = _in_this_process(SUCCESS)
+    assert code == 0, stderr
+    out = json.loads(stdout)
     for key in ("epsilon", "epsilon_paper_direction", "epsilon_dpsgd", "optimal_order", "certified"):
         assert key in out, key
     assert out["epsilon"] < out["epsilon_dpsgd"]
@@ -416,9 +423,9 @@ def test_cli_calibrate_modelmix():
         "calibrate --accountant modelmix --epsilon 2 --sampling-rate 0.02 --steps 1000 --delta 1e-5".split()
     )
     args += ["--tau-over-lr", "0.3", *MM, "--json"]
-    proc = subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    out = json.loads(proc.stdout)
+    code, stdout, stderr = _in_this_process(args)
+    assert code == 0, stderr
+    out = json.loads(stdout)
     sigma = out["noise_multiplier"]
     assert 0.3 < sigma < 2.0
     ledger = modelmix_ledger(sigma, 0.02, 1000, tau=0.3, batch_size=1000, clip_norm=20)

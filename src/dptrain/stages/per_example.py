@@ -243,8 +243,12 @@ class LayerwiseGradSampler:
         self._without_autograd: list[nn.Module] = []  # covering modules it ran with autograd off
         self._recorded_calls: tuple[list[Call], list[nn.Module]] | None = None
         self._handles = [model.register_forward_pre_hook(self._before_forward, with_kwargs=True)]
-        self._handles += [m.register_forward_hook(self._record) for m in self._layers]
-        self._handles += [m.register_forward_hook(self._record_call, with_kwargs=True) for m in self._fallback]
+        # The hooks run eagerly, never inside a compiled graph (the tensors they record must be the layers' own, not a
+        # graph's). torch.compiler.disable is applied here, not as a decorator of the class: it imports torch._dynamo
+        # (about 1.5 s), which a command that never makes a model private (a refused config) need not pay.
+        record, record_call = torch.compiler.disable(self._record), torch.compiler.disable(self._record_call)
+        self._handles += [m.register_forward_hook(record) for m in self._layers]
+        self._handles += [m.register_forward_hook(record_call, with_kwargs=True) for m in self._fallback]
 
     def _before_forward(self, module, args, kwargs):
         """A forward pass of the model begins (the first one recorded on two examples or more measures the layout of
@@ -252,7 +256,6 @@ class LayerwiseGradSampler:
         if self._records is not None:
             self._layout_of.forward_begins(args, kwargs, self._batch)
 
-    @torch.compiler.disable  # (a hook runs eagerly: the tensors it records must be the layer's own, not a graph's)
     def _record(self, module, inputs, output):
         if self._layout_of.probing:
             return self._layout_of.probe_record(module, [inputs[0]], output)
@@ -277,7 +280,6 @@ class LayerwiseGradSampler:
         self._calls.append(Call(module, [output], input_nodes(inputs[0])))
         return output.clone() if module in self._copied else None
 
-    @torch.compiler.disable
     def _record_call(self, module, args, kwargs, output):
         if self._layout_of.probing:
             return self._layout_of.probe_record(module, tree_flatten((tuple(args), dict(kwargs)))[0], output)
