@@ -633,3 +633,18 @@ def test_what_the_loop_cannot_run_is_refused_when_it_is_made():
     with pytest.raises(ConfigError) as error:
         make_private_loop(model, opt, (X, Y), noise_multiplier=1.0, batch_size=64, clip=1.0)
     assert "takes no option 'clip'" in _one_line(error)
+
+
+def test_a_grad_scaler_stepping_the_optimizer_is_refused_and_applies_nothing():
+    """torch.amp.GradScaler multiplies the losses by S: the loop would clip at max_grad_norm in scaled units, and after
+    unscale_ the clip norm and the noise would be S times smaller than asked. It used to train so, silently (on a
+    logical batch of one chunk; on the others torch's own assertion stopped it)."""
+    loop, model, opt = _loop(chunk=N)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    before = _params(model)
+    with pytest.raises(LoopError) as error:
+        for x, y in loop.batches(steps=1):
+            loop.backward(scaler.scale(_losses(model, x, y)))
+            scaler.step(opt)
+    assert "GradScaler is not for a private loop" in _one_line(error)
+    assert _equal(_params(model), before)

@@ -10,16 +10,12 @@ and records the release.
         optimizer.step()                             # does nothing on the other chunks (loop.step_skipped)
         optimizer.zero_grad()
 
-The loop is built on a :class:`dptrain.engine.trainer.PrivateTrainer` (``loop.trainer``): the model probe, the gradient check,
-the secret streams, the sampler, the clipping rule, the noise, the ledger, the budget and the checkpoints are the
-trainer's, and one logical batch is the trainer's step cut where your code runs: the same batch, the same clipped
-sum chunk by chunk, the same ``privatize`` (noise once, ``.grad``, the ledger event, the count). With the same seed,
-data and loss, a loop and ``trainer.train`` take bit-identical steps (``tests/test_private_loop.py``).
-
-What your code may do and what is refused, in one line (:class:`LoopError`), is in docs/training_loop.md. A logical
-batch is atomic as far as a loop can be: an error (or Ctrl-C) in your code before its last chunk's ``backward``
-releases nothing and rolls the streams back; SIGINT/SIGTERM arriving between the release and your
-``optimizer.step()`` wait for the step.
+Built on a :class:`dptrain.engine.trainer.PrivateTrainer` (``loop.trainer``: its probe, checks, streams, sampler,
+clipping, noise, ledger, budget, checkpoints), a logical batch is the trainer's step cut where your code runs: with the
+same seed, data and loss, a loop and ``trainer.train`` take bit-identical steps (``tests/test_private_loop.py``). What
+your code may do and what is refused in one line (:class:`LoopError`): docs/training_loop.md. A logical batch is
+atomic as far as a loop can be: an error (or Ctrl-C) before its last chunk's ``backward`` releases nothing and rolls
+the streams back; SIGINT/SIGTERM between the release and your ``optimizer.step()`` wait for the step.
 """
 
 from __future__ import annotations
@@ -37,6 +33,8 @@ from torch.utils._pytree import tree_map
 from dptrain.data.batches import as_source, loader_batch_size
 from dptrain.engine.api import _check_options, make_private, make_private_with_epsilon
 from dptrain.engine.extra_terms import ExtraRefused, check_reads_no_example, extra_gradients
+from dptrain.engine.grad_scaler import REFUSAL as GRAD_SCALER_REFUSAL
+from dptrain.engine.grad_scaler import called_by_grad_scaler
 from dptrain.engine.interrupts import deferred_signals
 from dptrain.engine.loop_state import changed_outside_step
 from dptrain.engine.trainer import PrivateTrainer, optimizer_step
@@ -415,6 +413,8 @@ class PrivateLoop:
                 "(close the loop with loop.close() to use it otherwise)"
             )
         self._check_foreign()
+        if called_by_grad_scaler():
+            self._refuse(GRAD_SCALER_REFUSAL)
         if not chunk.done:
             self._refuse("optimizer.step() without loop.backward(losses) on the chunk: backpropagate it first")
         if not chunk.last:
