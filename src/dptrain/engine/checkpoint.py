@@ -19,7 +19,7 @@ from dptrain.accounting.ledger import (
     event_noise_multiplier,
     training_steps,
 )
-from dptrain.errors import DataError
+from dptrain.errors import DataError, NonFiniteError
 
 
 class Checkpointing:
@@ -75,6 +75,12 @@ class Checkpointing:
         self._allowed_steps = None
         if self.bandmf is not None:  # its noise history (the groups came back with the sampler's state)
             self.bandmf.load_state_dict(state.get("bandmf"))
+        part = self.non_finite_part()
+        if part is not None:  # (written by a run that went on from a non-finite state: never continued from)
+            raise NonFiniteError(
+                f"the checkpoint's {part} hold NaN or inf (not finite): a run is never continued from a non-finite "
+                "state; start a fresh run"
+            )
 
     def _check_ledger_noise(self, ledger: Ledger) -> None:
         """Every training step of a checkpoint's ledger used the noise multiplier this run would use at that step (with

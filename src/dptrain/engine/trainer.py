@@ -459,8 +459,17 @@ class PrivateTrainer(Checkpointing, PrivacySide):
         else:  # the noisy sums are fresh tensors: scaled in place, in one call
             grads = (self.noise_stage or add_gaussian_noise)(summed, std, self.randomness.stream("noise"))
             torch._foreach_mul_(list(grads.values()), scale)
+        grads = {n: grads[n].to(p.dtype) for n, p in self.params.items()}
+        # Whatever the clipping rule (one that does not screen each example, a Lipschitz bound) and the dtype: a
+        # non-finite noisy gradient is never released (its NaN would be everyone's, and the sensitivity no bound).
+        if not _all_finite(grads.values()):
+            raise NonFiniteError(
+                f"the noisy gradient of step {self.steps + 1} is not finite (NaN or inf): a per-example gradient or "
+                "their sum overflowed; check the data and the loss function, lower privacy.max_grad_norm; nothing of "
+                "this step was released"
+            )
         for n, p in self.params.items():
-            p.grad = grads[n].to(p.dtype)
+            p.grad = grads[n]
         if self.bandmf is not None:  # the step's noise joins the secret history, with the release
             self.bandmf.noise.commit()
         # The release happens here: record it, count it and apply it together.
@@ -469,12 +478,32 @@ class PrivateTrainer(Checkpointing, PrivacySide):
             self.ledger.record(*self.release_event())
         self.steps += 1
 
+    def training_state(self) -> dict[str, list[torch.Tensor]]:
+        """The floating-point tensors the next step reads, by part: the model's weights, the optimizer's state (e.g.
+        Adam's moments, whose overflow to inf leaves the weights finite but the updates dead) and the weight average
+        (which is released)."""
+        optimizer_state = [v for s in self.optimizer.state.values() for v in s.values()
+                           if torch.is_tensor(v) and v.is_floating_point()]
+        average = list(self.weight_average.averages.values()) if self.weight_average is not None else []
+        return {"model's weights": list(self.params.values()), "optimizer's state": optimizer_state,
+                "weight average (EMA)": average}
+
+    def non_finite_part(self) -> str | None:
+        """The first part of :meth:`training_state` holding a NaN or inf, or None (one synchronization when all are
+        finite)."""
+        parts = self.training_state()
+        if _all_finite([t for ts in parts.values() for t in ts]):
+            return None
+        return next(name for name, ts in parts.items() if not _all_finite(ts))
+
     def check_weights(self) -> None:
-        """NonFiniteError if an update left a weight NaN or infinite (never a silent NaN model)."""
-        if not _all_finite(self.params.values()):
+        """NonFiniteError if an update left a weight, the optimizer's state or the weight average NaN or infinite
+        (never a silent NaN model, never a run that goes on from a NaN state)."""
+        part = self.non_finite_part()
+        if part is not None:
             raise NonFiniteError(
-                f"training diverged at step {self.steps}: the model's weights are no longer finite (NaN or inf) "
-                "after the optimizer step; lower the learning rate"
+                f"training diverged at step {self.steps}: the {part} hold NaN or inf after the optimizer step "
+                "(not finite); lower the learning rate or privacy.max_grad_norm"
             )
 
     @contextlib.contextmanager
