@@ -92,7 +92,11 @@ FLAG_CASES = [
     (name, action.option_strings[-1], bad)
     for name, action in _numeric_flags()
     if action.type in NUMERIC
-    for bad in (["nan", "1e308", str(10**30), "abc"] if action.type is not common.shape_float else ["nan", "1e308"])
+    for bad in (
+        ["nan", "1e308", str(10**30), "abc"] if action.type is common.positive_int
+        else ["nan", "1e308", "1e60"] if action.type is common.shape_float  # (inf is a shape)
+        else ["nan", "inf", "1e308", "1e60"]
+    )
 ]
 
 

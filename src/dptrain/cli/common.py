@@ -265,7 +265,7 @@ def shape_float(text: str) -> float:
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number or inf, got {text!r}") from None
     if math.isnan(v) or (v != math.inf and number_problem(v) is not None):
-        raise argparse.ArgumentTypeError(f"expected a number of magnitude at most {MAX_FLOAT:g} or inf, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a number or inf (a finite one of magnitude at most {MAX_FLOAT:g}), got {text!r}")
     return v
 
 
