@@ -140,7 +140,7 @@ def test_bad_variants_and_calibrations_are_config_errors():
     [
         (["reproduce", "audit", "--seeds", "2"], "takes no --seeds"),
         (["reproduce", "modelmix", "--epsilons", "0.2,x"], "--epsilons takes comma-separated numbers"),
-        (["reproduce", "modelmix", "--seeds", "0"], "--seeds takes a number of seeds >= 1"),
+        (["reproduce", "modelmix", "--seeds", "0"], "argument --seeds: expected an integer >= 1"),
     ],
 )
 def test_reproduce_options_errors(argv, message, capsys, tmp_path):

@@ -271,9 +271,9 @@ def test_the_noise_multiplier_cannot_change_after_calibration():
 @pytest.mark.parametrize(
     "override,message",
     [
-        ("training.learning_rate=1e308", "training diverged at step 1"),
-        ("privacy.max_grad_norm=1e308", "noisy gradient of step 1 is not finite"),
-        ("training.weight_decay=inf", "training.weight_decay must be a finite number >= 0"),
+        ("training.learning_rate=1e39", "training diverged at step 1"),
+        ("privacy.max_grad_norm=1e39", "noisy gradient of step 1 is not finite"),
+        ("training.weight_decay=inf", "training.weight_decay must be a finite number"),
     ],
 )
 def test_numbers_that_would_give_a_nan_model_stop_the_run_with_one_line(tmp_path, capsys, override, message):

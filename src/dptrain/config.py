@@ -25,6 +25,7 @@ from dptrain.accounting.checks import check_noise_multiplier
 from dptrain.data.loaders import DATASET_NAMES
 from dptrain.errors import ConfigError
 from dptrain.models.builders import MODEL_NAMES
+from dptrain.numbers import number_problem
 from dptrain.preflight.buffers import BUFFER_UPDATES
 from dptrain.stages.augmentation import check_flip_fits, make_augmentation
 from dptrain.stages.batch_selection import SAMPLING_NAMES
@@ -212,6 +213,10 @@ def _coerce(key: str, value: Any, tp) -> Any:
     allowed = typing.get_args(tp) if isinstance(tp, types.UnionType) else (tp,)
     if value is None and type(None) in allowed:
         return None
+    if isinstance(value, int | float) and not isinstance(value, bool) and (int in allowed or float in allowed):
+        problem = number_problem(value)  # every number first: finite, of a size its arithmetic holds
+        if problem is not None:
+            raise ConfigError(f"{key} must be {problem}, got {value!r}")
     for a in allowed:
         if a is float and isinstance(value, int | float) and not isinstance(value, bool):
             return float(value)
@@ -337,7 +342,7 @@ def validate(cfg: RunConfig) -> None:
     check_accountant(p.accountant, "privacy.accountant")
     if t.steps is not None:
         need(t.steps >= 1, "training.steps", "an integer >= 1", t.steps)
-    else:
+    if t.steps is None or t.epochs is not None:  # (checked even where training.steps wins: never silently ignored)
         need(
             finite(t.epochs) and t.epochs > 0,
             "training.epochs",

@@ -221,7 +221,11 @@ class Setting:
             raise AccountingError(
                 f"the step-size decay power must be in [0, 1) (Example 5.9), got {self.lr_power}"
             )
+        if not (math.isfinite(self.strong_convexity) and self.strong_convexity >= 0):
+            raise AccountingError(f"strong convexity m must be a finite number >= 0, got {self.strong_convexity}")
         if self.smoothness is not None:
+            if not (math.isfinite(self.smoothness) and self.smoothness > 0):
+                raise AccountingError(f"smoothness M must be a finite number > 0, got {self.smoothness}")
             limit = 2 / self.smoothness
             if self.learning_rate > limit or (self.strong_convexity > 0 and self.learning_rate >= limit):
                 raise AccountingError(

@@ -33,14 +33,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     common.add_config(parser)
     parser.add_argument(
         "--canaries",
-        type=int,
+        type=common.positive_int,
         default=None,
         metavar="M",
         help="number of canaries m >= 2 (default 1000; scored on the last iterate: at most the trainable parameters)",
     )
     parser.add_argument(
         "--confidence",
-        type=float,
+        type=common.finite_float,
         default=0.95,
         help="confidence of the lower bound, in (0, 1) (default 0.95)",
     )

@@ -12,6 +12,7 @@ import math
 from typing import TYPE_CHECKING
 
 from dptrain.errors import ConfigError
+from dptrain.numbers import MAX_FLOAT, number_problem
 
 if TYPE_CHECKING:  # annotations only
     from collections.abc import Callable
@@ -34,8 +35,8 @@ def positive_int(text: str) -> int:
         v = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {v}")
+    if v < 1 or number_problem(v) is not None:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1 that fits in 64 bits, got {v}")
     return v
 
 
@@ -45,8 +46,9 @@ def finite_float(text: str) -> float:
         v = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not math.isfinite(v):
-        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    problem = number_problem(v)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(f"expected {problem}, got {text!r}")
     return v
 
 
@@ -56,8 +58,8 @@ def float_list(text: str) -> list[float]:
         values = [float(v) for v in text.split(",") if v.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
-    if not values or not all(math.isfinite(v) for v in values):
-        raise argparse.ArgumentTypeError(f"expected comma-separated finite numbers, got {text!r}")
+    if not values or any(number_problem(v) is not None for v in values):
+        raise argparse.ArgumentTypeError(f"expected comma-separated finite numbers of magnitude at most {MAX_FLOAT:g}, got {text!r}")
     return values
 
 
@@ -262,8 +264,8 @@ def shape_float(text: str) -> float:
         v = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number or inf, got {text!r}") from None
-    if math.isnan(v):
-        raise argparse.ArgumentTypeError(f"expected a number or inf, got {text!r}")
+    if math.isnan(v) or (v != math.inf and number_problem(v) is not None):
+        raise argparse.ArgumentTypeError(f"expected a number or inf (a finite one of magnitude at most {MAX_FLOAT:g}), got {text!r}")
     return v
 
 

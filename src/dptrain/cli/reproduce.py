@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from dptrain.cli import common
+
 # numpy only: run_reproduction imports the reproduction (and torch) when it runs
 from dptrain.reproduce import REPRODUCTIONS, run_reproduction
 
@@ -16,7 +18,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=None, help="output directory (default runs/reproduce-NAME)")
     parser.add_argument("--quick", action="store_true", help="a small version that runs in about a minute")
     parser.add_argument(
-        "--seeds", type=int, default=None, metavar="N", help="training reproductions: seeds 0..N-1 (modelmix, modelmix-decided, bandmf: 3)"
+        "--seeds", type=common.positive_int, default=None, metavar="N", help="training reproductions: seeds 0..N-1 (modelmix, modelmix-decided, bandmf: 3)"
     )
     parser.add_argument(
         "--power",

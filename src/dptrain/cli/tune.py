@@ -18,7 +18,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     common.add_config(parser)
     parser.add_argument("--out", default=None, help="search directory (default: runs/<config name>-tune, -2, ...)")
     parser.add_argument("--resume", metavar="DIR", help="continue the interrupted search stored in DIR")
-    parser.add_argument("--trials-mean", type=float, metavar="K", help="mean number of trials (tune.trials_mean)")
+    parser.add_argument("--trials-mean", type=common.finite_float, metavar="K", help="mean number of trials (tune.trials_mean)")
     parser.add_argument(
         "--distribution",
         metavar="geometric|logarithmic|poisson|tnb:SHAPE",
