@@ -3,10 +3,11 @@ finite, and of a size the arithmetic behind it can hold.
 
 A float must be finite and at most :data:`MAX_FLOAT` in magnitude: no quantity dptrain reads (a noise multiplier, a
 learning rate, a clip norm, a budget, an epoch count) means anything beyond, while 1e308 overflows the first square
-taken of it (1e50 keeps fourth powers finite; above float32's 3.4e38, so a value that overflows a model's float32
-weights still reaches training, which stops it as not finite) (e.g. sigma^2 in the proactive closed form), far from where the value was given. An
-integer must fit in 64 bits (TOML's own integer range; torch and numpy sizes and seeds): 10**30 would overflow the
-first tensor or array built from it. The key's own range check (> 0, in (0, 1), ...) comes after this one.
+taken of it (e.g. sigma^2 in the proactive closed form), far from where the value was given. 1e50 keeps fourth powers
+finite and lies above float32's 3.4e38, so a value that overflows a model's float32 weights still reaches training,
+which stops it as not finite. An integer must fit in 64 bits (TOML's own integer range; torch and numpy sizes and
+seeds): 10**30 would overflow the first tensor or array built from it. The key's own range check (> 0, in (0, 1),
+...) comes after this one.
 
 What this cannot see: a number inside the bounds that is still too large for the resources of the machine (10**9
 steps of a schedule allocate arrays of that length); those are the key's own checks.
