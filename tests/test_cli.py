@@ -128,6 +128,16 @@ def test_full_batch_sampling_needs_no_rate_and_refuses_another(capsys):
     assert code == 2 and out == "" and "--sampling-rate must be 1 or left out with --sampling full" in err
 
 
+@pytest.mark.parametrize("flag", ["--lipschitz 3", "--rdp-order 0.5", "--noise-std 1", "--batch-size 10",
+                                  "--batching cyclic", "--strong-convexity 1"])
+def test_a_last_iterate_flag_on_dp_sgds_path_is_refused_not_ignored(flag, capsys):
+    """account's last_iterate flags used to be ignored by the DP-SGD accountants (the epsilon printed was that of the
+    run without them, and --rdp-order <= 1 passed unchecked)."""
+    base = ["account", "--noise-multiplier", "1", "--sampling-rate", "0.01", "--steps", "100", "--delta", "1e-5"]
+    code, out, err = run_cli(base + flag.split(), capsys)
+    assert code == 2 and out == "" and f"{flag.split()[0]} goes with --accountant last_iterate" in err
+
+
 @pytest.mark.parametrize(
     "args,message",
     [

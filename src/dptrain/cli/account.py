@@ -59,6 +59,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     common.add_json(parser)
 
 
+#: The last_iterate group's flags and their defaults: given on DP-SGD's path, each is refused (it was ignored).
+LAST_ITERATE_FLAGS = {
+    "lipschitz": None, "diameter": None, "smoothness": None, "learning_rate": None, "dataset_size": None,
+    "noise_std": None, "strong_convexity": 0.0, "batching": "random", "adjacency": "replace", "lr_power": 0.0,
+    "rdp_order": None,
+}
+
+
+def _refuse_last_iterate_flags(args: argparse.Namespace) -> None:
+    given = [f for f, default in LAST_ITERATE_FLAGS.items() if getattr(args, f) != default]
+    modelmix = args.accountant == "modelmix" or any(getattr(args, f, None) is not None for f in common.MODELMIX_FLAGS)
+    if args.batch_size is not None and not modelmix:  # (else ModelMix's expected batch size)
+        given.append("batch_size")
+    if given:
+        raise ConfigError(
+            f"--{given[0].replace('_', '-')} goes with --accountant last_iterate (projected noisy SGD), not with "
+            f"--accountant {args.accountant}, which would ignore it"
+        )
+
+
 def run(args: argparse.Namespace) -> int:
     from dptrain.accounting import accountant_names, all_reports, check_noise_multiplier, epsilon, tightest
 
@@ -72,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
         bandmf.check_accountant(args)
         return _last_iterate(args)
     common.full_batch_rate(args)
+    _refuse_last_iterate_flags(args)
     for flag in ("noise_multiplier", "sampling_rate"):
         if getattr(args, flag) is None:
             raise ConfigError(f"--{flag.replace('_', '-')} is required with --accountant {args.accountant}")
