@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import copy
 import math
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,7 @@ from torch import nn
 
 from dptrain.engine.api import make_private
 from dptrain.errors import ConfigError
+from dptrain.randomness.generators import NotPrivateWarning
 
 __all__ = ["UtilityGraph", "accuracy_evaluator", "noise_free_trainer", "utility_graph"]
 
@@ -262,16 +264,18 @@ def noise_free_trainer(
             model = model_fn()
         optimizer = torch.optim.SGD(model.parameters(), lr=lr)
         scheduler = None if schedule is None else torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
-        trainer = make_private(
-            model,
-            optimizer,
-            train,
-            noise_multiplier=0.0,
-            non_private=True,
-            max_grad_norm=clip,
-            batch_size=batch_size,
-            seed=seed,
-        )
+        with warnings.catch_warnings():  # (seeded, and without noise: not private, as the graph says it is)
+            warnings.simplefilter("ignore", NotPrivateWarning)
+            trainer = make_private(
+                model,
+                optimizer,
+                train,
+                noise_multiplier=0.0,
+                non_private=True,
+                max_grad_norm=clip,
+                batch_size=batch_size,
+                seed=seed,
+            )
         try:
             for _ in range(steps):
                 trainer.step()
