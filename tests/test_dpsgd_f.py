@@ -319,6 +319,16 @@ def test_bad_inputs_one_line_errors(data, tmp_path, capsys):
             "--set",
             'privacy.accountant="rdp"',
         ],
+        "quantile_tail is for kind dpsgd_f_theory": [  # (private_mean used to ignore it)
+            "--set",
+            'preprocessing.kind="private_mean"',
+            "--set",
+            "preprocessing.feature_norm=1.0",
+            "--set",
+            "preprocessing.eps_f=0.1",
+            "--set",
+            "preprocessing.quantile_tail=5",
+        ],
         "preprocessing.kind": ["--set", 'preprocessing.kind="center"'],
         "preprocessing.colour": ["--set", "preprocessing.colour=1"],
     }

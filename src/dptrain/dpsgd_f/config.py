@@ -59,6 +59,8 @@ def validate(cfg: RunConfig) -> None:
             f"mapped back through the linear map; got model.name = {cfg.model.name!r}"
         )
     if pre.kind == "private_mean":
+        if pre.quantile_tail is not None:
+            raise ConfigError("preprocessing.quantile_tail is for kind dpsgd_f_theory; private_mean has no quantile")
         need(
             pre.eps_f is not None and finite(pre.eps_f) and pre.eps_f > 0,
             "preprocessing.eps_f",
