@@ -116,6 +116,9 @@ def test_calibration_treats_the_refusal_as_infinite_epsilon():
 
     sigma = calibrate_dpsgd_noise(500.0, DELTA, 0.01, 100, "rdp")
     assert epsilon(dpsgd_ledger(sigma, 0.01, 100), DELTA, "rdp").epsilon <= 500.0
+    # A budget above the cap an infinite epsilon was read as (1e6) used to leave the root search no sign change.
+    sigma = calibrate_dpsgd_noise(1e7, DELTA, 0.01, 100, "rdp")
+    assert epsilon(dpsgd_ledger(sigma, 0.01, 100), DELTA, "rdp").epsilon <= 1e7
 
 
 # --- the PLD's size -----------------------------------------------------------------------------------------

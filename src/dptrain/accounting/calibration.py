@@ -128,7 +128,8 @@ def calibrate_noise(
     if lo < SIGMA_MIN:
         sigma = hi  # any noise above SIGMA_MIN meets this (loose) budget
     else:
-        gap = lambda s: min(eps_below(s), 1e6) - target_epsilon  # noqa: E731
+        cap = max(1e6, 2.0 * target_epsilon)  # (an infinite epsilon counts as over budget, whatever the budget)
+        gap = lambda s: min(eps_below(s), cap) - target_epsilon  # noqa: E731
         sigma = optimize.brentq(gap, lo, hi, xtol=1e-12, rtol=rtol)
     # Brent returns a point within tolerance of the root, on either side: step up until it is within budget.
     # Below hi (which met it) a noise the accountant refuses to certify is stepped over like one over budget.
