@@ -46,9 +46,11 @@ run: $(STAMP) data
 	  $(BIN)/dptrain train --config configs/digits.toml $(OUTARG); \
 	fi
 
-# Two workers, one per core (tests/conftest.py keeps each worker's torch on one thread).
+# Two workers, one per core (tests/conftest.py keeps each worker's torch on one thread); an idle worker takes tests
+# from the other's queue (worksteal), so the long ones (torchrun's ranks, kill -9) do not leave it waiting at the end
+# (164 s instead of 178 s here, 2026-11-28).
 test: $(STAMP) data
-	$(BIN)/python -m pytest -q -n 2
+	$(BIN)/python -m pytest -q -n 2 --dist worksteal
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
