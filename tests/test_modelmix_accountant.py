@@ -366,6 +366,7 @@ CLI_ERRORS = {  # name: (extra arguments, a word the one-line message names)
     "linf_p_0": (["--accountant", "modelmix", "--tau-over-lr", "0.3", "--linf-p", "0", *MM], "--linf-p"),
     "tau_with_rdp": (["--accountant", "rdp", "--tau-over-lr", "0.1"], "--tau-over-lr"),
     "modelmix_without_tau": (["--accountant", "modelmix", *MM], "--tau-over-lr"),
+    "huge_width": (["--accountant", "modelmix", "--tau-over-lr", "1e9", *MM], "grid points"),  # (was a MemoryError)
     "modelmix_without_batch": (
         ["--accountant", "modelmix", "--tau-over-lr", "0.3", "--max-grad-norm", "20"],
         "--batch-size",

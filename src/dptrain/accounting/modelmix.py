@@ -100,6 +100,9 @@ CERTIFIED_RANGE = {"noise_multiplier": (0.3, 8.0), "width": (0.0, 250.0)}
 
 _STEPS_PER_Z = 40  # grid step z / 40
 _TAILS = 40.0  # the grid reaches 40 z beyond the support's edges: p_0 is below e^-800 there
+#: The most points a quadrature grid may have (a width w or an order thousands of times z past the reviewed range
+#: would ask for terabytes): beyond, refused in one line.
+MAX_GRID_POINTS = 20_000_000
 
 
 def log_density(o: np.ndarray, z: float, w: float) -> np.ndarray:
@@ -117,7 +120,14 @@ def _grid(z: float, w: float, shift: float, reach: float) -> tuple[np.ndarray, n
     """(log p_0, log L) on the uniform grid covering [-w/2 - 40z - shift, w/2 + reach + 40z], and its step."""
     h = z / _STEPS_PER_Z
     lo, hi = -w / 2 - _TAILS * z - shift, w / 2 + reach + _TAILS * z
-    o = lo + h * np.arange(int(math.ceil((hi - lo) / h)) + 1)
+    points = math.ceil((hi - lo) / h) + 1
+    if points > MAX_GRID_POINTS:
+        raise AccountingError(
+            f"the ModelMix accountant's quadrature for noise multiplier {z:g} and width over sensitivity {w:g} would "
+            f"take {points:.3g} grid points (at most {MAX_GRID_POINTS:g}): the width (tau/eta) B / C is far beyond "
+            f"the reviewed range {CERTIFIED_RANGE['width']}; lower tau or the batch size"
+        )
+    o = lo + h * np.arange(points)
     log_p0 = log_density(o, z, w)
     return log_p0, log_density(o - shift, z, w) - log_p0, h
 
