@@ -24,6 +24,15 @@ LAST_ITERATE_NO_PROFILE = (
 HELP = "epsilon spent by DP-SGD (or projected noisy SGD) with given parameters"
 
 
+#: The last_iterate group's flags and their defaults (the parser's): given on DP-SGD's path, each is refused (it was
+#: ignored).
+LAST_ITERATE_FLAGS = {
+    "lipschitz": None, "diameter": None, "smoothness": None, "learning_rate": None, "dataset_size": None,
+    "noise_std": None, "strong_convexity": 0.0, "batching": "random", "adjacency": "replace", "lr_power": 0.0,
+    "rdp_order": None,
+}
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     common.add_noise_multiplier(parser)
     common.add_sampling_rate(parser)
@@ -41,10 +50,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     li.add_argument(
         "--noise-std", type=finite_float, metavar="SIGMA", help="std of the Gaussian on the averaged gradient"
     )
-    li.add_argument("--strong-convexity", type=finite_float, default=0.0, metavar="m")
-    li.add_argument("--batching", default="random", choices=["random", "cyclic", "full"])
-    li.add_argument("--adjacency", default="replace", choices=["replace", "remove"])
-    li.add_argument("--lr-power", type=finite_float, default=0.0, help="eta_t = ETA (t+1)^-p, p in [0, 1)")
+    li.add_argument("--strong-convexity", type=finite_float, default=LAST_ITERATE_FLAGS["strong_convexity"], metavar="m")
+    li.add_argument("--batching", default=LAST_ITERATE_FLAGS["batching"], choices=["random", "cyclic", "full"])
+    li.add_argument("--adjacency", default=LAST_ITERATE_FLAGS["adjacency"], choices=["replace", "remove"])
+    li.add_argument(
+        "--lr-power", type=finite_float, default=LAST_ITERATE_FLAGS["lr_power"], help="eta_t = ETA (t+1)^-p, p in [0, 1)"
+    )
     li.add_argument(
         "--rdp-order", type=finite_float, metavar="A", help="also print the RDP bound at this order"
     )
@@ -57,14 +68,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also draw the membership-inference attacker's bound (TPR against FPR) to this PNG",
     )
     common.add_json(parser)
-
-
-#: The last_iterate group's flags and their defaults: given on DP-SGD's path, each is refused (it was ignored).
-LAST_ITERATE_FLAGS = {
-    "lipschitz": None, "diameter": None, "smoothness": None, "learning_rate": None, "dataset_size": None,
-    "noise_std": None, "strong_convexity": 0.0, "batching": "random", "adjacency": "replace", "lr_power": 0.0,
-    "rdp_order": None,
-}
 
 
 def _refuse_last_iterate_flags(args: argparse.Namespace) -> None:

@@ -12,7 +12,7 @@ import math
 from typing import TYPE_CHECKING
 
 from dptrain.errors import ConfigError
-from dptrain.numbers import MAX_FLOAT, number_problem
+from dptrain.numbers import number_problem
 
 if TYPE_CHECKING:  # annotations only
     from collections.abc import Callable
@@ -58,8 +58,9 @@ def float_list(text: str) -> list[float]:
         values = [float(v) for v in text.split(",") if v.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
-    if not values or any(number_problem(v) is not None for v in values):
-        raise argparse.ArgumentTypeError(f"expected comma-separated finite numbers of magnitude at most {MAX_FLOAT:g}, got {text!r}")
+    problem = next((p for p in map(number_problem, values) if p is not None), None)
+    if not values or problem is not None:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, each {number_problem(math.inf)}, got {text!r}")
     return values
 
 
@@ -265,7 +266,7 @@ def shape_float(text: str) -> float:
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number or inf, got {text!r}") from None
     if math.isnan(v) or (v != math.inf and number_problem(v) is not None):
-        raise argparse.ArgumentTypeError(f"expected a number or inf (a finite one of magnitude at most {MAX_FLOAT:g}), got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected inf or {number_problem(math.inf)}, got {text!r}")
     return v
 
 
