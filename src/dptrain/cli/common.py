@@ -266,7 +266,7 @@ def shape_float(text: str) -> float:
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number or inf, got {text!r}") from None
     if math.isnan(v) or (v != math.inf and number_problem(v) is not None):
-        raise argparse.ArgumentTypeError(f"expected inf or {number_problem(math.inf)}, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a number or inf ({number_problem(math.inf)}, or inf), got {text!r}")
     return v
 
 
