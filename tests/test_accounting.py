@@ -87,8 +87,8 @@ def test_gdp_delta_matches_direct_formula_and_inverts():
 @pytest.mark.parametrize(
     "sigma,n,k,s,uniform,poisson",
     [
-        # Seed 002 (Proactive DP) Tables 9-11, f-DP epsilon at T_min: uniform-sampling CLT (eq. 64/65),
-        # and the digest's Poisson variant. delta = 1/N, T = kN/s.
+        # van Dijk et al., "Proactive DP", Tables 9-11, f-DP epsilon at T_min: uniform-sampling CLT (eq. 64/65),
+        # and its Poisson-sampling variant (our own computation, not in the paper). delta = 1/N, T = kN/s.
         (19.29962, 1e4, 5, 26, 0.0105, 0.0103),
         (12.10881, 6e4, 6, 288, 0.0389, 0.0375),
         (6.572, 5e4, 7, 406, 0.1132, 0.1062),

@@ -273,14 +273,16 @@ def test_the_gaussian_calibration_quoted_in_the_prose(capsys):
     assert round(data["classical_noise_multiplier"], 1) == classical
 
 
-def test_the_docs_cite_papers_not_internal_notes():
-    """docs/ is for users: a paper is cited by its authors, title and equation, never by an internal note ("digest 7
-    item 8", "seeds/003_...") a reader cannot follow."""
-    shorthand = re.compile(r"\bdigests?\b|\bseeds/0\d\d_", re.IGNORECASE)
+def test_the_project_cites_papers_not_internal_notes():
+    """A paper is cited by its authors, title and equation, never by an internal note ("digest 7 item 8", "seed 003",
+    "seeds/003_...") a reader cannot follow: in the docs, the code, the tests, the benchmarks and the configs alike."""
+    shorthand = re.compile(r"\bdigests?\b(?!\(|_size)|\bseeds? ?00\d\b|\bseeds/0\d\d_", re.IGNORECASE)
+    roots = ["docs", "src", "tests", "benchmarks", "configs"]
+    paths = [REPO / "README.md", *(p for root in roots for p in sorted((REPO / root).rglob("*")))]
     found = [
         f"{path.relative_to(REPO)}: {match.group(0)}"
-        for path in [REPO / "README.md", *sorted((REPO / "docs").rglob("*"))]
-        if path.suffix in (".md", ".json")
+        for path in paths
+        if path.suffix in (".md", ".json", ".py", ".toml") and path != Path(__file__)
         for match in shorthand.finditer(path.read_text())
     ]
     assert not found, found

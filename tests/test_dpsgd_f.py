@@ -1,4 +1,5 @@
-"""DPSGD-F (seed 004): analytic Gaussian calibration, the preprocessing pipelines, their privacy composition,
+"""DPSGD-F (Sun, Suresh & Menon, "The importance of feature preprocessing for differentially private linear
+optimization"): analytic Gaussian calibration, the preprocessing pipelines, their privacy composition,
 the bias mapping, the private quantile and the bad inputs."""
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Last-iterate accountant (seed 003): S_alpha, the App. B bounds, monotonicity and plateaus, refusals, CLI."""
+"""Last-iterate accountant (Altschuler & Talwar, "Privacy of Noisy Stochastic Gradient Descent: More Iterations
+without More Privacy Loss"): S_alpha, the App. B bounds, monotonicity and plateaus, refusals, CLI."""
 
 import json
 import math
@@ -19,7 +20,7 @@ from dptrain.accounting.last_iterate import (
 from dptrain.cli import main
 from dptrain.errors import AccountingError
 
-# Example A of the digest (section 7): alpha = 8, L = D = 1, eta = 0.1, n = 1000, b = 10, sigma = 4, replace.
+# A worked example of Altschuler & Talwar's bound (App. B.2, our own numbers): alpha = 8, L = D = 1, eta = 0.1, n = 1000, b = 10, sigma = 4, replace.
 A = dict(n=1000, b=10, noise_std=4.0, lipschitz=1.0, diameter=1.0, learning_rate=0.1)
 
 
@@ -83,7 +84,7 @@ def test_bound_is_non_decreasing_constant_after_burn_in_and_below_composition():
 
 
 def test_full_batch_plateau_matches_the_closed_form():
-    # (B.1): plateau 4 alpha L D~ / (n eta sigma^2) with D~ = D + 2 eta L / n (digest 4.3); B.2 with b = n is
+    # (B.1): plateau 4 alpha L D~ / (n eta sigma^2) with D~ = D + 2 eta L / n (App. B.1); B.2 with b = n is
     # slightly below it (no D~ inflation) and the bound takes the smaller.
     st = example(10**6, b=1000, batching="full")
     d_tilde = 1 + 2 * 0.1 / 1000
@@ -129,7 +130,7 @@ def test_decaying_steps_grow_slowly_and_the_eta2_weighting_matches_constant_step
 def test_remove_adjacency_halves_the_sensitivity():
     replace, remove = example(1000), example(1000, adjacency="remove")
     assert rdp_bound(remove, 8).rdp < rdp_bound(replace, 8).rdp
-    # tau = 0 under remove adjacency is T times the sampled Gaussian with noise multiplier b sigma / L (digest 18)
+    # tau = 0 under remove adjacency is T times the sampled Gaussian with noise multiplier b sigma / L (S_alpha of Def. 2.10)
     assert rdp_bound(remove, 8).composition == pytest.approx(1000 * s_alpha(8, 0.01, 10 * 4.0 / 1.0))
 
 

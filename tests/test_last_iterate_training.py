@@ -1,4 +1,4 @@
-"""Projected noisy SGD on convex GLMs (seed 003, Altschuler & Talwar): gradients, constants, projection,
+"""Projected noisy SGD on convex GLMs (Altschuler & Talwar, "Privacy of Noisy Stochastic Gradient Descent"): gradients, constants, projection,
 ledger contract, validation, determinism, resume and utility."""
 
 import copy

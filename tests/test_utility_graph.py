@@ -1,4 +1,4 @@
-"""Utility graph of Proactive DP (seed 002, Sec. 3.3) on a tiny synthetic problem."""
+"""Utility graph of van Dijk et al., "Proactive DP: A Multiple Target Optimization Framework for DP-SGD", Sec. 3.3, on a tiny synthetic problem."""
 
 from __future__ import annotations
 

@@ -132,8 +132,8 @@ def _cache_path(cache: str | os.PathLike, setting: Any, base: np.ndarray, grid: 
         sort_keys=True,
         default=str,
     )
-    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    return Path(cache) / f"influence-{digest}.json"
+    key_hash = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return Path(cache) / f"influence-{key_hash}.json"
 
 
 def estimate_influence(
