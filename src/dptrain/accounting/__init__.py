@@ -37,7 +37,13 @@ from dptrain.accounting.calibration import (
     gaussian_mechanism_noise,
     max_releases,
 )
-from dptrain.accounting.bandmf_bands import BandsChoice, bandmf_noise_multiplier, choose_bands, rmse_ratio
+from dptrain.accounting.bandmf_bands import (
+    BandsChoice,
+    bandmf_noise_multiplier,
+    choose_bands,
+    reported_rmse_ratio,
+    rmse_ratio,
+)
 from dptrain.accounting.bandmf_ledger import bandmf_ledger, bandmf_step, bandmf_step_index
 from dptrain.accounting.bandmf_noise import noise_recurrence, streamed_noise
 from dptrain.accounting.bandmf_sensitivity import bandmf_sensitivity, participation_sensitivity
@@ -70,6 +76,7 @@ __all__ = [
     "noise_recurrence",
     "optimal_coefficients",
     "participation_sensitivity",
+    "reported_rmse_ratio",
     "rmse_ratio",
     "streamed_noise",
     "toeplitz_workload",

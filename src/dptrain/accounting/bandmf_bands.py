@@ -116,6 +116,21 @@ def rmse_ratio(
     return sigma_b / sigma_1 * math.sqrt(error)
 
 
+def reported_rmse_ratio(
+    steps: int, sampling_rate: float, epsilon: float, delta: float, bands: int, workload: Workload = PREFIX_SUMS
+) -> tuple[float | None, str | None]:
+    """(:func:`rmse_ratio`, None) for a report beside a certificate (a run's summary, ``account``/``calibrate
+    --bands``), or (None, why) where it cannot be computed: an infinite epsilon, or one that no calibration of BandMF
+    or of DP-SGD reaches (far below the discretization of pld at this delta, or beyond a noise multiplier of 1e4).
+    The ratio is a prediction beside the certificate: its absence never takes the certificate with it."""
+    if not math.isfinite(epsilon):
+        return None, "no RMSE ratio at an infinite epsilon"
+    try:
+        return rmse_ratio(steps, sampling_rate, epsilon, delta, bands, workload), None
+    except AccountingError as e:
+        return None, f"no RMSE ratio at epsilon {epsilon:.4g}: {e}"
+
+
 @dataclass(frozen=True)
 class BandsChoice:
     """What :func:`choose_bands` found: b, its coefficients, the sigma pld certifies for the budget, the RMSE ratio

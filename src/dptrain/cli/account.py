@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     modelmix = common.modelmix_ledgers(args, numbers)
     ledger = bandmf.ledgers(bands, numbers.ledger if modelmix is None else modelmix)(args.noise_multiplier)
     if trials is not None:
-        return _search(args, common.trial_ledgers(args, lambda _: ledger)(args.noise_multiplier), trials)
+        return _search(args, common.trial_ledgers(args, lambda _: ledger)(args.noise_multiplier), trials, bands)
     if args.accountant == "all":
         found, refusals = all_reports(ledger, args.delta)
         names, reports = list(accountant_names()), list(found.values())
@@ -150,18 +150,9 @@ def run(args: argparse.Namespace) -> int:
     for name, why in refusals.items():
         print(f"{name:>4}: refused: {why}")
     if extra:
-        print(_bands_line(extra))
+        print(bandmf.line(extra))
     print(_attacker_line(attacker))
     return 0
-
-
-def _bands_line(extra: dict) -> str:
-    """BandMF's bands and error in words (``--bands``)."""
-    c = ", ".join(f"{x:.4f}" for x in extra["coefficients"][:4]) + (", ..." if len(extra["coefficients"]) > 4 else "")
-    return (
-        f"bandmf: {extra['bands']} bands, coefficients {c}; RMSE of the {extra['workload']} {extra['rmse_ratio']:.4f} "
-        "x DP-SGD's at the same epsilon"
-    )
 
 
 def _attacker(args: argparse.Namespace, ledger, reason: str | None = None) -> dict:
@@ -245,9 +236,10 @@ def draw_attacker_curve(result: dict, path: str, settings: str = "") -> None:
         plt.close(fig)
 
 
-def _search(args: argparse.Namespace, trial, trials) -> int:
+def _search(args: argparse.Namespace, trial, trials, bands=None) -> int:
     """A search of ``trials`` trials, each releasing ``trial`` (a ledger): the search's epsilon (rdp; with ``all``
-    every accountant's answer or refusal) beside one trial's alone (the tightest certified with auto or all)."""
+    every accountant's answer or refusal) beside one trial's alone (the tightest certified with auto or all); with
+    ``bands`` (``--bands``), BandMF's bands and RMSE ratio at one trial's epsilon."""
     from dptrain.accounting import AUTO, all_reports, epsilon, search_ledger, tightest
     from dptrain.errors import AccountingError
 
@@ -269,6 +261,8 @@ def _search(args: argparse.Namespace, trial, trials) -> int:
         **trials.to_dict(),
         "trial_releases": trial.releases,
     }
+    extra = {} if bands is None else bands.json(single.epsilon, args.delta)
+    out.update(extra)
     if args.accountant == "all":
         out["refused"] = refusals
     attacker = _attacker(args, search)
@@ -282,6 +276,8 @@ def _search(args: argparse.Namespace, trial, trials) -> int:
     print(f"{'single run':>12}: epsilon = {single.epsilon:.6g}  ({single.accountant}; one trial alone)")
     for name, why in refusals.items():
         print(f"{name:>12}: refused: {why}")
+    if extra:
+        print(bandmf.line(extra, "one trial's epsilon"))
     print(_attacker_line(attacker))
     return 0
 

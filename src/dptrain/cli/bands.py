@@ -79,14 +79,17 @@ class Bands:
 
     def json(self, epsilon: float, delta: float) -> dict:
         """``bands``, ``coefficients`` and ``rmse_ratio`` (the workload's error over DP-SGD's at ``epsilon``, both
-        calibrated by pld; :func:`dptrain.accounting.rmse_ratio`)."""
-        from dptrain.accounting import rmse_ratio
+        calibrated by pld; :func:`dptrain.accounting.rmse_ratio`), or ``rmse_ratio`` null and ``rmse_ratio_note``
+        where it cannot be computed (:func:`dptrain.accounting.reported_rmse_ratio`: the epsilon is still printed)."""
+        from dptrain.accounting import reported_rmse_ratio
 
         n = self.numbers
+        ratio, why = reported_rmse_ratio(n.steps, n.sampling_rate, epsilon, delta, self.bands, self.workload)
         out = {
             "bands": self.bands,
             "coefficients": self.coefficients,
-            "rmse_ratio": rmse_ratio(n.steps, n.sampling_rate, epsilon, delta, self.bands, self.workload),
+            "rmse_ratio": ratio,
+            **({"rmse_ratio_note": why} if why else {}),
             "workload": "prefix sums" if self.workload.kind == "prefix" else f"momentum {self.workload.momentum:g}",
         }
         if self.choice is not None:
@@ -132,6 +135,11 @@ def requested(args: argparse.Namespace, numbers: RunNumbers, target: float | Non
         raise ConfigError(
             "--bands auto chooses b for a target epsilon: use dptrain calibrate --bands auto (or give --bands B)"
         )
+    if getattr(args, "tuning_mean", None) is not None:  # (as dptrain tune refuses noise.bands = "auto")
+        raise ConfigError(
+            "--bands auto chooses b for one run's budget; with --tuning-mean a trial's noise is set by the search: "
+            "give --bands B"
+        )
     from dptrain.accounting import choose_bands
 
     choice = choose_bands(numbers.steps, numbers.sampling_rate, target, args.delta, workload(args))
@@ -140,3 +148,12 @@ def requested(args: argparse.Namespace, numbers: RunNumbers, target: float | Non
 
 def ledgers(bands: Bands | None, otherwise: Callable[[float], Ledger]) -> Callable[[float], Ledger]:
     return otherwise if bands is None else bands.ledger
+
+
+def line(extra: dict, epsilon_words: str = "the same epsilon") -> str:
+    """BandMF's bands and error in words (``--bands``; ``extra``: :meth:`Bands.json`)."""
+    c = ", ".join(f"{x:.4f}" for x in extra["coefficients"][:4]) + (", ..." if len(extra["coefficients"]) > 4 else "")
+    head = f"bandmf: {extra['bands']} bands, coefficients {c}; "
+    if extra["rmse_ratio"] is None:
+        return head + extra["rmse_ratio_note"]
+    return head + f"RMSE of the {extra['workload']} {extra['rmse_ratio']:.4f} x DP-SGD's at {epsilon_words}"

@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     bands = bandmf.requested(args, numbers, target=args.epsilon)
     ledger = bandmf.ledgers(bands, common.modelmix_ledgers(args, numbers) or numbers.ledger)
     if trials is not None:
-        return _search(args, numbers, common.trial_ledgers(args, ledger), trials)
+        return _search(args, numbers, common.trial_ledgers(args, ledger), trials, bands)
     cal = calibrate(args.epsilon, args.delta, ledger, args.accountant)
     sigma = cal.noise_multiplier
     spent = epsilon(ledger(sigma), args.delta, cal.accountant)
@@ -71,10 +71,7 @@ def run(args: argparse.Namespace) -> int:
             f"epsilon = {spent.epsilon:.6g} <= {args.epsilon:g} at delta = {args.delta:g}, {cal.accountant})"
         )
         if extra:
-            print(
-                f"bandmf: {extra['bands']} bands{' (auto)' if args.bands == 'auto' else ''}; RMSE of the "
-                f"{extra['workload']} {extra['rmse_ratio']:.4f} x DP-SGD's at this epsilon"
-            )
+            print(bandmf.line(extra, "this epsilon") + (" (bands: auto)" if args.bands == "auto" else ""))
     return 0
 
 
@@ -93,9 +90,10 @@ def _result(args: argparse.Namespace, numbers, cal, spent) -> dict:
     }
 
 
-def _search(args: argparse.Namespace, numbers, trial, trials) -> int:
+def _search(args: argparse.Namespace, numbers, trial, trials, bands=None) -> int:
     """The per-trial noise multiplier with which the whole search (``trials`` trials, ``trial(sigma)`` each) meets
-    the budget, with the search's epsilon and one trial's alone (the same accountant; auto: the tightest)."""
+    the budget, with the search's epsilon and one trial's alone (the same accountant; auto: the tightest); with
+    ``bands`` (``--bands B``), BandMF's bands and RMSE ratio at one trial's epsilon."""
     from dptrain.accounting import epsilon, search_ledger, trial_noise_for_search
 
     cal = trial_noise_for_search(args.epsilon, args.delta, trial, trials, args.accountant)
@@ -108,6 +106,8 @@ def _search(args: argparse.Namespace, numbers, trial, trials) -> int:
         "single_run_accountant": single.accountant,
         **trials.to_dict(),
     }
+    extra = {} if bands is None else bands.json(single.epsilon, args.delta)
+    out.update(extra)
     if args.json:
         print(json.dumps(out))
         return 0
@@ -117,6 +117,8 @@ def _search(args: argparse.Namespace, numbers, trial, trials) -> int:
         f"{spent.epsilon:.6g} <= {args.epsilon:g} at delta = {args.delta:g}, {cal.accountant}; one trial alone: "
         f"epsilon = {single.epsilon:.6g}, {single.accountant})"
     )
+    if extra:
+        print(bandmf.line(extra, "one trial's epsilon"))
     return 0
 
 

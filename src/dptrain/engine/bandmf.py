@@ -34,11 +34,11 @@ from dptrain.accounting import (
     get_accountant,
     momentum_workload,
     optimal_coefficients,
-    rmse_ratio,
+    reported_rmse_ratio,
 )
 from dptrain.accounting.base import AUTO
 from dptrain.accounting.ledger import training_steps
-from dptrain.errors import ConfigError, DataError
+from dptrain.errors import AccountingError, ConfigError, DataError
 from dptrain.stages.correlated_noise import BandedNoise
 from dptrain.stages.cyclic_poisson import CyclicPoissonSampling
 
@@ -122,7 +122,8 @@ class BandMF:
         self.noise = BandedNoise(self.coefficients, self.index)
         #: set by make_private_with_epsilon when it chose b (``bands="auto"``): the candidates' RMSE ratios
         self.choice = None
-        self._ratio: dict[tuple, float] = {}
+        #: (epsilon, delta) -> (RMSE ratio or None, why not)
+        self._ratio: dict[tuple, tuple[float | None, str | None]] = {}
 
     # -- the record --
     def release_event(self, noise_multiplier: float):
@@ -150,25 +151,24 @@ class BandMF:
         return index
 
     # -- what a run reports --
-    def rmse_ratio(self, eps: float, delta: float) -> float:
-        """sigma_b sqrt(E_b) / (sigma_1 sqrt(E_1)) at (eps, delta) (:func:`dptrain.accounting.rmse_ratio`): the
-        workload's error under this run's BandMF over DP-SGD's at the same certified epsilon (both by pld)."""
-        key = (eps, delta)
-        if key not in self._ratio:
-            q = self.sampler.sampling_rate
-            self._ratio[key] = rmse_ratio(self.planned_steps, q, eps, delta, self.bands, self.workload)
-        return self._ratio[key]
-
     def summary(self, delta: float, target_epsilon: float | None) -> dict[str, Any]:
         """The summary's entries: the mechanism, b, the RMSE ratio against DP-SGD at the run's epsilon (the target,
-        or what pld certifies for the planned steps at this noise), the coefficients and the memory of the noise
-        history."""
-        eps = target_epsilon
+        or what pld certifies for the planned steps at this noise), the coefficients and the memory
+        of the noise history. Where the ratio cannot be computed (:func:`dptrain.accounting.reported_rmse_ratio`) it
+        is None and ``rmse_ratio_note`` says why: a prediction beside the certificate never ends a run that trained."""
+        eps, why = target_epsilon, None
         if eps is None:
             ledger = bandmf_ledger(self.trainer.noise_multiplier, self.sampler.sampling_rate, self.planned_steps,
                                    self.coefficients)
-            eps = epsilon(ledger, delta, "pld").epsilon
-        ratio = self.rmse_ratio(eps, delta) if math.isfinite(eps) else None
+            try:
+                eps = epsilon(ledger, delta, "pld").epsilon
+            except AccountingError as e:
+                eps, why = math.inf, f"no RMSE ratio: the planned run has no epsilon ({e})"
+        key = (eps, delta)
+        if key not in self._ratio:
+            q = self.sampler.sampling_rate
+            self._ratio[key] = reported_rmse_ratio(self.planned_steps, q, eps, delta, self.bands, self.workload)
+        ratio, why = self._ratio[key][0], why or self._ratio[key][1]
         return {
             "noise_mechanism": "bandmf",
             "bands": self.bands,
@@ -176,7 +176,8 @@ class BandMF:
             "bandmf": {
                 "coefficients": list(self.coefficients),
                 "workload": workload_name(self.workload),
-                "rmse_ratio_at_epsilon": eps,
+                "rmse_ratio_at_epsilon": eps if math.isfinite(eps) else None,
+                **({"rmse_ratio_note": why} if why else {}),
                 "planned_steps": self.planned_steps,
                 "noise_history_bytes": history_bytes(self.trainer, self.bands),
                 "groups": "secret: each example's group drawn independently and uniformly (private checkpoint only)",
@@ -267,7 +268,7 @@ def for_budget(trainer, bands, steps: int, target_epsilon: float, target_delta: 
     state = install(trainer, bands, steps)
     if choice is not None:
         state.choice = choice
-        state._ratio[(target_epsilon, target_delta)] = choice.rmse_ratio
+        state._ratio[(target_epsilon, target_delta)] = (choice.rmse_ratio, None)
     return state
 
 

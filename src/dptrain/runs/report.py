@@ -136,6 +136,8 @@ def _bandmf_row(summary: dict) -> tuple[str, str]:
             f"; rmse_ratio {ratio:.3f}: RMSE of the iterates ({summary['bandmf']['workload']}) over DP-SGD's at "
             f"epsilon {at:.3g}"
         )
+    elif summary["bandmf"].get("rmse_ratio_note"):
+        text += f"; {summary['bandmf']['rmse_ratio_note']}"
     return "noise", text
 
 
