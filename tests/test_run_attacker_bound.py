@@ -57,3 +57,17 @@ def test_a_poisson_run_is_bounded_by_its_profile_below_what_epsilon_alone_says(t
     # the profile bounds the attacker more tightly than the one (epsilon, delta) pair the run certifies
     naive = min(math.exp(eps) * 0.01 + 1e-5, 1 - math.exp(-eps) * (1 - 1e-5 - 0.01))
     assert 0.01 < bound["tpr_at_fpr_1pct"] < naive
+
+
+def test_a_failure_while_the_summary_is_made_keeps_the_trained_model(tmp_path, monkeypatch):
+    """The model is written before the summary: an error computing the summary's figures (here the attacker bound)
+    ends the run with that error, and the trained model is on disk, not lost with it."""
+    import dptrain.runs.run as run_module
+
+    def broken(ledger, delta):
+        raise RuntimeError("summary figure failed")
+
+    monkeypatch.setattr(run_module, "attacker_bound", broken)
+    with pytest.raises(RuntimeError, match="summary figure failed"):
+        _run(tmp_path, sigma=4.0, steps=3, sampling="full")
+    assert (tmp_path / "out" / "model.pt").is_file()

@@ -285,10 +285,11 @@ def _train(job: Job, rd: RunDirectory, progress: bool, stop_after: int | None, e
             final = logged
         else:
             final = _evaluate_and_log(rd, job, None) if released else None
+        # the model is written before the summary is computed: a failure there never takes the trained model with it
+        saved = {**job.save_model(rd), **save_averaged(job, rd)} if released else {}
         summary = _summary(job, rd, final, wall(), finished)
+        summary.update(saved)
         if released:
-            summary.update(job.save_model(rd))
-            summary.update(save_averaged(job, rd))
             for extra in job.extras:
                 summary.update(extra())
         _label_test_metrics(job, summary, final)
