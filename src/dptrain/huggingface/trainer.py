@@ -46,6 +46,7 @@ from dptrain.errors import BudgetExhausted, ConfigError, ModelError
 from dptrain.huggingface.arguments import PrivacyArguments
 from dptrain.huggingface.refusals import (
     check_arguments,
+    check_held_out,
     check_overrides,
     check_trainer,
     refuse_resume,
@@ -269,16 +270,20 @@ class DPTrainer(transformers.Trainer):
         loss = output.training_loss if self.privacy_args.log_not_private else math.nan
         return transformers.trainer_utils.TrainOutput(output.global_step, loss, metrics)
 
+    def predict(self, test_dataset, *args, **kwargs):
+        """The Trainer's predictions and metrics on held-out data (post-processing of the released model)."""
+        check_held_out(test_dataset, self.train_dataset, "predict()'s data")
+        return super().predict(test_dataset, *args, **kwargs)
+
     def hyperparameter_search(self, *args, **kwargs):
         refuse_search()
 
     def evaluate(self, eval_dataset=None, *args, **kwargs):
         """The Trainer's evaluation (on held-out data: post-processing of the released model); its logs are kept."""
-        if eval_dataset is not None and eval_dataset is self.train_dataset:
-            raise ConfigError(
-                "evaluate(train_dataset): evaluating on the private examples releases their statistics; evaluate on "
-                "held-out data"
-            )
+        chosen = self.eval_dataset if eval_dataset is None else eval_dataset
+        if isinstance(eval_dataset, str) and isinstance(self.eval_dataset, dict):
+            chosen = self.eval_dataset.get(eval_dataset)
+        check_held_out(chosen, self.train_dataset, "the evaluation data")
         self._in_evaluation = True
         try:
             return super().evaluate(eval_dataset, *args, **kwargs)
