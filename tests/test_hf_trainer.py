@@ -5,6 +5,7 @@ logical batch, the ledger holds one release per step at the rate of the logical 
 independent dptrain.accounting computation, the logs carry it and drop statistics of the private batches, and every
 Trainer option it cannot make private is refused in one line."""
 
+import json
 import math
 import subprocess
 import sys
@@ -361,3 +362,28 @@ def test_evaluation_and_prediction_on_training_examples_are_refused_through_view
     assert "test_loss" in trainer.evaluate("test", metric_key_prefix="test")
     with pytest.raises(ConfigError, match="holds training examples"):
         trainer.evaluate()
+
+
+def test_each_checkpoint_and_saved_model_carries_its_ledger_and_certificate(tmp_path):
+    """Trainer checkpoints (save_strategy) and save_model() write, beside the weights, the ledger of the steps that
+    produced them (the format of a dptrain train run's ledger.json) and their certificate: weights shared from a
+    checkpoint say what they cost. Before, a checkpoint held weights and optimizer state but no trace of the privacy
+    spent (the certificate only where a log happened to fall on the same step)."""
+    from dptrain.accounting import Ledger
+
+    args = arguments(tmp_path, per_device_train_batch_size=4, max_steps=4, save_strategy="steps", save_steps=2,
+                     logging_steps=100, optim="sgd")
+    trainer = DPTrainer(model=gpt2_lora(), args=args, train_dataset=Tokens(),
+                        privacy_args=PrivacyArguments(noise_multiplier=1.0, accountant="rdp"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.train()
+    trainer.save_model(str(tmp_path / "final"))
+    for directory, steps in ((tmp_path / "out" / "checkpoint-2", 2), (tmp_path / "out" / "checkpoint-4", 4),
+                             (tmp_path / "final", 4)):
+        ledger = Ledger.load(directory / "ledger.json")
+        assert ledger.to_dict()["releases"] == steps
+        expected = epsilon(dpsgd_ledger(1.0, 4 / N, steps), 1e-5, "rdp").epsilon
+        certificate = json.loads((directory / "certificate.json").read_text())
+        assert certificate["epsilon"] == pytest.approx(expected, rel=1e-9) and certificate["private_steps"] == steps
+        assert certificate["certified"] is True and epsilon(ledger, 1e-5, "rdp").epsilon == pytest.approx(expected)
