@@ -5,6 +5,7 @@ logical batch, the ledger holds one release per step at the rate of the logical 
 independent dptrain.accounting computation, the logs carry it and drop statistics of the private batches, and every
 Trainer option it cannot make private is refused in one line."""
 
+import json
 import math
 import subprocess
 import sys
@@ -333,3 +334,56 @@ def test_a_fully_fine_tuned_bart_from_a_seq2seq_script_trains_evaluates_and_relo
     batch = collator([Items()[i] for i in range(3)])
     with torch.no_grad():
         torch.testing.assert_close(reloaded(**batch).logits, model.eval()(**batch).logits)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_evaluation_and_prediction_on_training_examples_are_refused_through_views(tmp_path):
+    """The training examples are refused for evaluation and prediction however they are reached: the train_dataset
+    itself, a Subset of it, a ConcatDataset holding one, predict(), an eval_dataset set after the Trainer was made.
+    The parts of one random_split share no example: training on one and evaluating on the other is held-out data.
+    predict(train_dataset) and evaluate(Subset(train_dataset)) used to return the training examples' statistics."""
+    full = Tokens(N + 16)
+    train, held_out = torch.utils.data.random_split(full, [N, 16], generator=torch.Generator().manual_seed(0))
+    some_train = torch.utils.data.Subset(train, [3, 5])
+    mixed = torch.utils.data.ConcatDataset([held_out, torch.utils.data.Subset(full, [train.indices[7]])])
+    with pytest.raises(ConfigError, match="holds training examples"):
+        DPTrainer(model=gpt2_lora(), args=arguments(tmp_path), train_dataset=train, eval_dataset={"a": mixed},
+                  privacy_args=PrivacyArguments(noise_multiplier=1.0))
+    trainer = DPTrainer(model=gpt2_lora(), args=arguments(tmp_path), train_dataset=train, eval_dataset=held_out,
+                        privacy_args=PrivacyArguments(noise_multiplier=1.0))
+    assert "eval_loss" in trainer.evaluate()  # (the other part of the split: held out)
+    assert trainer.predict(torch.utils.data.Subset(held_out, [0, 1])).predictions is not None
+    for call in (lambda: trainer.predict(train), lambda: trainer.predict(some_train),
+                 lambda: trainer.evaluate(some_train), lambda: trainer.evaluate(mixed)):
+        with pytest.raises(ConfigError, match="holds training examples") as refused:
+            call()
+        assert "\n" not in str(refused.value)
+    trainer.eval_dataset = {"test": held_out, "train": some_train}
+    assert "test_loss" in trainer.evaluate("test", metric_key_prefix="test")
+    with pytest.raises(ConfigError, match="holds training examples"):
+        trainer.evaluate()
+
+
+def test_each_checkpoint_and_saved_model_carries_its_ledger_and_certificate(tmp_path):
+    """Trainer checkpoints (save_strategy) and save_model() write, beside the weights, the ledger of the steps that
+    produced them (the format of a dptrain train run's ledger.json) and their certificate: weights shared from a
+    checkpoint say what they cost. Before, a checkpoint held weights and optimizer state but no trace of the privacy
+    spent (the certificate only where a log happened to fall on the same step)."""
+    from dptrain.accounting import Ledger
+
+    args = arguments(tmp_path, per_device_train_batch_size=4, max_steps=4, save_strategy="steps", save_steps=2,
+                     logging_steps=100, optim="sgd")
+    trainer = DPTrainer(model=gpt2_lora(), args=args, train_dataset=Tokens(),
+                        privacy_args=PrivacyArguments(noise_multiplier=1.0, accountant="rdp"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.train()
+    trainer.save_model(str(tmp_path / "final"))
+    for directory, steps in ((tmp_path / "out" / "checkpoint-2", 2), (tmp_path / "out" / "checkpoint-4", 4),
+                             (tmp_path / "final", 4)):
+        ledger = Ledger.load(directory / "ledger.json")
+        assert ledger.to_dict()["releases"] == steps
+        expected = epsilon(dpsgd_ledger(1.0, 4 / N, steps), 1e-5, "rdp").epsilon
+        certificate = json.loads((directory / "certificate.json").read_text())
+        assert certificate["epsilon"] == pytest.approx(expected, rel=1e-9) and certificate["private_steps"] == steps
+        assert certificate["certified"] is True and epsilon(ledger, 1e-5, "rdp").epsilon == pytest.approx(expected)

@@ -108,12 +108,49 @@ def check_trainer(trainer) -> None:
             f"DPTrainer takes one label per example (label_names: one name), got {names}; pass "
             "loss_fn=(outputs, labels) for a model with several"
         )
-    evals = trainer.eval_dataset if isinstance(trainer.eval_dataset, dict) else {"": trainer.eval_dataset}
-    if any(d is not None and d is trainer.train_dataset for d in evals.values()):
-        raise ConfigError(
-            "the eval_dataset is the train_dataset: evaluating on the private examples releases their statistics; "
-            "evaluate on held-out data"
-        )
+    check_held_out(trainer.eval_dataset, trainer.train_dataset, "the eval_dataset")
+
+
+def _views(dataset, rows=None):
+    """The (base dataset, its rows or None for all) that ``dataset`` reads: through torch's ``Subset`` (also
+    ``random_split``'s parts) and ``ConcatDataset``, to the datasets that hold the examples."""
+    import torch
+
+    if isinstance(dataset, torch.utils.data.Subset):
+        indices = [int(i) for i in dataset.indices]
+        yield from _views(dataset.dataset, indices if rows is None else [indices[i] for i in rows])
+    elif isinstance(dataset, torch.utils.data.ConcatDataset) and rows is None:
+        for part in dataset.datasets:
+            yield from _views(part)
+    elif isinstance(dataset, torch.utils.data.ConcatDataset):
+        ends = dataset.cumulative_sizes
+        for k, part in enumerate(dataset.datasets):
+            start = ends[k - 1] if k else 0
+            yield from _views(part, [i - start for i in rows if start <= i < ends[k]])
+    else:
+        yield dataset, rows
+
+
+def check_held_out(datasets, train, what: str) -> None:
+    """Refuse evaluation or prediction ``datasets`` (one, or a dict of them) that hold training examples: ``train``
+    itself, or rows of the same dataset through a ``Subset`` or ``ConcatDataset`` (the parts of one ``random_split``
+    share no row, and pass). A copy of the examples in another object cannot be seen (docs/huggingface.md)."""
+    trained: dict[int, set | None] = {}
+    for base, rows in _views(train):
+        held = trained.get(id(base), set())
+        trained[id(base)] = None if rows is None or held is None else held | set(rows)
+    for d in (datasets.values() if isinstance(datasets, dict) else [datasets]):
+        if d is None or isinstance(d, str):
+            continue
+        for base, rows in _views(d):
+            if id(base) not in trained:
+                continue
+            held = trained[id(base)]
+            if held is None or rows is None or not held.isdisjoint(rows):
+                raise ConfigError(
+                    f"{what} holds training examples: evaluating on the private examples releases their "
+                    "statistics; evaluate on held-out data (e.g. the other part of a random_split)"
+                )
 
 
 def refuse_resume() -> None:
@@ -143,4 +180,4 @@ def refuse_search() -> None:
     )
 
 
-__all__ = ["OWNED", "check_arguments", "check_overrides", "check_trainer", "refuse_resume", "refuse_search"]
+__all__ = ["OWNED", "check_arguments", "check_held_out", "check_overrides", "check_trainer", "refuse_resume", "refuse_search"]

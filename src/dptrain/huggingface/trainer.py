@@ -34,11 +34,13 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Mapping
+from pathlib import Path
 
 import torch
 import transformers
 
 from dptrain.accounting import AUTO, PrivacyReport
+from dptrain.accounting.ledger import write_json_atomic
 from dptrain.accounting.run_numbers import steps_for_epochs
 from dptrain.data.batches import DatasetSource
 from dptrain.engine.private_loop import PrivateLoop, make_private_loop
@@ -46,6 +48,7 @@ from dptrain.errors import BudgetExhausted, ConfigError, ModelError
 from dptrain.huggingface.arguments import PrivacyArguments
 from dptrain.huggingface.refusals import (
     check_arguments,
+    check_held_out,
     check_overrides,
     check_trainer,
     refuse_resume,
@@ -64,6 +67,8 @@ RELEASED_KEYS = frozenset(
 #: The certificate, added to every log.
 CERTIFICATE_KEYS = ("epsilon", "delta", "accountant", "certified")
 NOT_PRIVATE_SUFFIX = "_not_private"
+#: What :meth:`DPTrainer.save_model` writes beside the weights (each checkpoint's too).
+LEDGER_FILE, CERTIFICATE_FILE = "ledger.json", "certificate.json"
 
 
 class _Wait:
@@ -269,16 +274,20 @@ class DPTrainer(transformers.Trainer):
         loss = output.training_loss if self.privacy_args.log_not_private else math.nan
         return transformers.trainer_utils.TrainOutput(output.global_step, loss, metrics)
 
+    def predict(self, test_dataset, *args, **kwargs):
+        """The Trainer's predictions and metrics on held-out data (post-processing of the released model)."""
+        check_held_out(test_dataset, self.train_dataset, "predict()'s data")
+        return super().predict(test_dataset, *args, **kwargs)
+
     def hyperparameter_search(self, *args, **kwargs):
         refuse_search()
 
     def evaluate(self, eval_dataset=None, *args, **kwargs):
         """The Trainer's evaluation (on held-out data: post-processing of the released model); its logs are kept."""
-        if eval_dataset is not None and eval_dataset is self.train_dataset:
-            raise ConfigError(
-                "evaluate(train_dataset): evaluating on the private examples releases their statistics; evaluate on "
-                "held-out data"
-            )
+        chosen = self.eval_dataset if eval_dataset is None else eval_dataset
+        if isinstance(eval_dataset, str) and isinstance(self.eval_dataset, dict):
+            chosen = self.eval_dataset.get(eval_dataset)
+        check_held_out(chosen, self.train_dataset, "the evaluation data")
         self._in_evaluation = True
         try:
             return super().evaluate(eval_dataset, *args, **kwargs)
@@ -311,6 +320,21 @@ class DPTrainer(transformers.Trainer):
             "sampling_rate": t.sampling_rate,
         }
 
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """The Trainer's ``save_model`` (also every checkpoint's weights), with what the saved weights cost beside them:
+        ``ledger.json`` (the ledger so far, as a ``dptrain train`` run writes it: ``dptrain.accounting.Ledger.load``)
+        and ``certificate.json`` (:meth:`certificate`). Both are public: what was released and how, no generator
+        state (a Trainer checkpoint holds none of dptrain's: its ``rng_state.pth`` is the global generators', which
+        draw no noise and no batch)."""
+        super().save_model(output_dir, _internal_call)
+        if self.private_loop is None or not self.args.should_save:
+            return
+        directory = Path(output_dir if output_dir is not None else self.args.output_dir)
+        self.private_loop.ledger.save(directory / LEDGER_FILE)
+        certificate = {k: (v if not isinstance(v, float) or math.isfinite(v) else str(v))
+                       for k, v in self.certificate().items()}
+        write_json_atomic(directory / CERTIFICATE_FILE, certificate)
+
     def _released(self, logs: dict) -> dict:
         """``logs`` less the statistics of the private batches (or those labelled, with log_not_private), plus the
         certificate."""
@@ -334,4 +358,4 @@ class DPTrainer(transformers.Trainer):
         super().log(self._released(logs), start_time)
 
 
-__all__ = ["CERTIFICATE_KEYS", "DPTrainer", "RELEASED_KEYS"]
+__all__ = ["CERTIFICATE_FILE", "CERTIFICATE_KEYS", "DPTrainer", "LEDGER_FILE", "RELEASED_KEYS"]

@@ -4,6 +4,10 @@ The default loss (:func:`default_loss`) reads what a model returns as transforme
 ``ModelOutput`` / dict / tuple whose ``logits`` (or first element) are the scores.
 
 - logits [B, K] and labels [B]: cross-entropy (classification);
+- a Hugging Face sequence, image, video or audio classifier (``*ForSequenceClassification`` ...): the loss its own
+  ``forward`` computes when given labels, per example (:class:`ClassificationHeadLoss`): its config's
+  ``problem_type``, or as transformers infers it (one label: regression, mean squared error; integer labels:
+  cross-entropy; otherwise multi-label, binary cross-entropy on each logit);
 - logits [B, T, K] and labels [B, T]: token-level cross-entropy, tokens labelled ``-100`` ignored (Hugging Face's
   convention: padding), averaged over each example's own tokens; for a causal language model (Hugging Face's
   ``*ForCausalLM`` / ``*LMHeadModel``, also behind a peft wrapper) position t predicts label t + 1 (the shift
@@ -77,13 +81,13 @@ def causal_lm_per_example(outputs, labels: torch.Tensor) -> torch.Tensor:
     return _token_loss(logits[:, :-1], labels[:, 1:])
 
 
-def is_causal_lm(model: nn.Module) -> bool:
-    """A Hugging Face causal language model (behind a peft wrapper too), by its class name."""
+def _hf_model_named(model: nn.Module, suffixes: tuple[str, ...]) -> nn.Module | None:
+    """The Hugging Face model (behind a peft wrapper too) whose class name ends with one of ``suffixes``, or None."""
     base = model
     for _ in range(4):  # peft: PeftModel -> LoraModel -> the transformers model
         name = type(base).__name__
-        if name.endswith(("ForCausalLM", "LMHeadModel")):
-            return True
+        if name.endswith(suffixes):
+            return base
         # peft: PeftModel.base_model is the LoraModel, whose .model is the transformers model (its .base_model
         # would be the transformers model's own trunk, e.g. GPT2Model, no longer a causal LM)
         inner = getattr(base, "model", None) if type(base).__module__.startswith("peft") else None
@@ -91,7 +95,62 @@ def is_causal_lm(model: nn.Module) -> bool:
         if not isinstance(inner, nn.Module) or inner is base:
             break
         base = inner
-    return False
+    return None
+
+
+def is_causal_lm(model: nn.Module) -> bool:
+    """A Hugging Face causal language model (behind a peft wrapper too), by its class name."""
+    return _hf_model_named(model, ("ForCausalLM", "LMHeadModel")) is not None
+
+
+#: The Hugging Face heads whose own loss is transformers' ``ForSequenceClassificationLoss`` (its ``LOSS_MAPPING``).
+CLASSIFICATION_HEADS = (
+    "ForSequenceClassification", "ForImageClassification", "ForVideoClassification", "ForAudioClassification",
+)
+PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_classification")
+
+
+class ClassificationHeadLoss:
+    """The loss a Hugging Face classifier computes when given labels (transformers' ``ForSequenceClassificationLoss``),
+    one value per example: its config's ``problem_type``, or where that is unset, as transformers infers it (one
+    label: regression; integer labels: single-label; otherwise multi-label). Regression: the mean over the example's
+    labels of the squared error; single-label: cross-entropy; multi-label: the mean over the example's labels of the
+    binary cross-entropy of each logit. Each is transformers' batch loss with the batch mean left out. The config is
+    read, never written (transformers writes the inferred problem_type into it)."""
+
+    def __init__(self, config):
+        self.config = config
+        kind = getattr(config, "problem_type", None)
+        if kind is not None and kind not in PROBLEM_TYPES:
+            raise ModelError(f"config.problem_type {kind!r} is not one of transformers' {', '.join(PROBLEM_TYPES)}")
+
+    def problem_type(self, labels: torch.Tensor) -> str:
+        kind, k = getattr(self.config, "problem_type", None), int(getattr(self.config, "num_labels", 0) or 0)
+        if kind is not None:
+            return kind
+        if k == 1:
+            return "regression"
+        return "single_label_classification" if labels.dtype in (torch.long, torch.int) else "multi_label_classification"
+
+    def __call__(self, outputs, labels: torch.Tensor) -> torch.Tensor:
+        logits = logits_of(outputs)
+        kind = self.problem_type(labels)
+        if kind == "single_label_classification":
+            return cross_entropy_per_example(logits, labels)
+        scores = logits.to(torch.promote_types(logits.dtype, torch.float32))
+        target = labels.to(scores.dtype)
+        if kind == "regression" and scores.dim() == 2 and scores.shape[1] == 1 and target.dim() == 1:
+            target = target[:, None]  # (transformers squeezes both: one value per example)
+        if target.shape != scores.shape:
+            raise DataError(
+                f"{kind} labels of shape {list(labels.shape)} do not fit the model's scores {list(logits.shape)}: one "
+                "value per example and logit (the config's num_labels)"
+            )
+        if kind == "regression":
+            per = (scores - target).square()
+        else:
+            per = F.binary_cross_entropy_with_logits(scores, target, reduction="none")
+        return per.flatten(1).mean(1)
 
 
 def virtual_tokens(model: nn.Module) -> int:
@@ -138,15 +197,20 @@ def scored_tokens(loss_fn, logits: torch.Tensor, labels: torch.Tensor) -> tuple[
 
 def default_loss(model: nn.Module) -> Callable:
     """The per-example loss a model gets when none is given: causal-LM cross-entropy for a causal language model
-    (after the virtual tokens of prompt tuning), else :func:`cross_entropy_per_example`."""
+    (after the virtual tokens of prompt tuning), a Hugging Face classifier's own loss (:class:`ClassificationHeadLoss`),
+    else :func:`cross_entropy_per_example`."""
     if not is_causal_lm(model):
-        return cross_entropy_per_example
+        head = _hf_model_named(model, CLASSIFICATION_HEADS)
+        config = getattr(head, "config", None)
+        return cross_entropy_per_example if config is None else ClassificationHeadLoss(config)
     n = virtual_tokens(model)
     return _AfterVirtualTokens(n) if n else causal_lm_per_example
 
 
 __all__ = [
+    "CLASSIFICATION_HEADS",
     "IGNORE_INDEX",
+    "ClassificationHeadLoss",
     "causal_lm_per_example",
     "cross_entropy_per_example",
     "default_loss",

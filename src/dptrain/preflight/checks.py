@@ -26,6 +26,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from dptrain.data.batches import TensorSource, call_model
 from dptrain.errors import DataError, DPTrainError, ModelError
+from dptrain.models.losses import ClassificationHeadLoss
 from dptrain.preflight import buffers, exact, gradient_check
 from dptrain.preflight.sentinel import Sentinel
 from dptrain.stages.devices import to_device
@@ -135,9 +136,13 @@ def check_labels(model: nn.Module, source, loss_fn, device: torch.device, own_ba
     one-line DataError, not a raw torch error in the middle of a step). The model is run on one all-zero input; the
     message names the rule, never the labels' values. ``own_backend`` False: the gradients come from the caller's
     own backend (closed-form gradients of a GLM on real-valued labels), which need not use the loss."""
-    if loss_fn is not cross_entropy_per_example or not isinstance(source, TensorSource):
+    if not isinstance(source, TensorSource):
         return  # a Dataset's labels are read batch by batch, never all at once (the step names a bad batch)
     y = source.labels
+    if isinstance(loss_fn, ClassificationHeadLoss) and loss_fn.problem_type(y) == "single_label_classification":
+        loss_fn = cross_entropy_per_example  # (a Hugging Face classifier's cross-entropy: the same rule)
+    if loss_fn is not cross_entropy_per_example:
+        return
     if not len(y):
         return
     if y.dtype.is_floating_point and y.dim() == 1 and own_backend:
