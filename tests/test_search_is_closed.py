@@ -170,10 +170,11 @@ def test_the_fingerprint_sees_inputs_held_in_a_dict():
 
 def test_a_trial_is_scored_on_its_examples_as_its_model_sees_them(tmp_path):
     """A preprocessing stage (a private mean) transforms the examples a trial trains on: its score reads the same
-    rows through the job's data, not the raw ones (here the transform negates the inputs, and the model classifies
+    rows through the trainer's source of the job's data, not the raw ones (here the transform negates the inputs, and the model classifies
     the transformed examples perfectly: on the raw ones it would be always wrong)."""
     from types import SimpleNamespace
 
+    from dptrain.data.batches import as_source
     from dptrain.data.datasets import ArrayDataset
     from dptrain.randomness.generators import Randomness
     from dptrain.tuning.search import Search, Trial
@@ -188,7 +189,8 @@ def test_a_trial_is_scored_on_its_examples_as_its_model_sees_them(tmp_path):
         model.weight.copy_(w.T)
         model.bias.zero_()
     seen = ArrayDataset(-raw.x, raw.y, raw.num_classes, raw.name)
-    job = SimpleNamespace(trainer=SimpleNamespace(model=model, device=torch.device("cpu")),
+    job = SimpleNamespace(trainer=SimpleNamespace(model=model, device=torch.device("cpu"), data=as_source(seen),
+                                                  loss_fn=None),
                           data=DataSplit(seen, search.data.test, "negated"))
     trial = Trial(0, {}, [1, 2, 3, 4])
     held = int(search.held_out(trial).sum())
