@@ -297,7 +297,8 @@ def run_search(cfg: RunConfig | None, out: str | Path, *, resume: bool = False, 
     with rd.locked(create=not resume):
         if resume:
             saved = _saved_state(rd)
-            cfg, _ = resumed_config(rd, saved, SEARCH_MAY_CHANGE)  # the frozen config: any other change refused
+            resumed_config(rd, saved, SEARCH_MAY_CHANGE)  # (any change of config.toml refused, in value or type)
+            cfg = frozen_config(saved)  # the search goes on with the config it started with, exactly
             state = SearchState.from_dict(saved)
             if state.done:
                 summary = finished(state, rd, keep_trials)  # (an edited summary.json or ledger.json: refused)
