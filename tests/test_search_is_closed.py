@@ -170,10 +170,11 @@ def test_the_fingerprint_sees_inputs_held_in_a_dict():
 
 def test_a_trial_is_scored_on_its_examples_as_its_model_sees_them(tmp_path):
     """A preprocessing stage (a private mean) transforms the examples a trial trains on: its score reads the same
-    rows through the job's data, not the raw ones (here the transform negates the inputs, and the model classifies
+    rows through the trainer's source of the job's data, not the raw ones (here the transform negates the inputs, and the model classifies
     the transformed examples perfectly: on the raw ones it would be always wrong)."""
     from types import SimpleNamespace
 
+    from dptrain.data.batches import as_source
     from dptrain.data.datasets import ArrayDataset
     from dptrain.randomness.generators import Randomness
     from dptrain.tuning.search import Search, Trial
@@ -188,7 +189,8 @@ def test_a_trial_is_scored_on_its_examples_as_its_model_sees_them(tmp_path):
         model.weight.copy_(w.T)
         model.bias.zero_()
     seen = ArrayDataset(-raw.x, raw.y, raw.num_classes, raw.name)
-    job = SimpleNamespace(trainer=SimpleNamespace(model=model, device=torch.device("cpu")),
+    job = SimpleNamespace(trainer=SimpleNamespace(model=model, device=torch.device("cpu"), data=as_source(seen),
+                                                  loss_fn=None),
                           data=DataSplit(seen, search.data.test, "negated"))
     trial = Trial(0, {}, [1, 2, 3, 4])
     held = int(search.held_out(trial).sum())
@@ -234,3 +236,39 @@ def test_data_classes_on_memory_mapped_arrays_is_one_line(tmp_path, capsys):
     )
     code, _, err = _cli(capsys, "train", "--config", str(config), "--out", str(tmp_path / "r"), "--no-progress")
     assert code == 2 and len(err.strip().splitlines()) == 1 and "data.classes" in err and "memory-mapped" in err
+
+
+def test_a_value_changed_in_type_only_refuses_the_resume(tmp_path, monkeypatch, capsys):
+    """``hidden = [8]`` edited to ``[8.0]`` compared equal (8 == 8.0), so the freeze let it through and the search went
+    on with the edited file: here the model's own check refused it, naming no change; an option read without a check
+    would have trained the remaining trials with it. A value of another type is a change (listed, exit 2), and the
+    search goes on with the config it started with."""
+    from dptrain.accounting.tuning import TrialCount
+    from dptrain.runs.rundir import RunDirectory
+    from dptrain.tuning import search as search_module
+
+    (tmp_path / "t.toml").write_text(CONFIG.replace('name = "logistic"', 'name = "mlp"\noptions = { hidden = [8] }'))
+    monkeypatch.setattr(TrialCount, "draw", lambda self, u: 3)
+    real, calls = search_module.Search.noise_for, {"n": 0}
+
+    def noise_for(self, values, reference):  # (stopped as the second trial starts: the first one done)
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt
+        return real(self, values, reference)
+
+    out = tmp_path / "s"
+    with monkeypatch.context() as m:
+        m.setattr(search_module.Search, "noise_for", noise_for)
+        with pytest.raises(KeyboardInterrupt):
+            run_search(load_config(tmp_path / "t.toml"), out, progress=False)
+    text = (out / "config.toml").read_text()
+    assert "hidden = [8]" in text or "hidden = [ 8 ]" in text
+    (out / "config.toml").write_text(text.replace("[8]", "[8.0]").replace("[ 8 ]", "[ 8.0 ]"))
+    code, _, err = _cli(capsys, "tune", "--resume", str(out), "--no-progress")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "model.options.hidden" in err
+    assert not (out / "summary.json").exists()
+    (out / "config.toml").write_text(text)
+    code, _, _ = _cli(capsys, "tune", "--resume", str(out), "--no-progress")
+    trials = RunDirectory(out).load_private(search_module.STATE)["trials"]
+    assert code == 0 and [t["status"] for t in trials] == ["done"] * 3

@@ -544,10 +544,23 @@ def config_keys(cfg: RunConfig) -> dict[str, Any]:
     return out
 
 
+def same_value(a: Any, b: Any) -> bool:
+    """Whether two config values are the same setting: equal and of the same types, in lists and tables too (``8`` and
+    ``8.0``, ``1`` and ``true`` compare equal in Python, but a model builder or a stage may read them differently)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same_value(a[k], b[k]) for k in a)
+    if isinstance(a, list | tuple):
+        return len(a) == len(b) and all(same_value(x, y) for x, y in zip(a, b, strict=True))
+    return bool(a == b)
+
+
 def changed_keys(before: RunConfig, after: RunConfig) -> list[str]:
-    """The dotted keys whose values differ between two configs (a key present in one only counts as changed)."""
+    """The dotted keys whose values differ between two configs, in value or in type (:func:`same_value`; a key present
+    in one only counts as changed)."""
     a, b = config_keys(before), config_keys(after)
-    return sorted(k for k in a.keys() | b.keys() if k not in a or k not in b or a[k] != b[k])
+    return sorted(k for k in a.keys() | b.keys() if k not in a or k not in b or not same_value(a[k], b[k]))
 
 
 def config_from_toml(text: str) -> RunConfig:

@@ -4,17 +4,20 @@ The number of trials K is secret (Papernot & Steinke's theorems assume it is not
 trial stands among them. A progress bar counting trials, or one warning line per trial on stderr (a seed's warning,
 a stage's notice, a resumed trial's message), would count them for whoever reads the terminal or its log. So a
 search shows a clock that ticks on its own, independent of the trials (:class:`Elapsed`), and runs each trial with
-its standard streams and Python warnings captured (:func:`captured`): what a trial says is kept in the search's
-secret state, shown only on request (``--keep-trials``, labelled not private).
+its standard streams, Python warnings and the ``logging`` handlers that write to the terminal captured
+(:func:`captured`): what a trial says is kept in the search's secret state, shown only on request (``--keep-trials``,
+labelled not private). A library's logging handler made before the search (transformers makes one when first used)
+holds the terminal's stream itself, and a Hugging Face model logs its load report each time a trial builds it: such a
+handler writes into the capture too while a trial runs.
 
-What cannot be captured this way: output that bypasses Python's ``sys.stdout``/``sys.stderr`` (C code writing to the
-file descriptors, a ``logging`` handler made before the search that holds the original stream).
+What cannot be captured this way: output that bypasses Python (C code writing to the file descriptors).
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import sys
 import threading
 import time
@@ -60,18 +63,40 @@ class Elapsed:
                 self.stream.flush()
 
 
+def _terminal_handlers(streams) -> list[logging.StreamHandler]:
+    """Every ``logging`` handler, of every logger made so far, that writes to one of ``streams``."""
+    loggers = [logging.getLogger(), *(x for x in logging.Logger.manager.loggerDict.values() if isinstance(x, logging.Logger))]
+    found = {}
+    for logger in loggers:
+        for handler in logger.handlers:
+            if isinstance(handler, logging.StreamHandler) and any(handler.stream is s for s in streams):
+                found[id(handler)] = handler
+    return list(found.values())
+
+
 @contextlib.contextmanager
 def captured(into: list[str]):
-    """Run the block with ``sys.stdout``, ``sys.stderr`` and Python warnings captured; what they received is appended
-    to ``into`` (one string per message), also when the block raises."""
+    """Run the block with ``sys.stdout``, ``sys.stderr``, Python warnings and the logging handlers that write to the
+    terminal captured; what they received is appended to ``into`` (one string per message), also when the block
+    raises. A handler made during the block (it took the capture for the terminal) is given the terminal back."""
     out = io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out), warnings.catch_warnings(record=True) as w:
-        warnings.simplefilter("always")
-        try:
-            yield
-        finally:
-            into.extend(line for line in out.getvalue().splitlines() if line.strip())
-            into.extend(f"{m.category.__name__}: {m.message}" for m in w)
+    terminal = [s for s in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__) if s is not None]
+    handlers = [(h, h.stream) for h in _terminal_handlers(terminal)]
+    for handler, _ in handlers:
+        handler.setStream(out)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out), warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            try:
+                yield
+            finally:
+                into.extend(line for line in out.getvalue().splitlines() if line.strip())
+                into.extend(f"{m.category.__name__}: {m.message}" for m in w)
+    finally:
+        for handler, stream in handlers:
+            handler.setStream(stream)
+        for handler in _terminal_handlers([out]):  # (made by the block, with the capture as its stream)
+            handler.setStream(sys.stderr)
 
 
 __all__ = ["Elapsed", "captured"]

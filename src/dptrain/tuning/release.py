@@ -7,7 +7,8 @@ depend on either:
 
 - ``summary.json`` and ``ledger.json`` (the search as one event) hold the search's certificate and the best trial's
   values, never K; the command's JSON adds K and every trial only with ``--keep-trials``, under ``not_private``;
-- ``best/`` is what the selected trial released, copied without its file times and without its secret ``private/``:
+- ``best/`` is what the selected trial released, copied without its file times and without its secret ``private/``,
+  every path to the trial's directory in its files rewritten to ``best/`` (:func:`moved_paths`):
   every privacy number in it is the search's (its ``ledger.json`` is the search's ledger, its ``summary.json`` shows
   the search's certificate and attacker bound first, the trial's own certificate nested under ``trial_alone``,
   labelled; its ``metrics.jsonl`` rows without the trial's epsilon), the rest of the trial's summary only by a list of
@@ -30,6 +31,7 @@ import json
 import os
 import shutil
 import time
+from pathlib import Path
 from typing import Any
 
 from dptrain.accounting import Ledger
@@ -184,6 +186,43 @@ def _copy_best(state, rd: RunDirectory, source) -> None:
             json.dumps({**{k: v for k, v in r.items() if k not in ("epsilon", "delta")}, "private": private}) + "\n"
             for r in rows
         ))  # fmt: skip
+    moved_paths(source, target, rd.path / PRIVATE)
+
+
+def moved_paths(source: Path, target: Path, secret: Path) -> None:
+    """Every file under ``target`` (a copy of the run in ``source``) names ``target`` wherever it named ``source``: a
+    run's files may hold their own directory's path (its summary's ``hf_model`` and ``hf_adapter``, a peft adapter's
+    ``base_model_name_or_path``), and the selected trial's, ``.../private/trials/6``, is the best trial's index, hence
+    a bound on K (and a path to files that are deleted). Then no file under ``target`` may name ``secret`` (the
+    search's private/) at all: one that still does (a binary file, or a path written another way) is refused in one
+    line, never released."""
+    pairs = []
+    for a, b in ((source.resolve(), target.resolve()), (Path(os.path.abspath(source)), Path(os.path.abspath(target))),
+                 (source, target)):
+        for old, new in ((str(a), str(b)), (json.dumps(str(a))[1:-1], json.dumps(str(b))[1:-1])):
+            if (old.encode(), new.encode()) not in pairs:
+                pairs.append((old.encode(), new.encode()))
+    forbidden = {str(x).encode() for x in (secret.resolve(), Path(os.path.abspath(secret)))}
+    for root, _, files in os.walk(target):
+        for name in files:
+            path = Path(root) / name
+            if path.is_symlink():
+                continue
+            data = original = path.read_bytes()
+            try:
+                data.decode()
+            except UnicodeDecodeError:
+                pass
+            else:
+                for old, new in pairs:
+                    data = data.replace(old, new)
+            if any(f in data for f in forbidden):
+                raise DataError(
+                    f"{path} names the search's secret directory {secret} (the selected trial's path would tell where it "
+                    "ran among the secret trials): it cannot be released"
+                )
+            if data != original:
+                path.write_bytes(data)
 
 
 def selected_summary(search: dict, trial: dict, out: str, ledger: dict) -> dict[str, Any]:
@@ -248,5 +287,6 @@ def same_times(rd: RunDirectory, when: float | None = None) -> None:
 
 
 __all__ = [
-    "BEST", "TRIALS", "finished", "fresh_files", "publish", "returned", "same_times", "selected_summary", "summarize",
+    "BEST", "TRIALS", "finished", "fresh_files", "moved_paths", "publish", "returned", "same_times", "selected_summary",
+    "summarize",
 ]

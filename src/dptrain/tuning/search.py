@@ -60,11 +60,10 @@ from dptrain.accounting.tuning import (
     with_score_release,
 )
 from dptrain.config import RunConfig, changed_keys, config_to_toml
-from dptrain.data.batches import call_model
 from dptrain.data.datasets import fingerprint
+from dptrain.engine.evaluation import example_scores
 from dptrain.engine.interrupts import Terminated
 from dptrain.errors import ConfigError, DPTrainError, RunDirectoryError
-from dptrain.models.losses import logits_of
 from dptrain.randomness.generators import SEEDED_WARNING, Randomness, keyed_stream, open_unit
 from dptrain.randomness.streams import Stream
 from dptrain.runs import job as job_module
@@ -254,23 +253,21 @@ class Search:
 
     @torch.no_grad()
     def score(self, trial: Trial, job, stream: Stream) -> float:
-        """The trial's released score: the test accuracy (public validation), or (correct held-out predictions +
-        N(0, score_noise^2)) / (expected held-out count), a release of sensitivity 1 that its ledger records, the noise
-        drawn from the search's secret stream (added in float64 and rounded once to float32 by the secure stream).
-        The examples are the trial's job's, as its model sees them (a preprocessing stage's transform applied: the
-        rows stay those of the loaded training set)."""
-        model, device, data = job.trainer.model, job.trainer.device, job.data
+        """The trial's released score: its test accuracy as its run reports it (public validation), or (the held-out
+        examples' correct predictions + N(0, score_noise^2)) / (expected held-out count), a release of sensitivity 1
+        that its ledger records, the noise drawn from the search's secret stream. An example counts its share of
+        correct predictions, in [0, 1] (of its tokens, for a sequence: :func:`~dptrain.engine.evaluation.
+        example_scores`), so one example moves the sum by at most 1 whatever the task; the sum and its noise are kept
+        in float64 (float32 would round a sum of shares by more than that). The examples are read as the trial's
+        training read them (the trainer's own source: a preprocessing stage's transform applied, memory-mapped or
+        text data alike)."""
         if self.tune.validation_is_public:
-            from dptrain.engine.evaluation import accuracy, evaluation_source
-
-            return accuracy(model, evaluation_source(data.test.x, data.test.y), device)
+            return float(job.evaluate())
         held = self.held_out(trial).nonzero().squeeze(1)
-        model.eval()
-        correct = 0
-        for chunk in held.split(1024):
-            x, y = data.train.x[chunk].to(device), data.train.y[chunk].to(device)
-            correct += int((logits_of(call_model(model, x)).argmax(-1) == y).sum())
-        noisy = float(stream.add_gaussian(torch.tensor([float(correct)], dtype=torch.float32), self.tune.score_noise)[0])
+        trainer = job.trainer
+        correct = float(example_scores(trainer.model, trainer.data, held, trainer.device,
+                                       loss_fn=trainer.loss_fn).sum())
+        noisy = float(stream.add_gaussian(torch.tensor([correct], dtype=torch.float64), self.tune.score_noise)[0])
         return noisy / (self.tune.validation_fraction * self.n)
 
 
@@ -300,7 +297,8 @@ def run_search(cfg: RunConfig | None, out: str | Path, *, resume: bool = False, 
     with rd.locked(create=not resume):
         if resume:
             saved = _saved_state(rd)
-            cfg, _ = resumed_config(rd, saved, SEARCH_MAY_CHANGE)  # the frozen config: any other change refused
+            resumed_config(rd, saved, SEARCH_MAY_CHANGE)  # (any change of config.toml refused, in value or type)
+            cfg = frozen_config(saved)  # the search goes on with the config it started with, exactly
             state = SearchState.from_dict(saved)
             if state.done:
                 summary = finished(state, rd, keep_trials)  # (an edited summary.json or ledger.json: refused)
