@@ -70,10 +70,11 @@ def build_projected(cfg, randomness: Randomness, data=None, ledger: Ledger | Non
     return run, data, accountant
 
 
-def build_job(cfg, randomness: Randomness, *, ledger=None, accountant=None, resumed=None, data=None):
+def build_job(cfg, randomness: Randomness, *, ledger=None, accountant=None, resumed=None, data=None, checks=True):
     """The :class:`dptrain.runs.job.Job` of projected noisy SGD: the engine's trainer inside :class:`ProjectedNoisySGD`,
     evaluated and saved only at the end (the last iterate is the release), with the last-iterate bound and the
-    composition bound side by side in the summary."""
+    composition bound side by side in the summary. (``checks``: a GLM's gradients are its closed form, which the model
+    probe does not compare: nothing to skip.)"""
     run, data, chosen = build_projected(cfg, randomness, data, ledger)
     if accountant is not None:
         run.trainer.accountant = accountant

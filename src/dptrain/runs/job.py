@@ -188,12 +188,16 @@ def build_job(
     accountant: str | None = None,
     resumed: dict[str, Any] | None = None,
     data: DataSplit | None = None,
+    checks: bool = True,
 ) -> Job:
     """The job of ``cfg``, built by its algorithm's registered builder. Resuming: ``ledger`` is the checkpoint's
     (sigma is read from it), ``accountant`` the one that certified the run, ``resumed`` the stages' released
-    files. ``data`` replaces the config's data (e.g. an audit's training set with canaries). Writes nothing."""
+    files. ``data`` replaces the config's data (e.g. an audit's training set with canaries). ``checks=False`` skips
+    the model's probe before the first step, only for a job that never trains (a search's planner, which reads the
+    ledger a trial will record: the probe changes no release). Writes nothing."""
     builder = resolve(ALGORITHMS[cfg.training.algorithm].build)
-    job = builder(cfg, randomness, ledger=ledger, accountant=accountant, resumed=resumed or {}, data=data)
+    job = builder(cfg, randomness, ledger=ledger, accountant=accountant, resumed=resumed or {}, data=data,
+                  checks=checks)
     job.test_is_public = test_is_public(cfg, job.data)
     job.frozen_config = config_to_toml(cfg)
     return job
@@ -207,9 +211,10 @@ def build_dpsgd_job(
     accountant: str | None,
     resumed: dict[str, Any],
     data: DataSplit | None,
+    checks: bool = True,
 ) -> Job:
     """DP-SGD: data, model, the stages of the registered sections, optimizer, and the trainer (sigma calibrated
-    for the planned steps, given, or read from a resumed run's ledger)."""
+    for the planned steps, given, or read from a resumed run's ledger; ``checks``: :func:`build_job`)."""
     randomness.seed_torch("init")
     data = load_data(cfg) if data is None else data
     model = build_model(cfg.model.name, data.train.input_shape, data.train.num_classes, **cfg.model.options)
@@ -239,6 +244,8 @@ def build_dpsgd_job(
         device=t.device,
         augment=t.augment or None,
         ema=t.ema,
+        check_independence=checks,
+        check_gradients=checks,
     )
     # The run's numbers, computed once here: steps from epochs, the batch-size schedule (growing batches: Proactive
     # DP, App. B.4, theta = s_max/s_bar ~ 1 + p). The trainer, the calibration and the summary read them.

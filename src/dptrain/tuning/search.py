@@ -174,7 +174,9 @@ class Search:
 
     def _planner(self, values: dict):
         """sigma -> the ledger of one trial with ``values`` (its steps and its score's release)."""
-        job = job_module.build_job(self.trial_config(values, 1.0), Randomness(0, warn=False), data=self.data)
+        # (never trained: the model's probe runs when the trial itself is built)
+        job = job_module.build_job(self.trial_config(values, 1.0), Randomness(0, warn=False), data=self.data,
+                                   checks=False)
         trainer, total = job.trainer, job.total_steps
         trainer.close()
         score_noise = None if self.tune.validation_is_public else self.tune.score_noise
