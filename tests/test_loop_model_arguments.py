@@ -60,5 +60,5 @@ def test_a_statistic_of_the_chunk_passed_beside_it_is_refused_with_nothing_relea
 
 def test_the_chunks_own_tensors_and_public_tensors_beside_them_are_accepted():
     """A cast or view of the chunk is the chunk; a public tensor (positions) computed from nothing of it is allowed."""
-    loop = _run(lambda m, x: m(x.double().float(), positions=torch.arange(5.0)))
+    loop = _run(lambda m, x: m(x.double().float(), positions=torch.arange(5.0).reshape(1, 5)))
     assert loop.steps == 2 and loop.trainer.private

@@ -198,7 +198,7 @@ def _rows(k: int) -> list[int]:
 def _shuffled(k: int) -> torch.Tensor:
     """The probe's permutation of a chunk of ``k`` examples (public: the probe reads the first examples of the training
     set; a fixed generator, not the run's streams)."""
-    return torch.randperm(k, generator=torch.Generator().manual_seed(k))
+    return torch.randperm(k, generator=torch.Generator(device="cpu").manual_seed(k), device="cpu")
 
 
 def _reference(sampler) -> str:

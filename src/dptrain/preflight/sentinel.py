@@ -115,7 +115,7 @@ class Sentinel:
         """The secret permutation of chunk ``index`` of step ``step`` (``size`` examples) that its forward comparison
         sets every row against (:func:`dptrain.preflight.gradient_check.forward_check`)."""
         seed = int.from_bytes(self._hash(step, index)[-8:], "little") >> 1
-        return torch.randperm(size, generator=torch.Generator().manual_seed(seed))
+        return torch.randperm(size, generator=torch.Generator(device="cpu").manual_seed(seed), device="cpu")
 
     def _compared(self, x, y, rows: list[int], new: bool, secret: bool, tol, sampler,
                   order=None) -> tuple[list[int], list[str]]:
