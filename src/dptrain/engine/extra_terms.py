@@ -26,7 +26,7 @@ class ExtraRefused(Exception):
     """An extra term the loop cannot add to the private gradient (the message says why, in one line)."""
 
 
-def _leaves(tensor: torch.Tensor) -> set[int]:
+def graph_leaves(tensor: torch.Tensor) -> set[int]:
     """The ids of the leaves that require grad in ``tensor``'s autograd graph (what ``backward`` would accumulate into)."""
     found, seen, todo = set(), set(), [tensor.grad_fn]
     while todo:
@@ -69,7 +69,7 @@ def extra_gradients(extra, params: dict[str, torch.Tensor], data: list[torch.Ten
             "extra depends on the chunk's examples (its inputs or the model's activations on them): it would release "
             "their gradient without clipping or noise; only terms of the parameters alone may be extra"
         )
-    if _leaves(term) - {id(p) for p in params.values()}:
+    if graph_leaves(term) - {id(p) for p in params.values()}:
         raise ExtraRefused(
             "extra reads a tensor that requires grad and is not a parameter the loop privatizes (a parameter added "
             "after make_private_loop, or a tensor of your own): only terms of the privatized parameters may be extra"
@@ -126,4 +126,4 @@ def check_reads_no_example(
         )
 
 
-__all__ = ["ExtraRefused", "check_reads_no_example", "extra_gradients"]
+__all__ = ["ExtraRefused", "check_reads_no_example", "extra_gradients", "graph_leaves"]

@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import types
 import weakref
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -36,6 +36,7 @@ from dptrain.engine.extra_terms import ExtraRefused, check_reads_no_example, ext
 from dptrain.engine.grad_scaler import REFUSAL as GRAD_SCALER_REFUSAL
 from dptrain.engine.grad_scaler import called_by_grad_scaler
 from dptrain.engine.interrupts import deferred_signals
+from dptrain.engine.loop_chunks import derived_from, hand_out, reaches, same_examples, tensors_of
 from dptrain.engine.loop_state import changed_outside_step
 from dptrain.engine.trainer import PrivateTrainer, optimizer_step
 from dptrain.errors import ConfigError, DPTrainError, ModelError
@@ -46,70 +47,6 @@ from dptrain.stages.precision import autocast_of
 
 class LoopError(DPTrainError, RuntimeError):
     """A private loop was used in a way it cannot account for (nothing of the logical batch was released)."""
-
-
-def _tensors(value) -> list[torch.Tensor]:
-    """The tensors of a model's arguments or outputs (a tensor, or tuples/lists/dicts/ModelOutputs holding some)."""
-    if torch.is_tensor(value):
-        return [value]
-    if isinstance(value, Mapping):
-        value = list(value.values())
-    if isinstance(value, tuple | list):
-        return [t for v in value for t in _tensors(v)]
-    return []
-
-
-def _reaches(tensor: torch.Tensor, targets: list[torch.Tensor]) -> bool:
-    """Whether ``tensor``'s autograd graph goes through one of ``targets`` (a walk of its graph from the top: the model's
-    outputs are a few nodes below a loss)."""
-    goal = {t.grad_fn for t in targets if t.grad_fn is not None}
-    seen, todo = set(), [tensor.grad_fn]
-    while todo:
-        fn = todo.pop()
-        if fn is None or fn in seen:
-            continue
-        if fn in goal:
-            return True
-        seen.add(fn)
-        todo.extend(f for f, _ in fn.next_functions)
-    return False
-
-
-def _hand_out(batch):
-    """The chunk as handed to the loop body: every floating tensor a fresh leaf that requires grad (the same storage), so
-    that whatever is computed from the examples' values is visible in autograd's graph (an ``extra`` term is checked
-    against them). Returns (the chunk, its tensors, its floating tensors)."""
-    handed, floats = [], []
-
-    def hand(t):
-        if not torch.is_tensor(t):
-            return t
-        if t.dtype.is_floating_point or t.dtype.is_complex:
-            t = t.detach().requires_grad_()
-            floats.append(t)
-        handed.append(t)
-        return t
-
-    def walk(v):
-        if isinstance(v, Mapping):
-            return {k: walk(x) for k, x in v.items()}
-        if isinstance(v, tuple | list):
-            return (list if isinstance(v, list) else tuple)(walk(x) for x in v)
-        return hand(v)
-
-    return walk(batch), handed, floats
-
-
-def _same_examples(t: torch.Tensor, handed: list[torch.Tensor]) -> bool:
-    """``t`` is a tensor of the chunk: one of them, a view of one (same storage), or a copy with the same values (a cast
-    or a move to another device)."""
-    for h in handed:
-        if t is h or (t.device == h.device and t.untyped_storage().data_ptr() == h.untyped_storage().data_ptr()):
-            return True
-    for h in handed:
-        if t.shape == h.shape and torch.equal(t.detach(), h.detach().to(t.device, t.dtype)):
-            return True
-    return False
 
 
 @dataclass
@@ -365,7 +302,7 @@ class PrivateLoop:
             batch.chunks = len(chunks)
             for k, c in enumerate(chunks):
                 self._check_state()  # (what your code did since the loop last looked: before the chunk is read)
-                (inputs, labels), handed, floats = _hand_out(to_device(trainer.data.batch(c), trainer.device))
+                (inputs, labels), handed, floats = hand_out(to_device(trainer.data.batch(c), trainer.device))
                 recording = contextlib.ExitStack()
                 recording.enter_context(trainer.grad_sampler.recording(len(c)))
                 recording.enter_context(autocast_of(trainer.grad_sampler))
@@ -463,8 +400,8 @@ class PrivateLoop:
                 "the model was called under torch.no_grad (or inference_mode) on a chunk before its loop.backward: make "
                 "such a call after loop.backward(losses)"
             )
-        tensors = _tensors(args) + _tensors(kwargs)
-        ours = [_same_examples(t, chunk.handed) for t in tensors]
+        tensors = tensors_of(args) + tensors_of(kwargs)
+        ours = [same_examples(t, chunk.handed) for t in tensors]
         foreign = chunk.size > 1 and any(
             not mine and t.dim() and t.shape[0] == chunk.size for t, mine in zip(tensors, ours, strict=True)
         )
@@ -473,18 +410,25 @@ class PrivateLoop:
                 "the model was called on a batch the loop did not hand out: call it on the chunk's own inputs (transform "
                 "examples in the Dataset or the DataLoader's collate_fn, which dptrain reads example by example)"
             )
+        if any(not mine and derived_from(t, chunk.floats) for t, mine in zip(tensors, ours, strict=True)):
+            self._refuse(  # (whatever its shape: x.mean(0), the batch's maximum; each example must see only itself)
+                "the model was called with a tensor computed from the chunk's examples besides the chunk itself (a "
+                "statistic of the batch such as x.mean(0) or its maximum): it mixes the examples, so clipping does not "
+                "bound one example's influence; pass the chunk's own tensors, and compute per-example inputs in the "
+                "Dataset or the DataLoader's collate_fn"
+            )
         chunk.calls += 1
         return None
 
     def _model_returned(self, module, args, output):
         chunk = self._chunk
         if chunk is not None and not chunk.done:
-            chunk.outputs += [t for t in _tensors(output) if t.requires_grad]
+            chunk.outputs += [t for t in tensors_of(output) if t.requires_grad]
 
     def _layer_returned(self, module, args, output):
         chunk = self._chunk
         if chunk is not None and not chunk.done:
-            chunk.layer_outputs += [t for t in _tensors(output) if t.requires_grad]
+            chunk.layer_outputs += [t for t in tensors_of(output) if t.requires_grad]
 
     def _accumulated(self, param) -> None:
         if self._batch is not None and not self._batch.stepped:
@@ -550,7 +494,7 @@ class PrivateLoop:
                 "the model was not called on the chunk in this loop body: loop.backward(losses) takes losses computed "
                 "from the model's forward pass on the chunk the loop handed out"
             )
-        if losses.grad_fn is None or not _reaches(losses, chunk.outputs):
+        if losses.grad_fn is None or not reaches(losses, chunk.outputs):
             self._refuse(
                 "the losses do not come from the model's outputs on the chunk the loop handed out (computed from "
                 "another forward pass, detached, or under torch.no_grad)"

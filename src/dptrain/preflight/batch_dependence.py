@@ -88,11 +88,12 @@ def depends_on_others(model, loss_fn, x, y, rows, autocast, rtol: float) -> bool
     return False
 
 
-def mixing_refusal(model, loss_fn, x, y, i: int, autocast, rtol: float) -> ModelError:
+def mixing_refusal(model, loss_fn, x, y, i: int, autocast, rtol: float, also=()) -> ModelError:
     """The independence check's refusal for example i of the batch (``x``, ``y``), naming the way out of the kind of
-    dependence it is (module docstring); only computed to refuse (2 forward passes for each of up to ROWS examples)."""
+    dependence it is (module docstring); ``also``: other rows seen to move (the places a mixing model reaches). Only
+    computed to refuse (2 forward passes for each of up to 2 ROWS examples)."""
     k = len(y)
-    rows = [i] + [j for j in range(min(k, ROWS)) if j != i]
+    rows = list(dict.fromkeys([i, *list(also)[:ROWS], *range(min(k, ROWS))]))
     if not depends_on_others(model, loss_fn, x, y, rows, autocast, rtol):
         return ModelError(
             f"{CHECK_NAME} failed: an example's output or loss computed in a batch of {k} differs from the same "

@@ -5,8 +5,9 @@ writes into a buffer (BatchNorm's running mean, a running maximum of |x|, an out
 ``MinMaxObserver``) puts something computed from the private batch, unnoised, into ``model.state_dict()`` and
 ``model.pt``. Which statistic it is does not matter (a counter of calls counts the chunks, hence the secret batch
 sizes), so the rule is the sound one: any write is a release. And not only to buffers: a frozen Parameter holding a
-running mean is in ``state_dict()`` too, a plain tensor or number kept as a module attribute is read by the next steps
-and pickled with the model, and a trainable parameter changes only in the optimizer's step. So a
+running mean is in ``state_dict()`` too, a plain tensor or number kept as a module attribute (or in any object one
+holds: a deque, a dataclass, a NumPy array, an attribute set on a parameter) is read by the next steps and pickled
+with the model, and a trainable parameter changes only in the optimizer's step. So a
 :class:`BufferWatch` sees every kind of write to every slot of the model's state (:func:`state_slots`: buffers,
 parameters, the modules' own attributes) between two points: the object in the slot replaced (``self.buf = ...``),
 a tensor written in place (its version counter), its storage swapped (``set_``), or its value changed by a path that
@@ -20,7 +21,11 @@ the examples it read.
 from __future__ import annotations
 
 import contextlib
+import types
+from collections import deque
+from collections.abc import Mapping, Set
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -64,22 +69,38 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
 #: larger ones are watched by slot, version counter, storage and a float64 checksum (their sum and norm). Before
 #: training every value is copied.
 COMPARED_BYTES = 2**22
-#: Items of a module attribute's containers (lists, tuples, dicts) read into its fingerprint; a larger container is
-#: watched by identity only.
+#: Items of a module attribute read into its fingerprint (the items of its containers, the fields of its objects);
+#: beyond them, and deeper than ATTRIBUTE_DEPTH, an object is watched by identity only.
 ATTRIBUTE_ITEMS = 256
+ATTRIBUTE_DEPTH = 8
 #: The attributes every nn.Module has (its slots, hooks and flags): the rest of a module's ``__dict__`` is its own
 #: state.
 _MODULE_KEYS = frozenset(vars(nn.Module())) | {"_compiled_call_impl", "_version"}
 _SCALARS = (bool, int, float, complex, str, bytes, type(None))
+#: Objects that are code, not state (pickled by reference, if at all): watched by identity.
+_CODE = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType,
+         types.BuiltinMethodType, nn.Module)
 
 
 def _tensor_record(t: torch.Tensor, max_bytes: int | None):
-    """What a watch keeps of one tensor: the object, its version counter, storage and shape, and a copy of its value
-    (at most ``max_bytes``) or else its float64 sum and norm (a write through ``.data`` bypasses the version)."""
+    """What a watch keeps of one tensor: the object, its version counter, storage and shape, a copy of its value (at
+    most ``max_bytes``) or else its float64 sum and norm (a write through ``.data`` bypasses the version), and the
+    fingerprint of the Python attributes set on it (``param.stat = ...``: pickled with it, read by later steps)."""
     keep = max_bytes is None or t.numel() * t.element_size() <= max_bytes
+    own = _own_attributes(t)
+    attrs = (own, _leaves(own, max_bytes)) if own else None
     if keep:
-        return (t, t._version, t.data_ptr(), t.shape, t.detach().clone(), None)
-    return (t, t._version, t.data_ptr(), t.shape, None, _checksum(t))
+        return (t, t._version, t.data_ptr(), t.shape, t.detach().clone(), None, attrs)
+    return (t, t._version, t.data_ptr(), t.shape, None, _checksum(t), attrs)
+
+
+#: Attributes torch's own machinery sets on tensors (torch.compile marks the parameters a graph reads): not state.
+_TORCH_TENSOR_FLAGS = ("_dynamo_",)
+
+
+def _own_attributes(t: torch.Tensor) -> dict:
+    """The Python attributes set on a tensor, but torch's own flags (:data:`_TORCH_TENSOR_FLAGS`)."""
+    return {k: v for k, v in vars(t).items() if not k.startswith(_TORCH_TENSOR_FLAGS)}
 
 
 def _checksum(t: torch.Tensor):
@@ -91,44 +112,122 @@ def _checksum(t: torch.Tensor):
 
 
 def _tensor_same(record, t) -> bool:
-    before, version, ptr, shape, value, checksum = record
+    before, version, ptr, shape, value, checksum, attrs = record
     if t is not before or t._version != version or t.data_ptr() != ptr or t.shape != shape:
+        return False
+    own = _own_attributes(t)
+    if (attrs is None) != (not own) or (attrs is not None and not _leaves_same(attrs[1], _leaves(own, 0))):
         return False
     if value is not None:
         return _same(value, t)
     return _same(checksum, _checksum(t))
 
 
-def _leaves(value, max_bytes, path: str = "", out: dict | None = None, budget: list | None = None) -> dict:
-    """A module attribute's fingerprint, path -> leaf: a tensor (its record), an immutable scalar (its value; a float
-    by its hex, so that NaN equals NaN), or any other object (its identity). Lists, tuples and dicts are read item by
-    item (up to ATTRIBUTE_ITEMS items in all)."""
+def _array_record(a: np.ndarray, max_bytes: int | None):
+    """A NumPy array's record: the object, its shape and dtype, and a copy of its value (at most ``max_bytes``; else its
+    float64 sum and norm). Arrays have no version counter: ``self.hist += ...`` writes in place."""
+    if max_bytes is None or a.nbytes <= max_bytes:
+        return (a, a.shape, a.dtype, a.copy(), None)
+    return (a, a.shape, a.dtype, None, _array_checksum(a))
+
+
+def _array_checksum(a: np.ndarray):
+    try:
+        d = a.astype(np.complex128 if np.iscomplexobj(a) else np.float64)
+        return (complex(d.sum()).__repr__(), float(np.linalg.norm(d.ravel())).hex())
+    except (TypeError, ValueError):  # (an array of objects: compared by identity)
+        return ("object", id(a))
+
+
+def _array_same(record, a) -> bool:
+    before, shape, dtype, value, checksum = record
+    if a is not before or a.shape != shape or a.dtype != dtype:
+        return False
+    if value is not None:
+        return bool(np.array_equal(value, a, equal_nan=value.dtype.kind in "fc"))
+    return checksum == _array_checksum(a)
+
+
+def _state_of(value):
+    """What pickling saves of ``value`` besides its class (its reduce's arguments, state, items), or None for code
+    and for objects that cannot be pickled (watched by identity)."""
+    if isinstance(value, _CODE):
+        return None
+    try:
+        reduced = value.__reduce_ex__(4)
+    except Exception:  # noqa: BLE001 (a lock, a C object: not picklable, so not released with the model)
+        return None
+    if not isinstance(reduced, tuple):  # (a global, pickled by reference)
+        return None
+    rest = list(reduced[1:])
+    for k in (3, 4):  # (list items and dict items come as iterators)
+        if len(rest) > k - 1 and rest[k - 1] is not None and not isinstance(rest[k - 1], list | tuple | dict):
+            rest[k - 1] = list(rest[k - 1])
+    return tuple(rest)
+
+
+def _leaves(value, max_bytes, path: str = "", out: dict | None = None, budget: list | None = None,
+            seen: dict | None = None, depth: int = 0) -> dict:
+    """A module attribute's fingerprint, path -> leaf: a tensor (its record, with the attributes set on it), a NumPy
+    array (its record), an immutable scalar (its value; a float by its hex, so that NaN equals NaN), a container
+    (lists, tuples, deques, dicts, sets: item by item), any other object by what pickling it saves (a dataclass's or
+    a SimpleNamespace's fields, an object's ``__dict__``: field by field), code and unpicklable objects by identity.
+    Up to ATTRIBUTE_ITEMS items in all, ATTRIBUTE_DEPTH levels deep (beyond: unread); an object met twice is read
+    once; ``seen``: id -> where it was met (objects read by identity only: nn.Module's machinery)."""
     out = {} if out is None else out
     budget = [ATTRIBUTE_ITEMS] if budget is None else budget
+    seen = {} if seen is None else seen
     if torch.is_tensor(value):
         try:
             out[path] = ("tensor", _tensor_record(value, max_bytes))
         except RuntimeError:  # (no storage to read: a tensor a torch.func transform left in the slot, a pass's own)
             out[path] = ("object", id(value))
-    elif isinstance(value, float):
+        return out
+    if isinstance(value, np.ndarray):
+        out[path] = ("array", _array_record(value, max_bytes))
+        return out
+    if isinstance(value, float):
         out[path] = ("value", float, value.hex())
-    elif isinstance(value, _SCALARS):
+        return out
+    if isinstance(value, _SCALARS):
         out[path] = ("value", type(value), value)
-    elif isinstance(value, list | tuple | dict) and len(value) <= budget[0]:
-        budget[0] -= len(value)
-        out[path] = ("container", type(value), id(value), len(value))
-        items = value.items() if isinstance(value, dict) else enumerate(value)
-        for k, v in items:
-            _leaves(v, max_bytes, f"{path}[{k!r}]", out, budget)
+        return out
+    if isinstance(value, np.generic):  # (a NumPy scalar: immutable)
+        out[path] = ("value", type(value), value.tobytes())
+        return out
+    if id(value) in seen:  # (an object met before in this walk: where, not its id, which a copy made to read changes)
+        out[path] = ("again", seen[id(value)][0])
+        return out
+    if depth >= ATTRIBUTE_DEPTH or budget[0] <= 0:
+        out[path] = ("unread", type(value))
+        return out
+    seen[id(value)] = (path, value)  # (kept alive: a copy made to read it must not lend its id to another)
+    if isinstance(value, Mapping):
+        items = list(value.items())
+    elif isinstance(value, list | tuple | deque):
+        items = list(enumerate(value))
+    elif isinstance(value, Set):
+        items = list(enumerate(sorted(value, key=lambda v: (type(v).__name__, repr(v)))))
     else:
-        out[path] = ("object", id(value))
+        state = _state_of(value)
+        if state is None:
+            out[path] = ("object", id(value))
+            return out
+        items = list(enumerate(state))
+    if len(items) > budget[0]:
+        out[path] = ("unread", type(value), len(items))
+        return out
+    budget[0] -= len(items)
+    out[path] = ("container", type(value), len(items))  # (by content: an equal copy holds nothing new)
+    for k, v in items:
+        _leaves(v, max_bytes, f"{path}[{k!r}]", out, budget, seen, depth + 1)
     return out
 
 
 def _leaves_same(before: dict, now: dict, tensors_only: bool = False) -> bool:
-    if tensors_only:  # (the tensors an attribute holds, whatever else changed around them)
-        before = {k: v for k, v in before.items() if v[0] == "tensor"}
-        now = {k: v for k, v in now.items() if v[0] == "tensor"}
+    if tensors_only:  # (the tensors and arrays an attribute holds, whatever else changed around them)
+        before = {k: v for k, v in before.items() if v[0] in _DATA}
+        now = {k: v for k, v in now.items() if v[0] in _DATA}
     if before.keys() != now.keys():
         return False
     for path, a in before.items():
@@ -138,13 +237,19 @@ def _leaves_same(before: dict, now: dict, tensors_only: bool = False) -> bool:
         if a[0] == "tensor":
             if not _tensor_same(a[1], b[1][0]):
                 return False
+        elif a[0] == "array":
+            if not _array_same(a[1], b[1][0]):
+                return False
         elif a != b:
             return False
     return True
 
 
+_DATA = ("tensor", "array")
+
+
 def _holds_tensor(value) -> bool:
-    return any(leaf[0] == "tensor" for leaf in _leaves(value, 0).values())
+    return any(leaf[0] in _DATA for leaf in _leaves(value, 0).values())
 
 
 def state_slots(model: nn.Module) -> dict[str, tuple[str, nn.Module, str, object]]:
@@ -180,10 +285,19 @@ class BufferWatch:
         for name, (kind, _, _, v) in self._now().items():
             self.kinds[name] = kind
             if kind == "attribute":
-                self.slots[name] = (v, _leaves(v, max_bytes))
+                self.slots[name] = (v, _leaves(v, max_bytes, seen=self._plumbing()))
             else:  # (a trainable parameter by its checksum during training: copying a model per chunk costs a pass)
                 cap = 0 if max_bytes is not None and kind == "parameter" and v is not None and v.requires_grad else max_bytes
                 self.slots[name] = (v, None if v is None else _tensor_record(v, cap))
+
+    def _plumbing(self) -> dict[int, tuple]:
+        """The ids of nn.Module's own machinery (every module's parameter, buffer, submodule and hook dicts): an
+        attribute reaching them (a hook's RemovableHandle) reads them by identity; their contents are slots of their
+        own, or code."""
+        if getattr(self, "_machinery", None) is None:
+            self._machinery = {id(v): (f"<{type(m).__name__}.{k} {id(v)}>", v) for m in self.model.modules()
+                               for k, v in vars(m).items() if k in _MODULE_KEYS and isinstance(v, dict)}
+        return dict(self._machinery)
 
     def _now(self) -> dict:
         return {n: slot for n, slot in state_slots(self.model).items() if slot[0] in self.watched}
@@ -205,7 +319,7 @@ class BufferWatch:
             kind, _, _, value = now[name]
             before, record = self.slots[name]
             if kind == "attribute":
-                if not _leaves_same(record, _leaves(value, self.max_bytes), tensors_only):
+                if not _leaves_same(record, _leaves(value, self.max_bytes, seen=self._plumbing()), tensors_only):
                     names.append(name)
             elif before is None or value is None:
                 if before is not value:
@@ -228,9 +342,10 @@ class BufferWatch:
             module, local = _owner(self.model, name)
             if kind == "attribute":
                 _put(module, kind, local, before)
-                if not all(_put_value(leaf[1]) for leaf in record.values() if leaf[0] == "tensor"):
+                if not all(_put_value(leaf[1]) if leaf[0] == "tensor" else _put_array(leaf[1])
+                           for leaf in record.values() if leaf[0] in _DATA):
                     lost.append(name)
-                elif not _leaves_same(record, _leaves(before, self.max_bytes)):
+                elif not _leaves_same(record, _leaves(before, self.max_bytes, seen=self._plumbing())):
                     lost.append(name)  # (a list or dict of the model changed in place)
                 continue
             elif record is not None and not _put_value(record):
@@ -240,8 +355,12 @@ class BufferWatch:
 
 
 def _put_value(record) -> bool:
-    """The tensor of ``record`` with its recorded value; False when no copy was kept and it changed."""
-    tensor, value = record[0], record[4]
+    """The tensor of ``record`` with its recorded value and Python attributes; False when no copy was kept and it
+    changed."""
+    tensor, value, attrs = record[0], record[4], record[6]
+    for k in _own_attributes(tensor):
+        del vars(tensor)[k]
+    vars(tensor).update(attrs[0] if attrs is not None else {})
     if value is None:
         return _tensor_same(record, tensor)
     with torch.no_grad():
@@ -249,6 +368,15 @@ def _put_value(record) -> bool:
             tensor.set_(value.clone())
         else:
             tensor.copy_(value)
+    return True
+
+
+def _put_array(record) -> bool:
+    """The array of ``record`` with its recorded value; False when no copy was kept and it changed."""
+    array, value = record[0], record[3]
+    if value is None or array.shape != value.shape or array.dtype != value.dtype:
+        return _array_same(record, array)
+    np.copyto(array, value)
     return True
 
 

@@ -200,6 +200,12 @@ def _rows(k: int) -> list[int]:
     return sorted({0, k // 2, k - 1})
 
 
+def _shuffled(k: int) -> torch.Tensor:
+    """The probe's permutation of a chunk of ``k`` examples (public: the probe reads the first examples of the training
+    set; a fixed generator, not the run's streams)."""
+    return torch.randperm(k, generator=torch.Generator(device="cpu").manual_seed(k), device="cpu")
+
+
 def _reference(sampler) -> str:
     """How an example alone is computed: a backward pass ("autograd"), or, for a backend object of the caller's own
     (a GLM's closed form, which need not use the loss), that backend on a batch of one ("backend")."""
@@ -217,7 +223,8 @@ def probe_model(
     1. in float64 on the first EXACT_EXAMPLES examples, every one compared (the backend's rules exactly, per
        parameter; coverage; mixing): this settles the backend, which the chunk size depends on;
     2. in the training precision at the run's largest chunk (its physical chunk, or the largest batch the sampler
-       will plausibly draw if smaller): coverage, buffers and mixing at the shape training uses, three rows compared.
+       will plausibly draw if smaller): coverage, buffers and mixing at the shape training uses, three rows compared
+       alone and every row against the chunk permuted.
 
     Returns (physical chunk size, names of the buffers a training-mode pass writes: empty unless ``buffer_updates ==
     "not_private"``, the gradient check or None when ``check_gradients`` is off, the chunk size the probe verified).
@@ -255,7 +262,7 @@ def probe_model(
     with _probing(model):
         if mixing:
             gradient_check.forward_check(trainer, x, y, _rows(len(y)), gradient_check.tolerance_of(sampler, model),
-                                         buffer_updates, written)
+                                         buffer_updates, written, order=_shuffled(len(y)))
         else:  # (the buffers a training-mode forward writes at the run's chunk, all the same)
             gradient_check.forward_check(trainer, x, y, [], gradient_check.FLOAT, buffer_updates, written)
     kept = buffers.check_buffers(sorted(written), buffer_updates)

@@ -269,21 +269,38 @@ def warn_unused(names: list[str]) -> None:
 
 
 def _leaves(out) -> list:
-    """The leaves of a model's output (a tensor, or tuples, lists, dicts and ModelOutputs holding some)."""
-    return tree_flatten(out)[0]
+    """The leaves of a model's output (a tensor, or tuples, lists, dicts and ModelOutputs holding some), detached."""
+    return [t.detach() if torch.is_tensor(t) else t for t in tree_flatten(out)[0]]
+
+
+def _rows_of(out: list, k: int) -> list[torch.Tensor]:
+    """The outputs of a pass on a batch of ``k`` examples that have a row per example."""
+    return [t for t in out if torch.is_tensor(t) and t.dim() and len(t) == k]
 
 
 def forward_check(trainer, x, y, rows: list[int], tol: Tolerance, buffer_updates: str, written: set[str],
-                  sampler=None) -> None:
-    """The mixing half of the comparison, forward passes only: the model's outputs (every tensor with a batch
-    dimension) for ``rows`` of the batch against each example's outputs alone; a mixing model is refused
-    (ModelError). The forwards' buffer writes are added to ``written`` (and refused unless ``buffer_updates`` says not
-    private). For a batch size the backward passes were not compared at: mixing shows in the outputs."""
+                  sampler=None, order: torch.Tensor | None = None) -> None:
+    """The mixing half of the comparison, forward passes only, run as training runs them (training mode, autograd
+    recording): the model's outputs (every tensor with a batch dimension) for ``rows`` of the batch against each
+    example's outputs alone, and, with ``order`` (a permutation of the batch), every row of the batch against the
+    same example's row in the batch permuted. A mixing model is refused (ModelError). The forwards' buffer writes are
+    added to ``written`` (and refused unless ``buffer_updates`` says not private). For a batch size the backward passes
+    were not compared at: mixing shows in the outputs.
+
+    The two comparisons cover each other's blind spot. A model whose outputs mix examples symmetrically (a batch mean,
+    BatchNorm) gives every example's row the permutation's row, but moves every row away from the example alone; a
+    model that mixes into some places only (the last row, a row and its neighbour) may leave the rows compared alone
+    untouched, but moves an example's output when the permutation takes it to another place. Only a dependence on the
+    others that is both symmetric and absent from the rows compared alone goes unseen, and a symmetric dependence
+    reaches every row."""
     model, k = trainer.model, len(y)
     autocast = autocast_of(trainer.grad_sampler if sampler is None else sampler)
+    refuse = lambda i, also=(): mixing_refusal(  # noqa: E731
+        model, trainer.loss_fn, x, y, i, lambda: autocast_of(trainer.grad_sampler if sampler is None else sampler),
+        tol.loss, also)
     watch = BufferWatch(model)
     try:
-        with torch.no_grad(), autocast:
+        with torch.enable_grad(), autocast:
             batched = _leaves(call_model(model, x))
     finally:
         written.update(watch.written())
@@ -291,7 +308,7 @@ def forward_check(trainer, x, y, rows: list[int], tol: Tolerance, buffer_updates
     check_buffers(sorted(written), buffer_updates, watch.kinds)
     for i in rows:
         one = take(x, torch.tensor([i], device=y.device))
-        with restored(model), torch.no_grad(), autocast, _one_example(model, one):
+        with restored(model), torch.enable_grad(), autocast, _one_example(model, one):
             alone = _leaves(call_model(model, one))
         for a, b in zip(alone, batched, strict=False):  # (the same output, leaf by leaf: an example's rows)
             if not (torch.is_tensor(a) and torch.is_tensor(b) and a.dim() and b.dim() and len(a) == 1 and len(b) == k
@@ -300,8 +317,22 @@ def forward_check(trainer, x, y, rows: list[int], tol: Tolerance, buffer_updates
             a, b = a[0].double(), b[i].double()
             if not float((a - b).norm()) <= tol.loss * float(a.norm()) + 1e-30 and bool(a.isfinite().all()):
                 # (a non-finite output of the example alone is the step's to refuse)
-                raise mixing_refusal(model, trainer.loss_fn, x, y, i, lambda: autocast_of(
-                    trainer.grad_sampler if sampler is None else sampler), tol.loss)
+                raise refuse(i)
+    if order is None or k < 2:
+        return
+    order = order.to(y.device)
+    with restored(model), torch.enable_grad(), autocast:
+        permuted = _leaves(call_model(model, take(x, order)))
+    for a, b in zip(_rows_of(permuted, k), _rows_of(batched, k), strict=False):
+        if a.shape != b.shape:
+            continue
+        a, b = a.double().reshape(k, -1), b[order].double().reshape(k, -1)  # (row r: example order[r], both times)
+        finite = a.isfinite().all(1) & b.isfinite().all(1)
+        moved = ((a - b).norm(dim=1) > tol.loss * b.norm(dim=1) + 1e-30) & finite
+        if bool(moved.any()):
+            places = moved.nonzero().flatten().tolist()
+            examples = [int(order[r]) for r in places]
+            raise refuse(examples[0], examples[1:] + places)
 
 
 def settle(trainer, x, y, rows: list[int], tol: Tolerance, *, mixing: bool, gradients: bool, buffer_updates: str,

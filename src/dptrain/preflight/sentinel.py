@@ -12,8 +12,9 @@ its step is released:
 - **coverage** is proven on every chunk by the layerwise backend itself (:mod:`dptrain.stages.coverage`);
 - **mixing at every batch size**: the first chunk of every batch size the run meets (the probe checked one) is
   compared with the same examples alone, by forward passes (:func:`dptrain.preflight.gradient_check.forward_check`:
-  training mode, dropout off, the training precision's tolerance), on ROWS secret rows. So no step is released from a
-  chunk of a batch size whose mixing was never checked (the Poisson remainder chunk, an odd size);
+  training mode, dropout off, the training precision's tolerance), on ROWS secret rows, and every row of it against
+  the chunk in a secret order (a model mixing into some places only, the last row, moves there). So no step is
+  released from a chunk of a batch size whose mixing was never checked (the Poisson remainder chunk, an odd size);
 - **per-example gradients at secret places**: the first chunk of the run (in each process: a resumed run's too) and
   RATE of the chunks, at secret random places, are compared forward and backward (:func:`dptrain.preflight.gradient_check.compare`): data-dependent mixing or a rule wrong on some data
   that the probe missed is caught with probability RATE per chunk where it occurs.
@@ -30,6 +31,8 @@ rounding is far inside the tolerance), so it says nothing about the data of a ru
 from __future__ import annotations
 
 import hashlib
+
+import torch
 
 from dptrain.errors import DPTrainError, ModelError
 from dptrain.preflight import exact, gradient_check
@@ -108,14 +111,23 @@ class Sentinel:
             return [], False, False
         return sorted({int.from_bytes(h[8 + 8 * r : 16 + 8 * r], "little") % size for r in range(ROWS)}), new, secret
 
-    def _compared(self, x, y, rows: list[int], new: bool, secret: bool, tol, sampler) -> tuple[list[int], list[str]]:
-        """(rows that moved, parameters that disagree) of the chunk ``x``, ``y`` against each example alone: forward
-        passes for a new batch size, forward and backward at a secret place."""
+    def order(self, step: int, index: int, size: int):
+        """The secret permutation of chunk ``index`` of step ``step`` (``size`` examples) that its forward comparison
+        sets every row against (:func:`dptrain.preflight.gradient_check.forward_check`)."""
+        seed = int.from_bytes(self._hash(step, index)[-8:], "little") >> 1
+        return torch.randperm(size, generator=torch.Generator(device="cpu").manual_seed(seed), device="cpu")
+
+    def _compared(self, x, y, rows: list[int], new: bool, secret: bool, tol, sampler,
+                  order=None) -> tuple[list[int], list[str]]:
+        """(rows that moved, parameters that disagree) of the chunk ``x``, ``y`` against each example alone and (every
+        row) against the chunk permuted by ``order``: forward passes for a new batch size, forward and backward at a
+        secret place."""
         trainer, moved, bad = self.trainer, [], []
         outputs = self.mixing and self.reference == "autograd"  # (mixing shows in the outputs, beside their own norm)
         if new or (secret and outputs):
             try:
-                gradient_check.forward_check(trainer, x, y, rows, tol, "not_private", set(), sampler=sampler)
+                gradient_check.forward_check(trainer, x, y, rows, tol, "not_private", set(), sampler=sampler,
+                                             order=order if self.mixing else None)
             except ModelError:
                 moved = rows
         if secret and not moved:
@@ -140,18 +152,19 @@ class Sentinel:
         self.compared_backward = self.compared_backward or secret
         trainer = self.trainer
         model = trainer.model
+        order = self.order(step, index, len(y))
         with exact.probing(model):
             try:  # in float64 where the model runs in it: rounding is then 1e-11, not a float32 cancellation's 1e-2
                 inner = trainer.grad_sampler.backend if isinstance(trainer.grad_sampler, MixedPrecision) else None
                 with exact.float64(model):
                     moved, bad = self._compared(exact.as_float64(x), exact.as_float64(y), rows, new, secret,
-                                                gradient_check.EXACT, inner or trainer.grad_sampler)
+                                                gradient_check.EXACT, inner or trainer.grad_sampler, order)
             except (RuntimeError, TypeError) as e:  # a model that cannot run in float64: its own precision
                 if isinstance(e, DPTrainError):
                     raise
                 sampler = trainer.grad_sampler
                 moved, bad = self._compared(x, y, rows, new, secret, gradient_check.tolerance_of(sampler, model),
-                                            sampler)
+                                            sampler, order)
         self.checked += 1
         if moved or bad:
             what = ("an example's output or loss in its chunk differs from the example's alone (the model mixes "

@@ -1,0 +1,88 @@
+"""The chunk as your own loop's body gets it, and what counts as the chunk's (:mod:`dptrain.engine.private_loop`).
+
+The loop hands out every floating tensor of a chunk as a fresh leaf that requires grad (:func:`hand_out`), so that
+whatever the body computes from the examples' values shows in autograd's graph: the model must be called on the
+chunk's own tensors (:func:`same_examples`: one of them, a view, or a copy with the same values), and with nothing
+else computed from them (:func:`derived_from`: a statistic of the batch passed beside it, ``model(x, ctx=x.mean(0))``,
+mixes the examples whatever its shape); the losses must come from the model's outputs on it (:func:`reaches`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from dptrain.engine.extra_terms import graph_leaves
+
+
+def tensors_of(value) -> list[torch.Tensor]:
+    """The tensors of a model's arguments or outputs (a tensor, or tuples/lists/dicts/ModelOutputs holding some)."""
+    if torch.is_tensor(value):
+        return [value]
+    if isinstance(value, Mapping):
+        value = list(value.values())
+    if isinstance(value, tuple | list):
+        return [t for v in value for t in tensors_of(v)]
+    return []
+
+
+def reaches(tensor: torch.Tensor, targets: list[torch.Tensor]) -> bool:
+    """Whether ``tensor``'s autograd graph goes through one of ``targets`` (a walk of its graph from the top: the model's
+    outputs are a few nodes below a loss)."""
+    goal = {t.grad_fn for t in targets if t.grad_fn is not None}
+    seen, todo = set(), [tensor.grad_fn]
+    while todo:
+        fn = todo.pop()
+        if fn is None or fn in seen:
+            continue
+        if fn in goal:
+            return True
+        seen.add(fn)
+        todo.extend(f for f, _ in fn.next_functions)
+    return False
+
+
+def hand_out(batch):
+    """The chunk as handed to the loop body: every floating tensor a fresh leaf that requires grad (the same storage), so
+    that whatever is computed from the examples' values is visible in autograd's graph (an ``extra`` term is checked
+    against them). Returns (the chunk, its tensors, its floating tensors)."""
+    handed, floats = [], []
+
+    def hand(t):
+        if not torch.is_tensor(t):
+            return t
+        if t.dtype.is_floating_point or t.dtype.is_complex:
+            t = t.detach().requires_grad_()
+            floats.append(t)
+        handed.append(t)
+        return t
+
+    def walk(v):
+        if isinstance(v, Mapping):
+            return {k: walk(x) for k, x in v.items()}
+        if isinstance(v, tuple | list):
+            return (list if isinstance(v, list) else tuple)(walk(x) for x in v)
+        return hand(v)
+
+    return walk(batch), handed, floats
+
+
+def same_examples(t: torch.Tensor, handed: list[torch.Tensor]) -> bool:
+    """``t`` is a tensor of the chunk: one of them, a view of one (same storage), or a copy with the same values (a cast
+    or a move to another device)."""
+    for h in handed:
+        if t is h or (t.device == h.device and t.untyped_storage().data_ptr() == h.untyped_storage().data_ptr()):
+            return True
+    for h in handed:
+        if t.shape == h.shape and torch.equal(t.detach(), h.detach().to(t.device, t.dtype)):
+            return True
+    return False
+
+
+def derived_from(t: torch.Tensor, floats: list[torch.Tensor]) -> bool:
+    """Whether ``t`` is computed, through autograd's graph, from one of the chunk's handed-out floating tensors."""
+    return t.requires_grad and bool(graph_leaves(t) & {id(f) for f in floats})
+
+
+__all__ = ["derived_from", "hand_out", "reaches", "same_examples", "tensors_of"]
