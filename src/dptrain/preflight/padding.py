@@ -50,7 +50,7 @@ def check_padding(model, loss_fn, source, x, y, indices: list[int], rtol: float,
     for r, i in enumerate(indices):
         row = take(x, torch.tensor([r], device=y.device)), y[r : r + 1]
         with torch.random.fork_rng(devices=[]):  # (the run's generators untouched)
-            alone, again = source.batch(torch.tensor([i])), source.batch(torch.tensor([i]))
+            alone, again = source.batch(torch.tensor([i], device="cpu")), source.batch(torch.tensor([i], device="cpu"))
         if _shapes(row) == _shapes(alone) or not _equal(alone, again):
             continue
         alone = convert(alone) if convert is not None else alone
