@@ -108,7 +108,8 @@ def _seq2seq(config_class, model_class, **kw):
 #: normalization (each example's channels scaled by their spatial norms over its own map); BEiT a relative-position
 #: bias table shared by every layer (computed once for the batch); Data2Vec-vision a bias table in each layer and
 #: layer scale; SEW a Conv1d feature encoder with GroupNorm, its sequence squeezed by a strided convolution and
-#: upsampled back.
+#: upsampled back; StableLM partial rotary with per-head query/key LayerNorms; GPT-BigCode multi-query attention (one
+#: key/value head).
 MORE = {
     "gpt_neox": (lambda: transformers.GPTNeoXForCausalLM(transformers.GPTNeoXConfig(
         **TEXT, pad_token_id=0, hidden_dropout=0.0, attention_dropout=0.0, tie_word_embeddings=False)),
@@ -178,6 +179,13 @@ MORE = {
         num_conv_pos_embedding_groups=2, feat_extract_norm="group", squeeze_factor=2, num_labels=3,
         hidden_dropout=0.0, attention_dropout=0.0, activation_dropout=0.0, feat_proj_dropout=0.0, final_dropout=0.0,
         layerdrop=0.0, mask_time_prob=0.0, classifier_proj_size=8)), "audio", ["q_proj", "v_proj", "conv"]),
+    "stablelm": (lambda: transformers.StableLmForCausalLM(transformers.StableLmConfig(
+        **DECODER, partial_rotary_factor=0.5, use_qkv_bias=True, qk_layernorm=True, hidden_dropout=0.0,
+        attention_dropout=0.0)), "causal", ["q_proj", "v_proj", "down_proj"]),
+    "gpt_bigcode": (lambda: transformers.GPTBigCodeForCausalLM(transformers.GPTBigCodeConfig(
+        vocab_size=VOCAB, n_embd=16, n_layer=2, n_head=2, n_positions=32, multi_query=True, resid_pdrop=0.0,
+        embd_pdrop=0.0, attn_pdrop=0.0, pad_token_id=0, bos_token_id=1, eos_token_id=1)),
+        "causal", ["c_attn", "c_proj"]),
     "resnet": (lambda: transformers.ResNetForImageClassification(transformers.ResNetConfig(
         num_channels=3, embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], layer_type="basic", num_labels=3)),
         "image", ["convolution"]),
@@ -259,6 +267,7 @@ def adapter(name: str, model: str):
         "lora_saved": lambda: peft.LoraConfig(r=2, lora_alpha=4, target_modules=targets, modules_to_save=SAVED[model],
                                               **fan, **common),
         "lora_conv": lambda: peft.LoraConfig(r=2, lora_alpha=4, target_modules=CONVOLUTIONS[model], **common),
+        "randlora": lambda: peft.RandLoraConfig(r=2, target_modules=targets, **common),
     }
     if name in more:
         return more[name]()

@@ -33,23 +33,26 @@ CELLS = (
                                      "lora_embedding", "lora_saved")]
     + [("bert", a, "off") for a in ("adalora", "lokr", "oft", "fourierft", "p_tuning", "lora_embedding", "lora_saved")]
     + [("gpt2", a, "off") for a in ("adalora", "lora_embedding", "lora_saved", "p_tuning")]
+    + [("llama", "randlora", "off")]
     + [("wav2vec2", "lora_conv", "off"), ("vit", "lora_conv", "off")]
     + [("gpt_neox", "full", "non_reentrant"), ("bloom", "lora", "non_reentrant"), ("bart", "lora", "non_reentrant"),
        ("falcon", "full", "reentrant"), ("bart", "full", "reentrant")]
 )
 #: Cells over about 5 s on a shared 2-core machine (their backend runs the whole model example by example).
 SLOW = {("rwkv", "full"), ("pegasus", "full"), ("beit", "full"), ("swinv2", "full"), ("deberta_v2", "full"),
-        ("llama", "boft"), ("llama", "oft")}
+        ("llama", "boft"), ("llama", "oft"), ("llama", "randlora")}
 #: Cells whose per-example gradients need the whole model differentiated example by example (exact, slower, and not
 #: trainable from a forward pass of your own: make_private_loop, DPTrainer): RWKV's attention reads its time-mixing
 #: state across the sequence in a layout the measurement cannot split; BEiT's relative-position bias, shared by every
 #: layer, is computed once for the batch (as T5's and Swin's); LoKr's layers draw random numbers (its
 #: dropouts) that vmap cannot replay; P-tuning's prompt encoder is computed once for the batch and repeated by peft.
+#: RandLoRA's custom autograd function cannot be vmapped (loop); its random bases, one module shared by every adapted
+#: layer, were left holding torch.func's tensors by the whole-model attempt, and the model refused for writing them.
 #: Every other cell records its layers (Falcon: its MLP output is added to in place, so the model is handed a copy;
 #: BART: its decoder's learned positions [1, T, d], computed once for the batch, are expanded to it; both used to
 #: need the whole model).
 WHOLE_MODEL = {("rwkv", "full"), ("beit", "full"), ("llama", "lokr"), ("bert", "lokr"), ("llama", "p_tuning"),
-               ("bert", "p_tuning"), ("gpt2", "p_tuning")}
+               ("bert", "p_tuning"), ("gpt2", "p_tuning"), ("llama", "randlora")}
 
 
 def cells():

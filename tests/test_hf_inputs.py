@@ -142,3 +142,43 @@ def test_a_model_cast_to_bfloat16_trains_with_float32_gradients_sums_and_noise()
     assert all(s.dtype == torch.float32 for s in summed.values())
     trainer.step()
     assert trainer.steps == 1 and all(p.dtype == torch.bfloat16 for p in model.parameters())
+
+
+def _convbert():
+    """ConvBERT: its span-based dynamic convolution reads the padding tokens (its attention mask does not reach it)."""
+    from hf_zoo import moved
+
+    torch.manual_seed(0)
+    return moved(transformers.ConvBertForSequenceClassification(transformers.ConvBertConfig(
+        vocab_size=32, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
+        max_position_embeddings=32, num_labels=3, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+        embedding_size=16, head_ratio=2, conv_kernel_size=3, num_groups=2)))
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_a_model_reading_its_padding_is_refused_with_a_collator_padding_each_batch():
+    """With a collator padding each batch to its own longest sequence, an example is padded to the longest of its
+    chunk; ConvBERT's loss for it then depends on the other examples' lengths (0.96066 alone, 0.96072 padded), which
+    per-example clipping does not bound, and the gradient check compared the example with itself at the padded
+    length: it trained. Refused in one line naming fixed-length padding; with it, the per-example gradients equal the
+    example's alone."""
+    tok = tokenizer()
+    data = Texts(tok, classes=3)
+    loader = torch.utils.data.DataLoader(data, batch_size=8, collate_fn=transformers.DataCollatorWithPadding(tok))
+    model = _convbert()
+    with pytest.raises(dptrain.errors.ModelError, match="pads it") as e:
+        dptrain.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), loader, noise_multiplier=1.0,
+                             max_physical_batch_size=3)
+    assert "\n" not in str(e.value) and 'padding="max_length"' in str(e.value)
+    fixed = transformers.DataCollatorWithPadding(tok, padding="max_length", max_length=10)
+    loader = torch.utils.data.DataLoader(data, batch_size=8, collate_fn=fixed)
+    trainer = dptrain.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), loader, noise_multiplier=1.0,
+                                   max_physical_batch_size=3)
+    x, y = trainer.data.batch(torch.tensor([0, 3, 5]))
+    got = trainer.grad_sampler(x, y)[0].materialize()
+    for row, i in enumerate([0, 3, 5]):
+        xi, yi = trainer.data.batch(torch.tensor([i]))
+        ref = torch.autograd.grad(trainer.loss_fn(model(**xi), yi).sum(), list(trainer.params.values()))
+        for (n, _), r in zip(trainer.params.items(), ref, strict=True):
+            assert float((got[n][row] - r).norm()) <= 1e-3 * float(r.norm()) + 1e-6, n

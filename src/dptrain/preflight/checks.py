@@ -28,6 +28,7 @@ from dptrain.data.batches import TensorSource, call_model
 from dptrain.errors import DataError, DPTrainError, ModelError
 from dptrain.models.losses import ClassificationHeadLoss
 from dptrain.preflight import buffers, exact, gradient_check
+from dptrain.preflight.padding import check_padding
 from dptrain.preflight.sentinel import Sentinel
 from dptrain.stages.devices import to_device
 from dptrain.stages.per_example import (
@@ -247,6 +248,10 @@ def probe_model(
                     mixing=mixing, gradients=gradients, buffer_updates=buffer_updates, backend=inner,
                     reference=reference,
                 )
+                if mixing:
+                    check_padding(model, trainer.loss_fn, source, exact.as_float64(xs), exact.as_float64(ys),
+                                  list(range(len(ys))), gradient_check.EXACT.loss,
+                                  lambda b: tuple(exact.as_float64(t) for t in to_device(b, device)))
         except (RuntimeError, TypeError) as e:  # a model that cannot run in float64 (a dtype fixed in its code)
             if isinstance(e, DPTrainError):
                 raise
@@ -255,6 +260,9 @@ def probe_model(
                 trainer, xs, ys, list(range(len(ys))), gradient_check.tolerance_of(sampler, model), mixing=mixing,
                 gradients=gradients, buffer_updates=buffer_updates, reference=reference,
             )
+            if mixing:
+                check_padding(model, trainer.loss_fn, source, xs, ys, list(range(len(ys))),
+                              gradient_check.tolerance_of(sampler, model).loss, lambda b: to_device(b, device))
     written |= first.written
     # Automatic chunks count an Embedding's gradients as factored only when the settled backend keeps them so.
     chunk = chunk_size(trainer, requested_chunk, getattr(trainer.grad_sampler, "name", "").startswith("layerwise"))

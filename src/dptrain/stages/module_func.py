@@ -29,6 +29,31 @@ class FallbackError(ModelError):
     """A module without a layerwise rule could not be differentiated per example on its own."""
 
 
+def call_with(module: nn.Module, named: dict[str, torch.Tensor], args: tuple = (), kwargs: dict | None = None):
+    """``functional_call(module, named, args, kwargs)`` with each slot of the module's state swapped exactly once.
+
+    ``named`` holds tensors by one of their names (``named_parameters()`` and ``named_buffers()``: tied ones once);
+    every slot holding the same tensor gets the same replacement (GPT-2's ``lm_head.weight``, the token embedding's),
+    as with ``tie_weights=True``, but a submodule registered in several places (one module shared by several layers:
+    peft's RandLoRA and VeRA bases, Lily's experts, a bank of weights) is one slot, not one per path to it. torch's
+    tying swaps such a slot once per path and puts it back once per path, so the slot kept a tensor of the transform
+    (not the model's Parameter or buffer): the model then read a copy the optimizer never updated, and dptrain's watch
+    of the model's state refused it for writing its buffers."""
+    slots: dict[int, list[str]] = {}
+    for prefix, m in module.named_modules():  # (each module once, whatever the number of paths to it)
+        for local, t in [*m._parameters.items(), *m._buffers.items()]:
+            if t is not None:
+                slots.setdefault(id(t), []).append(f"{prefix}.{local}" if prefix else local)
+    swap = {}
+    for name, replacement in named.items():
+        owner, _, local = name.rpartition(".")
+        m = module.get_submodule(owner)
+        t = m._parameters[local] if local in m._parameters else m._buffers[local]
+        for slot in slots.get(id(t), [name]):
+            swap[slot] = replacement
+    return functional_call(module, swap, tuple(args), kwargs or {}, tie_weights=False)
+
+
 def separated(output, copy: bool = False):
     """``output`` with each tensor that requires grad replaced by a view of it (same values, a node of its own), and
     the list of its tensors: the gradient that reaches each returned tensor is then what the module's consumers send
@@ -126,7 +151,7 @@ def per_module_gradients(
             for i, t in zip(split, tensors_i, strict=True):
                 full[i] = t
             a, kw = tree_unflatten(full, spec)
-            outs = tensors(functional_call(m, (params, buffers), tuple(a), kw))
+            outs = tensors(call_with(m, {**params, **buffers}, tuple(a), kw))
             if len(outs) != len(recorded):
                 raise ValueError(f"{len(outs)} output tensors example by example, {len(recorded)} for the batch")
             picked = [outs[j] for j in rows]
@@ -167,4 +192,4 @@ def per_module_gradients(
     return grads
 
 
-__all__ = ["FallbackError", "per_module_gradients", "separated", "tensors"]
+__all__ = ["FallbackError", "call_with", "per_module_gradients", "separated", "tensors"]

@@ -38,7 +38,7 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
-from torch.func import functional_call, grad, vmap
+from torch.func import grad, vmap
 from torch.utils._pytree import tree_flatten
 
 from dptrain.data.batches import batch_len, call_model, take, unsqueezed
@@ -63,7 +63,7 @@ from dptrain.stages.gradient_factors import (
     shared,
 )
 from dptrain.stages.layer_rules import _layerwise_rule, layerwise_supported
-from dptrain.stages.module_func import FallbackError, per_module_gradients, separated
+from dptrain.stages.module_func import FallbackError, call_with, per_module_gradients, separated
 from dptrain.stages.precision import LOW, upcast
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -85,9 +85,9 @@ class FuncGradSampler:
         def loss_one(params, buffers, x, y):
             one = unsqueezed(x)
             if isinstance(one, dict):
-                out = functional_call(model, (params, buffers), (), one)
+                out = call_with(model, {**params, **buffers}, (), one)
             else:
-                out = functional_call(model, (params, buffers), tuple(one) if isinstance(one, tuple | list) else (one,))
+                out = call_with(model, {**params, **buffers}, tuple(one) if isinstance(one, tuple | list) else (one,))
             loss = loss_fn(out, y.unsqueeze(0)).reshape(())
             return loss, loss.detach()
 
