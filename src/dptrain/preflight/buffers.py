@@ -113,7 +113,12 @@ def _checksum(t: torch.Tensor):
 
 def _tensor_same(record, t) -> bool:
     before, version, ptr, shape, value, checksum, attrs = record
-    if t is not before or t._version != version or t.data_ptr() != ptr or t.shape != shape:
+    if t is not before or t.shape != shape:
+        return False
+    # with a copy of the value, the value decides: a write that puts back what was there releases nothing (peft's
+    # target_parameters LoRA re-registers its frozen weight on every call: version and storage change, not the value);
+    # with a checksum only, any write counts (a permutation keeps the sum and the norm)
+    if value is None and (t._version != version or t.data_ptr() != ptr):
         return False
     own = _own_attributes(t)
     if (attrs is None) != (not own) or (attrs is not None and not _leaves_same(attrs[1], _leaves(own, 0))):

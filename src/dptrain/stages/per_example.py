@@ -42,7 +42,7 @@ from torch.func import grad, vmap
 from torch.utils._pytree import tree_flatten
 
 from dptrain.data.batches import batch_len, call_model, take, unsqueezed
-from dptrain.errors import ConfigError, ModelError
+from dptrain.errors import ConfigError, ModelError, one_line
 from dptrain.models.losses import cross_entropy_per_example  # noqa: F401  (the default classification loss, re-exported)
 from dptrain.stages.batch_layout import (
     EXPANDED,
@@ -101,12 +101,13 @@ class FuncGradSampler:
         buffers = dict(self.model.named_buffers())
         try:
             grads, losses = self._per_example(params, buffers, x, y)
-        except RuntimeError as e:  # e.g. transformers' masking code branches on a tensor's value, which vmap cannot
-            if "vmap" not in str(e) and "functorch" not in str(e):
-                raise
+        except RuntimeError as e:
+            # whatever torch.func refuses inside its transforms: a branch on a tensor's value (transformers' masking
+            # code), an in-place write to a captured tensor (torch's parametrizations, as peft's target_parameters
+            # LoRA registers on every call), ... The automatic backend goes on to the loop of single examples, which
+            # runs the model as plain training does (and raises a model's own error there).
             raise FallbackError(
-                "torch.func cannot differentiate this model per example: vmap fails where the model branches on a "
-                "tensor's value (data-dependent control flow, as in transformers' attention-mask code); use "
+                f"torch.func cannot differentiate this model per example ({one_line(e, 160)}); use "
                 "grad_sampler='auto' or 'loop'"
             ) from None
         return PerExampleGrads({n: upcast(g) for n, g in grads.items()}), losses
