@@ -42,7 +42,7 @@ def test_a_search_on_memory_mapped_npz_scores_its_trials(tmp_path):
     path = tmp_path / "t.toml"
     path.write_text(
         f'[data]\nname = "npz"\npath = "{tmp_path / "d.npz"}"\noptions = {{ mmap = true, num_classes = 2 }}\n'
-        '[model]\nname = "logistic"\n' + TUNE.format(training="epochs = 1\nbatch_size = 100", tune="")
+        '[model]\nname = "logistic"\n' + TUNE.format(training="epochs = 5\nbatch_size = 100", tune="")
     )
     summary = run_search(load_config(path), tmp_path / "s", progress=False)
     assert summary["best"] is not None and summary["best_score"] > 0.7  # (600 held out, noise std 10: above chance)
