@@ -4,6 +4,7 @@ that page: a heading's GitHub anchor or an explicit ``<a id="...">``."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -169,3 +170,64 @@ def test_every_page_of_docs_is_reached_from_the_readme(tmp_path):
     (tmp_path / "b.md").write_text("[a](a.md#x)")
     (tmp_path / "c.md").write_text("[a](a.md)")
     assert unreachable(tmp_path / "a.md", [tmp_path / "b.md", tmp_path / "c.md"]) == ["c.md"]
+
+
+# --- the default run, as the pages describe it ---------------------------------------------------------------------
+
+
+def default_run_claims() -> list[str]:
+    """What each page says of the default run (configs/default.toml) that the config decides, as (page, text) checks:
+    the README's printed report, docs/cli.md's "The default run" and docs/privacy.md's attacker example."""
+    import tomllib
+
+    from dptrain.accounting.run_numbers import steps_for_epochs
+
+    cfg = tomllib.loads((ROOT / "configs" / "default.toml").read_text())
+    n = 60000  # Fashion-MNIST's training set (the README's report says so too)
+    q = cfg["training"]["batch_size"] / n
+    model, clip = cfg["model"]["name"], cfg["privacy"]["max_grad_norm"]
+    steps = steps_for_epochs(cfg["training"]["epochs"], q)
+    readme = (ROOT / "README.md").read_text()
+    cli = (ROOT / "docs" / "cli.md").read_text()
+    cli = cli[cli.index("## The default run") :]
+    cli = cli[: cli.index("\n## ", 1)]
+    privacy = (ROOT / "docs" / "privacy.md").read_text()
+    wanted = {
+        "README.md": [f"model             {model} ", f"clip norm         {clip:g}\n", f"sampling rate     {q:.6f} (poisson,",
+                      f"expected batch {cfg['training']['batch_size']})", f"steps             {steps} of {steps} "],
+        "docs/cli.md": [f'`model.name = "{model}"`', f'`data.features = "{cfg["data"].get("features", "none")}"`',
+                        f"{cfg['training']['epochs']} epochs at expected batch {cfg['training']['batch_size']}",
+                        f"clip\nnorm {clip:g}" if "clip\nnorm" in cli else f"clip norm {clip:g}",
+                        f"learning rate {cfg['training']['learning_rate']:g}"],
+        "docs/privacy.md": [f"Poisson rate q = {cfg['training']['batch_size']}/{n}, {steps}\nsteps"],
+    }
+    text = {"README.md": readme, "docs/cli.md": cli, "docs/privacy.md": privacy}
+    return [f"{page}: {w!r}" for page, ws in wanted.items() for w in ws if w not in text[page]]
+
+
+def test_the_pages_describe_the_default_run_configs_default_toml_trains():
+    assert default_run_claims() == []
+
+
+def test_the_readme_report_and_privacy_md_give_the_attacker_bound_dptrain_account_prints(capsys):
+    """The README's printed report and docs/privacy.md's example give the membership-inference bound of the default
+    run's noise multiplier, rate and steps: `dptrain account` must print the same."""
+    from dptrain.cli import main
+
+    readme = (ROOT / "README.md").read_text()
+    sigma = re.search(r"noise multiplier  ([\d.]+)\n", readme).group(1)
+    rate = re.search(r"sampling rate     ([\d.]+) ", readme).group(1)
+    steps = re.search(r"steps             (\d+) of", readme).group(1)
+    low, high = re.search(r"attacker +membership inference: TPR <= ([\d.]+)% at FPR 1%, <= ([\d.]+)% at FPR 10%", readme).groups()
+    privacy = (ROOT / "docs" / "privacy.md").read_text()
+    assert f"noise multiplier {sigma}, Poisson rate" in privacy and f"{steps}\nsteps" in privacy
+    assert f"**TPR <= {low}% at FPR 1% and <= {high}% at FPR 10%.**" in privacy
+    import tomllib
+
+    cfg = tomllib.loads((ROOT / "configs" / "default.toml").read_text())
+    q = cfg["training"]["batch_size"] / 60000
+    assert float(rate) == round(q, 6)
+    assert main(["account", "--noise-multiplier", sigma, "--sampling-rate", repr(q), "--steps", steps,
+                 "--delta", "1e-5", "--json"]) == 0
+    bound = json.loads(capsys.readouterr().out)["membership_inference"]
+    assert f"{100 * bound['tpr_at_fpr_1pct']:.2f}" == low and f"{100 * bound['tpr_at_fpr_10pct']:.1f}" == high
