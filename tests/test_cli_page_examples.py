@@ -3,7 +3,7 @@
 The "Examples:" block lists commands (``$ dptrain ...``) each followed by its expected output. Every example runs
 in-process through :func:`dptrain.cli.main`:
 
-- ``account``, ``calibrate``, ``schedule`` and the one-line error: output compared with the page's (JSON as
+- ``account``, ``calibrate``, ``schedule``, ``plan`` and the one-line error: output compared with the page's (JSON as
   parsed objects, floats to 1e-9 relative; text lines exactly; a line ``...`` stands for any lines, and ``...``
   inside a line for any text);
 - ``audit``: run as written plus ``--set seed=0`` (deterministic; the page's run used secret randomness), and
@@ -152,7 +152,7 @@ def perturbed(line: str) -> str | None:
 
 # --- the examples -------------------------------------------------------------------------------------------------
 
-COMPARED = ("account", "calibrate", "schedule")
+COMPARED = ("account", "calibrate", "schedule", "plan")
 
 
 def test_the_readme_has_the_examples_this_test_expects():
