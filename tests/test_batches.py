@@ -382,3 +382,22 @@ def test_a_dataloader_of_tensors_is_its_dataset_and_bad_loaders_are_refused_in_o
     unlabelled = DataLoader(RawRecords(x, y), batch_size=4, collate_fn=lambda items: {"features": _collate(items)["features"]})
     with pytest.warns(UserWarning), pytest.raises(DataError, match="without the label key"):
         as_source(unlabelled).batch(torch.arange(3))
+
+
+def test_a_tensordataset_of_several_inputs_takes_its_last_tensor_as_the_labels():
+    """(inputs..., labels), as every Dataset item: TensorDataset(ids, mask, labels) trained on the mask as its labels
+    (the README's Hugging Face loop crashed in torch; integer side inputs trained silently on the wrong labels)."""
+    x = torch.randn(8, 3)
+    aux = torch.zeros(8, dtype=torch.long)
+    y = torch.arange(8) % 2
+    for data in (TensorDataset(x, aux, y), DataLoader(TensorDataset(x, aux, y), batch_size=4)):
+        source = as_source(data)
+        inputs, labels = source.batch(torch.arange(8))
+        assert torch.equal(labels, y) and isinstance(inputs, tuple)
+        assert torch.equal(inputs[0], x) and torch.equal(inputs[1], aux)
+    with pytest.raises(DataError, match=r"TensorDataset\(inputs\.\.\., labels\)"):
+        as_source(TensorDataset(x))
+    from dptrain.data.datasets import as_tensors
+
+    with pytest.raises(DataError, match=r"TensorDataset\(x, y\)"):  # (one-input models: x, y only)
+        as_tensors(TensorDataset(x, aux, y))

@@ -617,8 +617,9 @@ def setting_from_ledger(ledger: Ledger) -> Setting:
 #: Why the accountant does not certify random batches (reports carry it; docs/last_iterate.md explains).
 NOT_CERTIFIED = (
     "random batches: the paper's coupling argument (Sec. 3.2) is not re-proven for both orderings of a "
-    "neighbouring pair: its Def 2.10 direction fails a one-step counterexample; we use the dominating direction, "
-    "but a proof review is pending (full and cyclic batches are certified)"
+    "neighbouring pair: its Def 2.10 direction fails a one-step counterexample; the number uses the dominating "
+    "direction, whose proof over many steps is not written, so it is reported, not certified (full and cyclic "
+    "batches are certified; docs/last_iterate.md)"
 )
 
 

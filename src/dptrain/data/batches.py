@@ -286,7 +286,14 @@ def as_source(data, label_key: str = "labels"):
     if isinstance(data, ArrayDataset):  # (a user's Dataset with x and y attributes is read through __getitem__)
         return TensorSource(_tensor(data.x), _tensor(data.y))
     if isinstance(data, torch.utils.data.TensorDataset):
-        return TensorSource(*data.tensors[:2])
+        # (inputs..., labels), the convention of every item (DatasetSource): the label is the last tensor
+        tensors = data.tensors
+        if len(tensors) < 2:
+            raise DataError(
+                f"a TensorDataset of training data holds its inputs and then its labels, got {len(tensors)} tensor(s): "
+                "TensorDataset(inputs..., labels)"
+            )
+        return TensorSource(tensors[0] if len(tensors) == 2 else tuple(tensors[:-1]), tensors[-1])
     if isinstance(data, tuple | list) and len(data) == 2 and hasattr(data[1], "shape"):
         inputs, labels = data
         inputs = tree_map(_tensor, inputs) if isinstance(inputs, tuple | list | dict) else _tensor(inputs)

@@ -38,7 +38,12 @@ def as_tensors(data) -> tuple[torch.Tensor, torch.Tensor]:
     if hasattr(data, "x") and hasattr(data, "y"):
         x, y = data.x, data.y
     elif isinstance(data, torch.utils.data.TensorDataset):
-        x, y = data.tensors[:2]
+        if len(data.tensors) != 2:  # (inputs..., labels) elsewhere; these models read one input tensor
+            raise DataError(
+                f"this model reads one input tensor and its labels, TensorDataset(x, y); got a TensorDataset of "
+                f"{len(data.tensors)} tensor(s)"
+            )
+        x, y = data.tensors
     elif isinstance(data, tuple | list) and len(data) == 2:
         x, y = data
     else:
