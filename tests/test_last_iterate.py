@@ -190,7 +190,7 @@ def test_accountant_reports_but_does_not_certify():
     rdp = epsilon(
         ledger, 1e-5, "rdp"
     )  # dp_accounting composition of the same events (replace-one, w/o repl.)
-    assert not li.certified and "proof review" in li.details["note"]
+    assert not li.certified and "reported, not certified" in li.details["note"]
     assert li.epsilon < rdp.epsilon and li.details["burn_in_steps"] is not None
     with pytest.raises(AccountingError, match="only an approximation"):
         certified_epsilon(ledger, 1e-5, "last_iterate")
