@@ -307,3 +307,90 @@ def test_a_resume_takes_no_option_that_it_would_ignore(tmp_path, capsys, command
         option = ["--trials-mean", "3"]
     code, _, err = _cli(capsys, command, "--resume", str(tmp_path / "run"), *option, "--no-progress")
     assert code == 2 and len(err.strip().splitlines()) == 1 and "do not combine it" in err
+
+
+def _outputs(out: Path) -> tuple:
+    model = torch.load(out / "model.pt", weights_only=True)
+    return (out / "ledger.json").read_text(), (out / "metrics.jsonl").read_text(), model
+
+
+def _same(a: tuple, b: tuple) -> bool:
+    def equal(x, y):
+        if isinstance(x, torch.Tensor):
+            return isinstance(y, torch.Tensor) and torch.equal(x, y)
+        if isinstance(x, dict):
+            return isinstance(y, dict) and x.keys() == y.keys() and all(equal(x[k], y[k]) for k in x)
+        return x == y
+
+    return a[:2] == b[:2] and equal(a[2], b[2])
+
+
+VALIDATION = (
+    "seed = 1\n"
+    + TOML.format(privacy="target_epsilon = 4.0", lr="0.5").replace("epochs = 2.0", "steps = 8\neval_every = 2")
+    + '[schedule]\nkind = "validation"\noptions = { factor = 0.5, patience = 1, min_delta = 0.0, initial = 1.0 }\n'
+)
+
+
+@pytest.mark.parametrize("at", [1, 3])  # a signal during step 2 or 4, each evaluated (adaptive noise reads it)
+def test_a_signal_during_a_step_waits_for_its_evaluation_and_checkpoint(tmp_path, capsys, monkeypatch, at):
+    """Ctrl-C during a step used to stop the run after the step but before its evaluation: the checkpoint then
+    held a step whose evaluation never happened, and adaptive noise resumed into another run."""
+    from dptrain.engine.trainer import PrivateTrainer
+
+    config = tmp_path / "v.toml"
+    config.write_text(VALIDATION)
+    code, _, err = _cli(capsys, "train", "--config", str(config), "--out", str(tmp_path / "full"), "--no-progress")
+    assert code == 0, err
+    real = PrivateTrainer.privatize
+
+    def privatize(self, *args, **kwargs):
+        if self.steps == at:
+            signal.raise_signal(signal.SIGINT)  # arrives inside the step, as a Ctrl-C would
+        return real(self, *args, **kwargs)
+
+    with monkeypatch.context() as m:
+        m.setattr(PrivateTrainer, "privatize", privatize)
+        code, _, err = _cli(capsys, "train", "--config", str(config), "--out", str(tmp_path / "cut"), "--no-progress")
+    assert code == 130, err
+    assert torch.load(tmp_path / "cut" / "private" / "checkpoint.pt", weights_only=True)["steps"] == at + 1
+    code, _, err = _cli(capsys, "train", "--resume", str(tmp_path / "cut"), "--no-progress")
+    assert code == 0, err
+    assert _same(_outputs(tmp_path / "full"), _outputs(tmp_path / "cut"))
+
+
+@pytest.mark.parametrize("kill", ["after its final evaluation", "in the middle of a metrics row"])
+def test_a_run_killed_while_writing_its_metrics_resumes_into_the_uninterrupted_one(tmp_path, capsys, monkeypatch, kill):
+    """A kill after the final evaluation (before the finished checkpoint) used to write that row twice on resume; a
+    kill in the middle of a row (a line without its newline) made the resume fail with a traceback."""
+    import dptrain.runs.run as run
+
+    config = _config(tmp_path, privacy="noise_multiplier = 1.0")
+    config.write_text("seed = 1\n" + config.read_text().replace("epochs = 2.0", "steps = 5\nema = 0.9"))
+    code, _, err = _cli(capsys, "train", "--config", str(config), "--out", str(tmp_path / "full"), "--no-progress")
+    assert code == 0, err
+
+    class Killed(BaseException):
+        pass
+
+    def killed(*args, **kwargs):
+        raise Killed
+
+    cut = tmp_path / "cut"
+    if kill == "after its final evaluation":
+        with monkeypatch.context() as m:
+            m.setattr(run, "save_averaged", killed)  # after the final row, before the model and the summary
+            with pytest.raises(Killed):
+                main(["train", "--config", str(config), "--out", str(cut), "--no-progress"])
+    else:
+        code, _, err = _cli(capsys, "train", "--config", str(config), "--out", str(cut), "--no-progress",
+                            "--stop-after", "3")
+        assert code == 0, err
+        with open(cut / "metrics.jsonl", "a") as f:
+            f.write('{"step": 4, "epoch": 1.0, "eps')  # the row a kill cut short
+    code, _, err = _cli(capsys, "train", "--resume", str(cut), "--no-progress")
+    assert code == 0, err
+    full, resumed = _outputs(tmp_path / "full"), _outputs(cut)
+    if kill != "after its final evaluation":  # (--stop-after evaluated step 3 too)
+        resumed = (resumed[0], "".join(r + "\n" for r in resumed[1].splitlines() if '"step": 3,' not in r), resumed[2])
+    assert _same(full, resumed)

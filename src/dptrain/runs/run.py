@@ -243,20 +243,26 @@ def _train(job: Job, rd: RunDirectory, progress: bool, stop_after: int | None, e
     refresh, logged = EPSILON_REFRESH_S, None
     try:
         with terminate_as_exception():
-            for result in trainer.iter_steps(remaining):
-                if progress and time.perf_counter() - eps_time > refresh:
-                    asked = time.perf_counter()
-                    eps, eps_time, eps_step = trainer.epsilon().epsilon, time.perf_counter(), trainer.steps
-                    # an accountant call on a ledger of many distinct steps can take seconds: keep it under ~5%
-                    refresh = max(EPSILON_REFRESH_S, 20 * (eps_time - asked))
-                bar.update(result, eps)
-                evaluate = every_iterate and result.step % eval_every == 0 and result.step < job.total_steps
-                if evaluate or time.perf_counter() - last_checkpoint > CHECKPOINT_INTERVAL_S:
-                    with deferred_signals():
+            steps = trainer.iter_steps(remaining)
+            while True:
+                # A step, its evaluation and its checkpoint are one unit: a signal during the step waits for all three
+                # (adaptive noise reads the evaluation of that step: a checkpoint without it resumes into another run)
+                with deferred_signals():
+                    result = next(steps, None)
+                    if result is None:
+                        break
+                    if progress and time.perf_counter() - eps_time > refresh:
+                        asked = time.perf_counter()
+                        eps, eps_time, eps_step = trainer.epsilon().epsilon, time.perf_counter(), trainer.steps
+                        # an accountant call on a ledger of many distinct steps can take seconds: keep it under ~5%
+                        refresh = max(EPSILON_REFRESH_S, 20 * (eps_time - asked))
+                    bar.update(result, eps)
+                    evaluate = every_iterate and result.step % eval_every == 0 and result.step < job.total_steps
+                    if evaluate or time.perf_counter() - last_checkpoint > CHECKPOINT_INTERVAL_S:
                         if evaluate:  # first: adaptive noise reads the evaluation, and the checkpoint holds that
                             logged = _evaluate_and_log(rd, job, result)
                         _checkpoint(rd, job, wall())
-                    last_checkpoint = time.perf_counter()
+                        last_checkpoint = time.perf_counter()
             if progress and eps_step is not None and eps_step != trainer.steps:
                 bar.show_epsilon(trainer.epsilon().epsilon)
     except SentinelError:  # the run goes on record as it stands: not private, its summary and checkpoint saying so

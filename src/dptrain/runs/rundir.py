@@ -328,19 +328,45 @@ class RunDirectory:
         except (OSError, ValueError):
             return None
 
+    def _metrics_rows(self) -> list[str]:
+        """The complete rows of ``metrics.jsonl`` (a last line without its newline is a write cut short by a kill: it
+        is not a row); a row that is not JSON was edited, and is refused in one line."""
+        path = self.path / METRICS
+        try:
+            text = path.read_text()
+        except FileNotFoundError:
+            return []
+        lines = text.split("\n")[:-1]  # (what follows the last newline was never completed)
+        for line in lines:
+            try:
+                json.loads(line)
+            except ValueError:
+                raise DataError(f"{path} holds a line that is not a metrics row (edited?): restore or delete it") from None
+        return lines
+
     def append_metrics(self, row: dict) -> None:
+        """One row per step: a row for the step of the last one is not written again (a run killed after its final
+        evaluation and resumed evaluates the same model at the same step; its row is already there)."""
+        rows = self._metrics_rows()
+        if rows and json.loads(rows[-1]).get("step") == row.get("step"):
+            return
+        text = "".join(line + "\n" for line in rows)
+        if (self.path / METRICS).exists() and (self.path / METRICS).read_text() != text:
+            self.write_text(METRICS, text)  # (a line cut short by a kill goes before a row follows it)
         with open(self.path / METRICS, "a") as f:
             f.write(json.dumps(row) + "\n")
 
     def truncate_metrics(self, last_step: int) -> None:
-        """Drop metric rows after ``last_step`` (written after the checkpoint a resumed run restarts from)."""
+        """Drop metric rows after ``last_step`` (written after the checkpoint a resumed run restarts from), and a last
+        line cut short by a kill."""
         path = self.path / METRICS
         if not path.exists():
             return
-        rows = [line for line in path.read_text().splitlines() if line.strip()]
+        rows = self._metrics_rows()
         keep = [line for line in rows if json.loads(line).get("step", 0) <= last_step]
-        if len(keep) != len(rows):
-            self.write_text(METRICS, "".join(line + "\n" for line in keep))
+        text = "".join(line + "\n" for line in keep)
+        if path.read_text() != text:
+            self.write_text(METRICS, text)
 
 
 def fresh_directory(base: str | os.PathLike) -> Path:
