@@ -59,11 +59,10 @@ from dptrain.runs.job import resolve_accountant
 from dptrain.stages.per_example import WholeModelError
 
 #: Log keys of the Trainer's training loop that are released quantities or public facts: the learning rate (a public
-#: schedule), the norm of the released gradient (post-processing), the epoch and the wall-clock speed over the planned
-#: numbers. Anything else the training loop logs is a statistic of the private batches.
-RELEASED_KEYS = frozenset(
-    {"learning_rate", "grad_norm", "epoch", "train_runtime", "train_samples_per_second", "train_steps_per_second"}
-)
+#: schedule), the norm of the released gradient (post-processing) and the epoch. Anything else the training loop logs
+#: is a statistic of the private batches, the wall-clock runtime and speed too (a step's time depends on its realized,
+#: secret, batch size).
+RELEASED_KEYS = frozenset({"learning_rate", "grad_norm", "epoch"})
 #: The certificate, added to every log.
 CERTIFICATE_KEYS = ("epsilon", "delta", "accountant", "certified")
 NOT_PRIVATE_SUFFIX = "_not_private"
