@@ -53,6 +53,7 @@ from dptrain.runs.resume import (
     released_files,
     resumed_config,
 )
+from dptrain.runs.progress import step_bar
 from dptrain.runs.rundir import CONFIG, PLAN, SUMMARY, RunDirectory
 
 #: Wall-clock seconds between checkpoints when evaluations are further apart (bounds what kill -9 can lose).
@@ -64,14 +65,7 @@ class _Progress:
     the config asks for non-private statistics)."""
 
     def __init__(self, total: int, initial: int, enabled: bool):
-        from tqdm import tqdm
-
-        # No elapsed time, rate or estimate, and redrawn every `every` steps, never on a timer: how long a step
-        # takes depends on its realized (secret) batch size and on the data (tests/test_clock_not_released.py).
-        every = max(1, total // 100)
-        self.bar = tqdm(total=total, initial=initial, disable=not enabled, unit="step", dynamic_ncols=True,
-                        bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt}{postfix}", mininterval=0, miniters=every,
-                        maxinterval=math.inf)
+        self.bar = step_bar(total, initial, enabled)  # (no time: tests/test_clock_not_released.py)
         self.loss = math.nan
         self.postfix: dict[str, str] = {}
 
