@@ -34,7 +34,7 @@ from dptrain.engine import distributed
 from dptrain.engine.bandmf import noise_summary
 from dptrain.engine.interrupts import Terminated, deferred_signals, terminate_as_exception
 from dptrain.engine.trainer import StepResult
-from dptrain.errors import AccountingError, ConfigError, RunDirectoryError
+from dptrain.errors import AccountingError, ConfigError, NonFiniteError, RunDirectoryError
 from dptrain.preflight.sentinel import SentinelError
 from dptrain.runs.averaged import evaluate_averaged, save_averaged
 from dptrain.runs.job import (
@@ -252,7 +252,10 @@ def _train(job: Job, rd: RunDirectory, progress: bool, stop_after: int | None, e
                 bar.update(result, eps)
             if progress and eps_step != trainer.steps:
                 bar.show_epsilon(trainer.epsilon().epsilon)
-    except SentinelError:  # the run goes on record as it stands: not private, its summary and checkpoint saying so
+    except (SentinelError, NonFiniteError):
+        if trainer.sentinel.stopped is None:  # (stopped before its first release: nothing to label)
+            raise
+        # the run goes on record as it stands: not private, its summary and checkpoint saying so
         bar.close()
         with deferred_signals():
             _checkpoint(rd, job, wall())
