@@ -387,3 +387,37 @@ def test_each_checkpoint_and_saved_model_carries_its_ledger_and_certificate(tmp_
         certificate = json.loads((directory / "certificate.json").read_text())
         assert certificate["epsilon"] == pytest.approx(expected, rel=1e-9) and certificate["private_steps"] == steps
         assert certificate["certified"] is True and epsilon(ledger, 1e-5, "rdp").epsilon == pytest.approx(expected)
+
+
+def test_the_trainers_progress_bar_shows_steps_not_time(tmp_path, monkeypatch, capsys):
+    """A step's time depends on its realized (secret) batch size: the Trainer's bar (on by default) shows no elapsed
+    time or rate, and redraws at steps the clock does not choose (a slow clock changes nothing on stderr)."""
+    import re
+    import time
+
+    import tqdm.std
+
+    def run(name, tick):
+        now = [0.0]
+
+        def clock():
+            now[0] += tick
+            return now[0]
+
+        with monkeypatch.context() as m:
+            for target in (time, tqdm.std):
+                for attribute in ("time", "perf_counter", "monotonic"):
+                    if hasattr(target, attribute):
+                        m.setattr(target, attribute, clock)
+            args = arguments(tmp_path / name, disable_tqdm=False, per_device_train_batch_size=8, max_steps=3,
+                             optim="sgd", learning_rate=0.5)
+            trainer = DPTrainer(model=gpt2_lora(), args=args, train_dataset=Tokens(),
+                                privacy_args=PrivacyArguments(noise_multiplier=1.0, accountant="rdp", privacy_seed=7))
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                trainer.train()
+        err = capsys.readouterr().err
+        return [line for line in re.split(r"[\r\n]", err) if "3/3" in line or "/3 " in line or "/3|" in line]
+
+    fast, slow = run("fast", 1e-6), run("slow", 9.0)
+    assert fast and fast == slow and not any(re.search(r"it/s|s/it|\d\d:\d\d", line) for line in fast), fast

@@ -99,3 +99,61 @@ def test_the_cli_stops_a_run_whose_optimizer_state_overflows_and_keeps_its_files
     assert (out / "config.toml").exists() and not (out / "model.pt").exists() and not (out / "summary.json").exists()
     ledger = json.loads((out / "ledger.json").read_text()) if (out / "ledger.json").exists() else {}
     assert "NaN" not in json.dumps(ledger)
+
+
+class NaNAfter(nn.Module):
+    """Finite until ``poisoned`` is set (as if a bad example were first drawn into a batch at that step)."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear, self.poisoned = nn.Linear(5, 3), False
+
+    def forward(self, x):
+        out = self.linear(x)
+        return out * float("nan") if self.poisoned else out
+
+
+def test_a_run_stopped_by_its_data_after_a_release_is_labelled_not_private(tmp_path):
+    """The step at which non-finite values from a private batch stop a run depends on the data and on the secret
+    batches, and it is released (the steps recorded, the error's step): the run is labelled not private, in the API
+    and in the run directory (its summary and ledger written as they stand). Stopped before any release, nothing is."""
+    x, y = _data()
+    model = NaNAfter()
+    first = _trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), (x, y), batch_size=16)
+    model.poisoned = True
+    with pytest.raises(NonFiniteError):
+        first.step()
+    assert first.private and first.ledger.private  # (nothing released)
+
+    model = NaNAfter()
+    trainer = _trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), (x, y), batch_size=16)
+    trainer.step()
+    model.poisoned = True
+    with pytest.raises(NonFiniteError, match="step 2"):
+        trainer.step()
+    assert not trainer.private and not trainer.ledger.private and not trainer.epsilon().certified
+    assert "stopped at step 2" in trainer.not_private_reasons[0]
+
+    from dptrain.config import load_config
+    from dptrain.runs.run import RunHooks, run_training
+
+    cfg = load_config(None, ['data.name="synthetic"', "data.options={n = 200, dim = 5, num_classes = 3}",
+                             'model.name="logistic"', "training.steps=6", "training.batch_size=20",
+                             "privacy.noise_multiplier=1.0", "privacy.delta=1e-3"])
+
+    def poison_after_two_steps(job):
+        step = job.trainer.step
+
+        def stepped():
+            if job.trainer.steps == 2:
+                job.trainer.model.forward = lambda x: torch.full((len(x), 3), float("nan"))
+            return step()
+
+        job.trainer.step = stepped
+
+    with pytest.raises(NonFiniteError):
+        run_training(cfg, tmp_path / "r", progress=False, hooks=RunHooks(prepare=poison_after_two_steps))
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    ledger = json.loads((tmp_path / "r" / "ledger.json").read_text())
+    assert summary["private"] is False and "stopped at step 3" in summary["not_private_because"][0]
+    assert ledger["private"] is False and summary["steps"] == 2

@@ -202,3 +202,29 @@ def test_a_listed_class_without_examples_is_refused_by_the_rule_not_the_count(tm
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1 and "every listed class" in err
     assert not (tmp_path / "r" / "summary.json").exists()
+
+
+def test_a_loss_of_the_wrong_shape_in_training_is_refused_by_the_rule_not_the_chunks_size():
+    """A loss function that misbehaves only at some batch sizes passes the checks before training and is refused at a
+    secret Poisson batch's chunk: the message must not quote that chunk's size (a realized batch size)."""
+    import torch
+    from torch import nn
+
+    from dptrain.engine.api import make_private
+    from dptrain.errors import ModelError
+
+    x = torch.randn(400, 5, generator=torch.Generator().manual_seed(0))
+    y = (x[:, 0] > 0).long()
+
+    def loss_fn(outputs, labels):
+        losses = nn.functional.cross_entropy(outputs, labels, reduction="none")
+        return losses[:-1] if len(labels) % 5 == 3 else losses  # (not at the checks' sizes)
+
+    model = nn.Linear(5, 2)
+    trainer = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), (x, y), noise_multiplier=1.0,
+                           batch_size=60, max_physical_batch_size=64, loss_fn=loss_fn)
+    with pytest.raises(ModelError) as caught:
+        for _ in range(200):
+            trainer.step()
+    message = str(caught.value)
+    assert "one loss per example" in message and not any(c.isdigit() for c in message), message

@@ -351,6 +351,10 @@ def test_utility_graph_cli(tmp_path, capsys):
     data = json.loads(capsys.readouterr().out)
     assert set(data["largest_sigma"]) == {"0.5", "1.0"}
     assert (out / "utility_graph.png").stat().st_size > 1000
+    # w* is trained on the data without noise: every output says so itself (shared alone, a file must not look private)
+    assert data["private"] is False and "without noise" in data["not_private_because"][0]
+    assert json.loads((out / "utility_graph.json").read_text()) == data
+    assert b"NOT private" in (out / "utility_graph.png").read_bytes()
     assert main(["utility-graph", "--config", str(cfg), "--clips", "0,1", "--sigmas", "0,1"]) == 2
     assert "clips" in capsys.readouterr().err
 

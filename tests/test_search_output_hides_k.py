@@ -114,3 +114,37 @@ def test_best_of_a_peft_search_names_no_trial_and_loads(tmp_path):
             assert not re.search(rb"private/trials", data) and str(out / "private").encode() not in data, name
     model = peft.AutoPeftModelForCausalLM.from_pretrained(out / "best" / "hf_adapter")  # (its base is in best/)
     assert isinstance(model, torch.nn.Module)
+
+
+class _Terminal:
+    """A stream that says whether it is a terminal, and keeps what is written to it."""
+
+    def __init__(self, tty: bool):
+        self.tty, self.text = tty, ""
+
+    def isatty(self) -> bool:
+        return self.tty
+
+    def write(self, text: str) -> None:
+        self.text += text
+
+    def flush(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("tty", [True, False])
+def test_the_search_clock_leaves_no_time_in_what_it_wrote(monkeypatch, tty):
+    """The clock's last reading is the search's duration, which grows with K: a log of stderr (not a terminal) gets
+    no clock at all (each redraw would stay in it, one a second), and a terminal's clock is erased when the search
+    ends."""
+    import time
+
+    from dptrain.tuning.quiet import Elapsed
+
+    terminal = _Terminal(tty)
+    monkeypatch.setattr(sys, "stderr", terminal)
+    with Elapsed("searching", interval=0.01):
+        time.sleep(0.2)
+    shown = terminal.text.split("\r")[-1]  # what a terminal keeps once the lines are overwritten
+    assert shown == ("\x1b[Ksearching\n" if tty else "searching\n"), repr(terminal.text[-80:])
+    assert tty == ("0:00:00" in terminal.text)  # (a terminal did show the clock while it ran)

@@ -440,11 +440,11 @@ class PrivateTrainer(Checkpointing, PrivacySide):
         with a non-finite loss or gradient (``stats.non_finite``) or a noise that overflows the dtype, before anything
         is released. Call it inside :meth:`_rolled_back_on_error` (the step's streams roll back on an error before)."""
         if stats.non_finite:
-            raise NonFiniteError(
+            raise self._stopped_by_the_batch(NonFiniteError(
                 f"the loss or the per-example gradients of step {self.steps + 1} are not finite (NaN or inf): "
                 "check the data and the loss function; nothing of this step was released (the moment a run "
                 "stops depends on the data: start a fresh run once fixed)"
-            )
+            ))
         std = self.noise_multiplier_at(self.steps) * self.clipping.sensitivity
         dtype_max = min(torch.finfo(p.dtype).max for p in self.params.values())
         if not std < dtype_max / 64:
@@ -463,11 +463,11 @@ class PrivateTrainer(Checkpointing, PrivacySide):
         # Whatever the clipping rule (one that does not screen each example, a Lipschitz bound) and the dtype: a
         # non-finite noisy gradient is never released (its NaN would be everyone's, and the sensitivity no bound).
         if not _all_finite(grads.values()):
-            raise NonFiniteError(
+            raise self._stopped_by_the_batch(NonFiniteError(
                 f"the noisy gradient of step {self.steps + 1} is not finite (NaN or inf): a per-example gradient or "
                 "their sum overflowed; check the data and the loss function, lower privacy.max_grad_norm; nothing of "
                 "this step was released"
-            )
+            ))
         for n, p in self.params.items():
             p.grad = grads[n]
         if self.bandmf is not None:  # the step's noise joins the secret history, with the release
@@ -477,6 +477,18 @@ class PrivateTrainer(Checkpointing, PrivacySide):
         if not self.non_private:
             self.ledger.record(*self.release_event())
         self.steps += 1
+
+    def _stopped_by_the_batch(self, error: NonFiniteError) -> NonFiniteError:
+        """``error``, raised because of values computed from this step's private batch: after a release, the step at
+        which the run stops depends on the data and the secret batches, and it is released (the steps recorded, the
+        error's message), so the run is labelled not private (before the first release, nothing is: start afresh).
+        (A weight that overflows after an update is post-processing of the releases: :meth:`check_weights`.)"""
+        if self.steps > 0 and not self.non_private:
+            self.sentinel.stop(
+                f"stopped at step {self.steps + 1} by non-finite values computed from the private batch (when a run "
+                "stops depends on the data and the secret batches)"
+            )
+        return error
 
     def training_state(self) -> dict[str, list[torch.Tensor]]:
         """The floating-point tensors the next step reads, by part: the model's weights, the optimizer's state (e.g.

@@ -56,19 +56,29 @@ from dptrain.huggingface.refusals import (
     whole_model_refusal,
 )
 from dptrain.runs.job import resolve_accountant
+from dptrain.runs.progress import step_bar
 from dptrain.stages.per_example import WholeModelError
 
 #: Log keys of the Trainer's training loop that are released quantities or public facts: the learning rate (a public
-#: schedule), the norm of the released gradient (post-processing), the epoch and the wall-clock speed over the planned
-#: numbers. Anything else the training loop logs is a statistic of the private batches.
-RELEASED_KEYS = frozenset(
-    {"learning_rate", "grad_norm", "epoch", "train_runtime", "train_samples_per_second", "train_steps_per_second"}
-)
+#: schedule), the norm of the released gradient (post-processing) and the epoch. Anything else the training loop logs
+#: is a statistic of the private batches, the wall-clock runtime and speed too (a step's time depends on its realized,
+#: secret, batch size).
+RELEASED_KEYS = frozenset({"learning_rate", "grad_norm", "epoch"})
 #: The certificate, added to every log.
 CERTIFICATE_KEYS = ("epsilon", "delta", "accountant", "certified")
 NOT_PRIVATE_SUFFIX = "_not_private"
 #: What :meth:`DPTrainer.save_model` writes beside the weights (each checkpoint's too).
 LEDGER_FILE, CERTIFICATE_FILE = "ledger.json", "certificate.json"
+
+
+class _StepProgress(transformers.trainer_callback.ProgressCallback):
+    """The Trainer's progress bar without time (:func:`dptrain.runs.progress.step_bar`): a step's time depends on its
+    realized (secret) batch size. (The evaluation's bar, over held-out data, is the Trainer's.)"""
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            self.training_bar = step_bar(state.max_steps)
+        self.current_step = 0
 
 
 class _Wait:
@@ -126,6 +136,9 @@ class DPTrainer(transformers.Trainer):
         _check_training_data(kwargs.get("train_dataset", more[1] if len(more) > 1 else None))
         super().__init__(model, args, *more, **kwargs)
         check_trainer(self)
+        if any(type(c) is transformers.trainer_callback.ProgressCallback for c in self.callback_handler.callbacks):
+            self.remove_callback(transformers.trainer_callback.ProgressCallback)
+            self.add_callback(_StepProgress)
         self.privacy_args, self.loss_fn = privacy_args, loss_fn
         self.dataset_size = len(self.train_dataset)
         #: the expected logical batch: per_device_train_batch_size x gradient_accumulation_steps

@@ -383,7 +383,8 @@ def settle(trainer, x, y, rows: list[int], tol: Tolerance, *, mixing: bool, grad
 @dataclass
 class GradientCheck:
     """What the checks before training did: the backend they settled on, the examples compared with single-example
-    passes (in float64 and at the run's largest chunk), the parameters handed to torch.func, their cost."""
+    passes (in float64 and at the run's largest chunk), the parameters handed to torch.func, their cost (``seconds``: not
+    in :meth:`to_dict`, which goes to shareable summaries; a time depends on the private examples' shapes)."""
 
     backend: str
     examples: int
@@ -396,7 +397,6 @@ class GradientCheck:
         return {
             "backend": self.backend,
             "examples": self.examples,
-            "seconds": self.seconds,
             "moved_to_func": self.moved_to_func,
             "precision": self.precision,
             "chunk": self.chunk,

@@ -60,11 +60,18 @@ class Sentinel:
         self.trainer, self.verified = trainer, set(verified)
         self.mixing, self.gradients, self.reference = mixing, gradients, reference
         self.buffer_updates = buffer_updates
-        #: why the sentinel stopped the run (None: it did not); such a run is not private
+        #: why a check stopped the run during training, after a release (None: none did): the sentinel, or non-finite
+        #: values computed from the private batch (:meth:`stop`); such a run is not private
         self.stopped: str | None = None
         #: chunks compared so far (in this process); whether one was compared backward (the first chunk is)
         self.checked = 0
         self.compared_backward = False
+
+    def stop(self, reason: str) -> None:
+        """Label the run not private: a check stopped it during training, at a moment that depends on the private
+        examples and the secret batches, and the moment is released (the steps recorded, the error's step)."""
+        self.stopped = self.stopped or reason
+        self.trainer.ledger.private = False
 
     # -- buffers -----------------------------------------------------------------------------------------------
     def watch(self) -> BufferWatch:
@@ -171,8 +178,7 @@ class Sentinel:
                     "examples)" if moved else
                     f"the per-example gradient of parameter {bad[0]!r} differs from the example's alone")
             # (not the chunk's size: a Poisson batch's realized size is secret)
-            self.stopped = f"the sentinel stopped the run at step {step + 1}: {what}"
-            trainer.ledger.private = False
+            self.stop(f"the sentinel stopped the run at step {step + 1}: {what}")
             raise SentinelError(
                 f"{self.stopped}; nothing of that step was released and the run is not certified (earlier steps may "
                 "have mixed examples unseen): remove the cross-example operation, or report the model"

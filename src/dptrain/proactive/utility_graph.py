@@ -39,7 +39,14 @@ from dptrain.engine.api import make_private
 from dptrain.errors import ConfigError
 from dptrain.randomness.generators import NotPrivateWarning
 
-__all__ = ["UtilityGraph", "accuracy_evaluator", "noise_free_trainer", "utility_graph"]
+__all__ = ["NOT_PRIVATE_BECAUSE", "UtilityGraph", "accuracy_evaluator", "noise_free_trainer", "utility_graph"]
+
+
+#: Why a utility graph is not private, in every output it makes (its JSON, its plot): shared alone, a file must say so.
+NOT_PRIVATE_BECAUSE = (
+    "w* is trained on the data without noise (Proactive DP, Sec. 3.3): the graph, and a sigma read off it, are "
+    "functions of the data; use public or held-out data"
+)
 
 
 @dataclass
@@ -113,16 +120,18 @@ class UtilityGraph:
             ax.axhline(threshold, color="k", linestyle="--", linewidth=1, label=f"threshold {threshold:g}")
             ax.set_xlabel("sigma (noise N(0, C^2 sigma^2 I) added to w*)")
             ax.set_ylabel("accuracy fraction acc(w*+n)/acc(w*)")
-            ax.set_title("Utility graph (Proactive DP, Sec. 3.3)")
+            ax.set_title("Utility graph (Proactive DP, Sec. 3.3): NOT private")
             ax.legend()
             fig.tight_layout()
-            fig.savefig(path, dpi=100)
+            fig.savefig(path, dpi=100, metadata={"Title": "Utility graph: NOT private", "Description": NOT_PRIVATE_BECAUSE})
         finally:
             plt.close(fig)
         return path
 
     def to_dict(self) -> dict:
         return {
+            "private": False,
+            "not_private_because": [NOT_PRIVATE_BECAUSE],
             "clips": list(self.clips),
             "sigmas": list(self.sigmas),
             "base_accuracy": {f"{c:g}": a for c, a in self.base_accuracy.items()},

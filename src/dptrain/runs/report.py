@@ -45,7 +45,6 @@ def format_report(summary: dict) -> str:
         ("randomness", summary["randomness"]),
         ("data", summary["dataset"]),
         ("model", summary["model"] + _checked(summary.get("gradient_check"))),
-        *([("wall time", f"{summary['wall_time_s']:.1f} s")] if "wall_time_s" in summary else []),
         ("outputs", summary["out"]),
         *([_hugging_face_row(summary)] if "hf_model" in summary or "hf_adapter" in summary else []),
     ]
@@ -172,5 +171,4 @@ def _checked(check: dict | None) -> str:
     if check is None:
         return ""
     moved = f"; moved to torch.func: {', '.join(check['moved_to_func'])}" if check["moved_to_func"] else ""
-    took = f" in {check['seconds']:.2f} s" if "seconds" in check else ""
-    return f"; checked against single-example passes on {check['examples']} examples{took}{moved}"
+    return f"; checked against single-example passes on {check['examples']} examples{moved}"

@@ -34,7 +34,7 @@ from dptrain.engine import distributed
 from dptrain.engine.bandmf import noise_summary
 from dptrain.engine.interrupts import Terminated, deferred_signals, terminate_as_exception
 from dptrain.engine.trainer import StepResult
-from dptrain.errors import AccountingError, ConfigError, RunDirectoryError
+from dptrain.errors import AccountingError, ConfigError, NonFiniteError, RunDirectoryError
 from dptrain.preflight.sentinel import SentinelError
 from dptrain.runs.averaged import evaluate_averaged, save_averaged
 from dptrain.runs.job import (
@@ -44,6 +44,7 @@ from dptrain.runs.job import (
     load_data,
     run_randomness,
 )
+from dptrain.runs.progress import step_bar
 from dptrain.runs.resume import (
     RESUME_MAY_CHANGE,
     check_data,
@@ -57,8 +58,6 @@ from dptrain.runs.rundir import CONFIG, PLAN, SUMMARY, RunDirectory
 
 #: Wall-clock seconds between checkpoints when evaluations are further apart (bounds what kill -9 can lose).
 CHECKPOINT_INTERVAL_S = 300.0
-#: Seconds between recomputations of the epsilon the progress bar shows (an accountant call can take ~0.5 s).
-EPSILON_REFRESH_S = 5.0
 
 
 class _Progress:
@@ -66,9 +65,7 @@ class _Progress:
     the config asks for non-private statistics)."""
 
     def __init__(self, total: int, initial: int, enabled: bool):
-        from tqdm import tqdm
-
-        self.bar = tqdm(total=total, initial=initial, disable=not enabled, unit="step", dynamic_ncols=True)
+        self.bar = step_bar(total, initial, enabled)  # (no time: tests/test_clock_not_released.py)
         self.loss = math.nan
         self.postfix: dict[str, str] = {}
 
@@ -83,7 +80,7 @@ class _Progress:
         self.bar.update(1)
 
     def show_epsilon(self, eps: float) -> None:
-        """The epsilon after the last step (:meth:`update` is given one refreshed on a timer: at the end it would
+        """The epsilon after the last step (:meth:`update` is given the last evaluation's: at the end it would
         show a value some steps old)."""
         self.postfix["eps"] = f"{eps:.3f}"
         self.bar.set_postfix(self.postfix)
@@ -239,8 +236,7 @@ def _train(job: Job, rd: RunDirectory, progress: bool, stop_after: int | None, e
         remaining = min(remaining, stop_after)
     wall = lambda: elapsed + time.perf_counter() - start  # noqa: E731
     bar = _Progress(job.total_steps, trainer.steps, progress)
-    eps, eps_time, eps_step, last_checkpoint = None, -math.inf, None, time.perf_counter()
-    refresh, logged = EPSILON_REFRESH_S, None
+    eps, eps_step, last_checkpoint, logged = None, None, time.perf_counter(), None
     try:
         with terminate_as_exception():
             steps = trainer.iter_steps(remaining)
@@ -251,21 +247,21 @@ def _train(job: Job, rd: RunDirectory, progress: bool, stop_after: int | None, e
                     result = next(steps, None)
                     if result is None:
                         break
-                    if progress and time.perf_counter() - eps_time > refresh:
-                        asked = time.perf_counter()
-                        eps, eps_time, eps_step = trainer.epsilon().epsilon, time.perf_counter(), trainer.steps
-                        # an accountant call on a ledger of many distinct steps can take seconds: keep it under ~5%
-                        refresh = max(EPSILON_REFRESH_S, 20 * (eps_time - asked))
-                    bar.update(result, eps)
                     evaluate = every_iterate and result.step % eval_every == 0 and result.step < job.total_steps
                     if evaluate or time.perf_counter() - last_checkpoint > CHECKPOINT_INTERVAL_S:
                         if evaluate:  # first: adaptive noise reads the evaluation, and the checkpoint holds that
                             logged = _evaluate_and_log(rd, job, result)
+                            eps, eps_step = logged["report"].epsilon, trainer.steps
                         _checkpoint(rd, job, wall())
                         last_checkpoint = time.perf_counter()
-            if progress and eps_step is not None and eps_step != trainer.steps:
+                    # (epsilon as of the last evaluation: shown at steps the clock does not choose)
+                    bar.update(result, eps)
+            if progress and eps_step != trainer.steps:
                 bar.show_epsilon(trainer.epsilon().epsilon)
-    except SentinelError:  # the run goes on record as it stands: not private, its summary and checkpoint saying so
+    except (SentinelError, NonFiniteError):
+        if trainer.sentinel.stopped is None:  # (stopped before its first release: nothing to label)
+            raise
+        # the run goes on record as it stands: not private, its summary and checkpoint saying so
         bar.close()
         with deferred_signals():
             _checkpoint(rd, job, wall())
@@ -416,7 +412,6 @@ def _summary(job: Job, rd: RunDirectory, final: dict | None, wall: float, finish
         **({"gradient_check": t.gradient_check.to_dict()} if t.gradient_check is not None else {}),
         "randomness": job.randomness.description,
         "secure_noise": job.randomness.secure,
-        "wall_time_s": wall,
         "out": str(rd.path),
     }
     if "optimal_order" in report.details:

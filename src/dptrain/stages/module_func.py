@@ -141,7 +141,7 @@ def per_module_gradients(
     if any(rows_per_example(leaves[i], batch) is None for i in split) or any(
         rows_per_example(recorded[j], batch) is None for j in rows
     ):
-        raise FallbackError(f"{type(m).__name__}: a tensor's rows are not a multiple of the chunk's {batch} examples")
+        raise FallbackError(f"{type(m).__name__}: a tensor's rows are not a multiple of the chunk's examples")
     inputs = [view_rows(leaves[i], batch) for i in split]
     out_grads = [view_rows(torch.zeros_like(recorded[j]) if gos[j] is None else gos[j], batch) for j in rows]
 

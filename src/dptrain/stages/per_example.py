@@ -395,9 +395,10 @@ class LayerwiseGradSampler:
                 "per-example gradient backend cannot see through; use grad_sampler='func'", overwritten
             )
         n = self._batch
-        if losses.shape != (n,):
+        if losses.shape != (n,):  # (by the rule, never the shapes: a chunk's size is a secret batch size's)
             raise ModelError(
-                f"the loss function must return one loss per example (shape [{n}]), got shape {list(losses.shape)}"
+                "the loss function must return one loss per example: a vector as long as the chunk's labels, not "
+                "a mean or a tensor of another shape"
             )
         if n == 0:  # (an empty Poisson batch: no example, no gradient)
             calls, fallbacks = [], []

@@ -3,7 +3,7 @@
 The number of trials K is secret (Papernot & Steinke's theorems assume it is not released), and so is where the best
 trial stands among them. A progress bar counting trials, or one warning line per trial on stderr (a seed's warning,
 a stage's notice, a resumed trial's message), would count them for whoever reads the terminal or its log. So a
-search shows a clock that ticks on its own, independent of the trials (:class:`Elapsed`), and runs each trial with
+search shows a clock that ticks on its own, independent of the trials, on a terminal only (:class:`Elapsed`), and runs each trial with
 its standard streams, Python warnings and the ``logging`` handlers that write to the terminal captured
 (:func:`captured`): what a trial says is kept in the search's secret state, shown only on request (``--keep-trials``,
 labelled not private). A library's logging handler made before the search (transformers makes one when first used)
@@ -26,7 +26,10 @@ import warnings
 
 class Elapsed:
     """A line on stderr, rewritten every ``interval`` seconds by a thread of its own: ``label`` and the time since it
-    started. It reads nothing of the search, so what it shows depends on the clock alone."""
+    started. It reads nothing of the search, so what it shows depends on the clock alone, but its last reading is the
+    search's duration, which grows with K: it is shown only on a terminal, to whoever watches (and sees the time
+    anyway), and erased when the search ends, leaving ``label``. A stderr that is not a terminal (a log, a pipe) gets
+    ``label`` once: every redraw would stay in it, one a second."""
 
     def __init__(self, label: str, enabled: bool = True, interval: float = 1.0):
         self.label, self.enabled, self.interval = label, enabled, interval
@@ -34,20 +37,28 @@ class Elapsed:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._start = time.monotonic()
+        try:
+            self.live = bool(self.stream.isatty())
+        except (AttributeError, OSError, ValueError):
+            self.live = False
 
-    def _show(self) -> None:
-        seconds = int(time.monotonic() - self._start)
-        text = f"\r{self.label} {seconds // 3600:d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+    def _write(self, text: str) -> None:
         with contextlib.suppress(OSError, ValueError):
             self.stream.write(text)
             self.stream.flush()
+
+    def _show(self) -> None:
+        seconds = int(time.monotonic() - self._start)
+        self._write(f"\r{self.label} {seconds // 3600:d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}")
 
     def _tick(self) -> None:
         while not self._stop.wait(self.interval):
             self._show()
 
     def __enter__(self) -> Elapsed:
-        if self.enabled:
+        if self.enabled and not self.live:
+            self._write(f"{self.label}\n")
+        elif self.enabled:
             self._show()
             self._thread = threading.Thread(target=self._tick, name="dptrain-elapsed", daemon=True)
             self._thread.start()
@@ -57,10 +68,7 @@ class Elapsed:
         if self._thread is not None:
             self._stop.set()
             self._thread.join()
-            self._show()
-            with contextlib.suppress(OSError, ValueError):
-                self.stream.write("\n")
-                self.stream.flush()
+            self._write(f"\r\033[K{self.label}\n")  # (the clock erased: the line ends without a time)
 
 
 def _terminal_handlers(streams) -> list[logging.StreamHandler]:

@@ -228,12 +228,10 @@ def moved_paths(source: Path, target: Path, secret: Path) -> None:
 def selected_summary(search: dict, trial: dict, out: str, ledger: dict) -> dict[str, Any]:
     """``best/summary.json``: the search's certificate and attacker bound first (the model was selected by the
     search: its certificate is the search's), the selected trial's own certificate nested under ``trial_alone`` and
-    labelled, then the trial's entries of PUBLIC_RUN_KEYS (its gradient check without its time)."""
+    labelled, then the trial's entries of PUBLIC_RUN_KEYS (a run's summary holds no time)."""
     from dptrain.runs.run import attacker_bound
 
     rest = {k: v for k, v in trial.items() if public_key(k)}
-    if isinstance(rest.get("gradient_check"), dict):
-        rest["gradient_check"] = {k: v for k, v in rest["gradient_check"].items() if k != "seconds"}
     own = {k: trial[k] for k in CERTIFICATE_KEYS if k in trial}
     return {
         **{k: search[k] for k in ("epsilon", "delta", "accountant", "certified", "private") if k in search},
