@@ -37,8 +37,6 @@ from dptrain.errors import AccountingError, NoFiniteEpsilon
 
 #: The accountant that ranks the candidates of :func:`choose_bands` (its search grid): the tightest at usual budgets.
 ACCOUNTANT = "pld"
-#: The accountants that certify a BandMF ledger; a calibrated sigma is the smallest any of them certifies.
-CALIBRATING = ("rdp", "pld")
 #: The largest b :func:`choose_bands` tries by default (the engine keeps b - 1 noise vectors of the model's size).
 DEFAULT_MAX_BANDS = 256
 
@@ -53,28 +51,30 @@ def _first_band(bands: int) -> tuple[float, ...]:
 def bandmf_noise_multiplier(
     epsilon: float, delta: float, sampling_rate: float, steps: int, bands: int
 ) -> float:
-    """The smallest sigma with which pld or rdp (:data:`CALIBRATING`) certifies ``steps`` steps of BandMF with
-    ``bands`` bands at overall rate q within (epsilon, delta) (:func:`dptrain.accounting.calibration.calibrate_noise`
-    on :func:`bandmf_ledger`, i.e. ceil(T/b) DP-SGD steps at rate min(1, b q)); refused only where neither reaches
-    the budget. Memoized."""
+    """The smallest sigma with which pld or rdp certifies ``steps`` steps of BandMF with ``bands`` bands at overall
+    rate q within (epsilon, delta) (:func:`dptrain.accounting.calibration.calibrate_noise` on :func:`bandmf_ledger`,
+    i.e. ceil(T/b) DP-SGD steps at rate min(1, b q)): pld's, or rdp's where rdp is the tighter (far below pld's
+    discretization; one rdp evaluation at pld's sigma tells); refused only where neither reaches the budget.
+    Memoized."""
     c = _first_band(check_steps(bands, "bands"))
     start = _SEARCHED.get(
         (epsilon, delta, sampling_rate, steps, bands), 1.0
     )  # a nearby sigma saves evaluations
-    found, refused = [], []
-    for name in CALIBRATING:
-        try:
-            found.append(
-                calibrate_noise(
-                    epsilon, delta, lambda s: bandmf_ledger(s, sampling_rate, steps, c), name, start=start
-                )
-            )
-            start = found[-1]
-        except AccountingError as e:
-            refused.append(f"{name}: {e}")
-    if not found:
-        raise AccountingError("; ".join(refused))
-    return min(found)
+    ledger = functools.partial(bandmf_ledger, sampling_rate=sampling_rate, steps=steps, coefficients=c)
+    sigma, refused = None, ""
+    try:
+        sigma = calibrate_noise(epsilon, delta, ledger, ACCOUNTANT, start=start)
+        if get_accountant("rdp").report(ledger(sigma), delta).epsilon >= epsilon:
+            return sigma
+    except AccountingError as e:
+        refused = f"{ACCOUNTANT}: {e}; "
+    try:
+        by_rdp = calibrate_noise(epsilon, delta, ledger, "rdp", start=start if sigma is None else sigma)
+    except AccountingError as e:
+        if sigma is None:
+            raise AccountingError(f"{refused}rdp: {e}") from None
+        return sigma
+    return by_rdp if sigma is None else min(sigma, by_rdp)
 
 
 #: sigma by (epsilon, delta, q, T, b) from pld's search grid: :func:`_search_noise_multiplier`'s memo.
