@@ -17,17 +17,17 @@ from dptrain.models.builders import build_model
 warnings.simplefilter("ignore")
 torch.manual_seed(0)
 torch.set_num_threads(2)
-x, y = torch.randn(4096, 1, 28, 28), torch.randint(0, 10, (4096,))
+x, y = torch.randn(1024, 1, 28, 28), torch.randint(0, 10, (1024,))
 model = build_model("cnn28", (1, 28, 28), 10)
 trainer = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), (x, y), noise_multiplier=1.0,
                        batch_size=256, seed=0, sampling="fixed_size")
 
 
 def faults_per_step():
-    trainer.train(steps=3)  # settle
+    trainer.train(steps=2)  # settle
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    trainer.train(steps=4)
-    return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 4
+    trainer.train(steps=2)
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 2
 
 
 # malloc at glibc's static defaults (128 KiB thresholds, which also stops glibc's dynamic threshold: the model probe
@@ -46,7 +46,7 @@ def test_keeping_freed_memory_removes_the_page_faults_of_a_step():
     env = {k: v for k, v in os.environ.items() if k != "DPTRAIN_SYSTEM_MALLOC"}
     out = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, check=True, env=env)
     r = json.loads(out.stdout.strip().splitlines()[-1])
-    assert r["applied"] is True
+    assert r["applied"] is True, r
     # measured: about 7,200 faults per cnn28 step of 256 (fixed size) with malloc's defaults, none kept
     assert r["system"] > 1000 and r["tuned"] < r["system"] / 10, r
 
