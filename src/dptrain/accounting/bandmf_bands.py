@@ -11,7 +11,8 @@ trade-off, the paper's choice of b, is
 
 the RMSE of the workload (prefix sums: SGD's iterates) under BandMF over DP-SGD's at equal epsilon (b = 1 is DP-SGD:
 c = [1], E_1 = ||A||_F^2). Each sigma is the smaller of pld's and rdp's calibrations: pld is the tighter at usual
-budgets, rdp where epsilon is far below pld's discretization (epsilon 0.01, T = 1000, q = 0.01, b = 8: pld 476, rdp 249).
+budgets, rdp where epsilon is far below pld's discretization (epsilon 0.01, T = 1000, q = 0.01, b = 8: pld 476,
+rdp 249).
 """
 
 from __future__ import annotations
@@ -48,33 +49,31 @@ def _first_band(bands: int) -> tuple[float, ...]:
 
 
 @functools.lru_cache(maxsize=1024)
-def bandmf_noise_multiplier(
-    epsilon: float, delta: float, sampling_rate: float, steps: int, bands: int
-) -> float:
+def bandmf_noise_multiplier(epsilon: float, delta: float, sampling_rate: float, steps: int, bands: int) -> float:
     """The smallest sigma with which pld or rdp certifies ``steps`` steps of BandMF with ``bands`` bands at overall
     rate q within (epsilon, delta) (:func:`dptrain.accounting.calibration.calibrate_noise` on :func:`bandmf_ledger`,
     i.e. ceil(T/b) DP-SGD steps at rate min(1, b q)): pld's, or rdp's where rdp is the tighter (far below pld's
     discretization; one rdp evaluation at pld's sigma tells); refused only where neither reaches the budget.
     Memoized."""
     c = _first_band(check_steps(bands, "bands"))
-    start = _SEARCHED.get(
-        (epsilon, delta, sampling_rate, steps, bands), 1.0
-    )  # a nearby sigma saves evaluations
+    start = _SEARCHED.get((epsilon, delta, sampling_rate, steps, bands), 1.0)  # a nearby sigma saves evaluations
     ledger = functools.partial(bandmf_ledger, sampling_rate=sampling_rate, steps=steps, coefficients=c)
-    sigma, refused = None, ""
     try:
         sigma = calibrate_noise(epsilon, delta, ledger, ACCOUNTANT, start=start)
-        if get_accountant("rdp").report(ledger(sigma), delta).epsilon >= epsilon:
-            return sigma
     except AccountingError as e:
-        refused = f"{ACCOUNTANT}: {e}; "
-    try:
-        by_rdp = calibrate_noise(epsilon, delta, ledger, "rdp", start=start if sigma is None else sigma)
-    except AccountingError as e:
-        if sigma is None:
-            raise AccountingError(f"{refused}rdp: {e}") from None
+        try:
+            return calibrate_noise(epsilon, delta, ledger, "rdp", start=start)
+        except AccountingError as by_rdp:
+            raise AccountingError(f"{ACCOUNTANT}: {e}; rdp: {by_rdp}") from None
+    return _rdp_if_tighter(sigma, epsilon, delta, ledger)
+
+
+def _rdp_if_tighter(sigma: float, epsilon: float, delta: float, ledger, rtol: float = 1e-6) -> float:
+    """``sigma`` (pld's), or rdp's calibration where rdp certifies (epsilon, delta) with less noise: far below pld's
+    discretization (tiny epsilon). One rdp evaluation at ``sigma`` tells: its epsilon there below the target."""
+    if get_accountant("rdp").report(ledger(sigma), delta).epsilon >= epsilon:
         return sigma
-    return by_rdp if sigma is None else min(sigma, by_rdp)
+    return min(sigma, calibrate_noise(epsilon, delta, ledger, "rdp", rtol, start=sigma))
 
 
 #: sigma by (epsilon, delta, q, T, b) from pld's search grid: :func:`_search_noise_multiplier`'s memo.
@@ -86,21 +85,18 @@ def _search_noise_multiplier(
 ) -> float:
     """sigma from pld's search variant (its coarser grid, epsilon within 2e-4 of pld's on DP-SGD ledgers) or rdp's,
     the smaller: what :func:`choose_bands` ranks the candidates with; the chosen b is then calibrated by
-    :func:`bandmf_noise_multiplier`. ``guess``: where
-    the bracket starts (the previous candidate's sigma). Memoized."""
+    :func:`bandmf_noise_multiplier`. ``guess``: where the bracket starts (the previous candidate's sigma).
+    Memoized."""
     key = (epsilon, delta, sampling_rate, steps, bands)
     if key in _SEARCHED:
         return _SEARCHED[key]
     search = get_accountant(ACCOUNTANT).for_search()
-    c = _first_band(bands)
+    ledger = functools.partial(bandmf_ledger, sampling_rate=sampling_rate, steps=steps, coefficients=_first_band(bands))
 
     @functools.cache
     def gap(sigma: float) -> float:  # cached: brentq re-evaluates its bracket's ends
         try:
-            return (
-                min(search.report(bandmf_ledger(sigma, sampling_rate, steps, c), delta).epsilon, 1e6)
-                - epsilon
-            )
+            return min(search.report(ledger(sigma), delta).epsilon, 1e6) - epsilon
         except NoFiniteEpsilon:
             return 1e6
 
@@ -114,12 +110,8 @@ def _search_noise_multiplier(
             raise AccountingError(f"epsilon={epsilon} at delta={delta} needs a noise multiplier above 1e4")
     while gap(lo) <= 0:
         hi, lo = lo, lo / 1.5
-    sigma = float(optimize.brentq(gap, lo, hi, rtol=1e-5))
-    # rdp is the tighter far below pld's discretization (tiny epsilon): rank with the smaller, as the run calibrates
-    # (one rdp evaluation tells whether it is: its epsilon at pld's sigma below the target)
-    ledger = functools.partial(bandmf_ledger, sampling_rate=sampling_rate, steps=steps, coefficients=c)
-    if get_accountant("rdp").report(ledger(sigma), delta).epsilon < epsilon:
-        sigma = calibrate_noise(epsilon, delta, ledger, "rdp", 1e-5, start=sigma)
+    # rank with the smaller of pld's and rdp's, as the run calibrates
+    sigma = _rdp_if_tighter(float(optimize.brentq(gap, lo, hi, rtol=1e-5)), epsilon, delta, ledger, 1e-5)
     if len(_SEARCHED) > 4096:
         _SEARCHED.clear()
     _SEARCHED[key] = sigma
@@ -142,8 +134,9 @@ def rmse_ratio(
 ) -> float:
     """sigma_b sqrt(E_b) / (sigma_1 sqrt(E_1)) (module docstring): below 1 when BandMF with ``bands`` optimized bands
     (:func:`dptrain.accounting.bandmf_strategy.optimal_coefficients`) estimates the workload with less error than
-    DP-SGD at the same certified (epsilon, delta), both sigmas by :func:`bandmf_noise_multiplier` (Choquette-Choo et al., "(Amplified)
-    Banded Matrix Factorization": the comparison of amplified BandMF with DP-SGD that sets their b)."""
+    DP-SGD at the same certified (epsilon, delta), both sigmas by :func:`bandmf_noise_multiplier` (Choquette-Choo et
+    al., "(Amplified) Banded Matrix Factorization": the comparison of amplified BandMF with DP-SGD that sets their
+    b)."""
     steps, q, epsilon, delta = _check(steps, sampling_rate, epsilon, delta)
     c = optimal_coefficients(steps, check_steps(bands, "bands"), workload)
     error = workload_error(c, steps, workload) / workload.frobenius_squared(steps)
@@ -212,8 +205,8 @@ def choose_bands(
 ) -> BandsChoice:
     """The number of bands minimizing :func:`rmse_ratio` among :func:`candidate_bands`, from public quantities only
     (T, q, epsilon, delta, the workload): the choice reveals nothing about the data. Candidates are ranked with pld's
-    search grid; the chosen b's sigma and ratio are then calibrated by :func:`bandmf_noise_multiplier`. Calibrations and coefficients are
-    memoized, so a second call (a CLI command, a test) is immediate."""
+    search grid; the chosen b's sigma and ratio are then calibrated by :func:`bandmf_noise_multiplier`. Calibrations
+    and coefficients are memoized, so a second call (a CLI command, a test) is immediate."""
     steps, q, epsilon, delta = _check(steps, sampling_rate, epsilon, delta)
     dpsgd = workload.frobenius_squared(steps)
     ratios, sigmas = {}, {}
