@@ -1,12 +1,9 @@
 """Banded matrix factorization at the edges: the [noise] config section, ``dptrain train`` (summary and report name the
 mechanism, the bands and the RMSE ratio; --stop-after and --resume give the uninterrupted run; the group assignment
-is in the private checkpoint and in no shareable file), torchrun data parallelism equal to one process, ``dptrain
-account`` / ``calibrate --bands``, and the one-line refusals of what BandMF's certificate does not cover."""
+is in the private checkpoint and in no shareable file), ``dptrain account`` / ``calibrate --bands``, and the one-line refusals of what BandMF's certificate does not cover. torchrun data
+parallelism killed, resumed and equal to one process: tests/test_distributed.py."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -250,28 +247,6 @@ def test_account_and_calibrate_take_bands(capsys):
 def test_cli_refusals_are_one_line(capsys, flags, message):
     code, _, err = _cli(capsys, flags[0], "--sampling-rate", "0.01", "--steps", "100", "--delta", "1e-5", *flags[1:])
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(sys.platform != "linux", reason="torchrun on the CPU (gloo)")
-def test_two_processes_draw_the_same_correlated_noise_as_one(tmp_path, capsys):
-    cfg = _config(tmp_path, privacy="noise_multiplier = 1.0", bands="bands = 4", accountant="rdp")
-    assert _cli(capsys, "train", "--config", cfg, "--out", tmp_path / "one", "--no-progress")[0] == 0
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    env.pop("PYTEST_XDIST_WORKER", None)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "dptrain"]
-    done = subprocess.run([*cmd, "train", "--config", str(cfg), "--out", str(tmp_path / "two"), "--no-progress"],
-                          env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    one, two = tmp_path / "one", tmp_path / "two"
-    assert (one / "ledger.json").read_text() == (two / "ledger.json").read_text()
-    assert (one / "metrics.jsonl").read_text() == (two / "metrics.jsonl").read_text()
-    a = torch.load(one / "private" / "checkpoint.pt", weights_only=True)
-    b = torch.load(two / "private" / "checkpoint.pt", weights_only=True)
-    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
-    assert torch.equal(a["sampler"]["groups"], b["sampler"]["groups"])
-    assert all(torch.equal(a["bandmf"]["noise"]["history"][k], b["bandmf"]["noise"]["history"][k])
-               for k in a["bandmf"]["noise"]["history"])
 
 
 def test_a_search_refuses_auto_bands_in_one_line_and_takes_given_bands(tmp_path, capsys):

@@ -8,7 +8,11 @@ RankLost and exits 2) and torchrun's agent, which polls its workers every 0.1 s 
 then checkpoints its last complete step, says "interrupted at step N" and exits 143; a SIGTERM held during a step that
 then fails rolls the step back first). Both endings are correct and either can win on a loaded machine, so the test
 does not leave the order to chance: it forces each one in turn, by stopping (SIGSTOP) the agent until rank 0 has
-exited, or rank 0 until the agent's SIGTERM is pending at it."""
+exited, or rank 0 until the agent's SIGTERM is pending at it.
+
+The two endings run the two noise mechanisms: DP-SGD's independent noise, and banded matrix factorization's correlated
+noise (Choquette-Choo et al., "(Amplified) Banded Matrix Factorization: A unified approach to private training"), whose
+secret state (the b - 1 previous noise draws and the cyclic groups) every rank must draw alike and a resume restore."""
 
 import os
 import re
@@ -39,6 +43,8 @@ batch_size = 100
 max_physical_batch_size = 16
 eval_every = 5
 """
+#: the mechanism each ending runs: (appended to CONFIG)
+MECHANISMS = {"dpsgd": "", "bandmf": '[noise]\nmechanism = "bandmf"\nbands = 4\n'}
 
 
 def _torchrun(*args):
@@ -84,28 +90,27 @@ def _wait(condition, what: str, timeout: float = 120) -> None:
         time.sleep(0.02)
 
 
-@pytest.fixture(scope="module")
-def one_process_run(tmp_path_factory):
-    """The config file and the directory of the one-process run of CONFIG."""
-    tmp = tmp_path_factory.mktemp("one_process")
+def _one_process_run(tmp, mechanism):
+    """The config file and the directory of the one-process run of CONFIG with ``mechanism``."""
     cfg = tmp / "c.toml"
-    cfg.write_text(CONFIG)
+    cfg.write_text(CONFIG + MECHANISMS[mechanism])
     assert main(["train", "--config", str(cfg), "--out", str(tmp / "one"), "--no-progress"]) == 0
     return cfg, tmp / "one"
 
 
-#: who stops rank 0 first -> (what rank 0 says, its exit status as torchrun reports it)
+#: who stops rank 0 first -> (what rank 0 says, its exit status as torchrun reports it, the mechanism run)
 ENDINGS = {
-    "rank 0 sees the lost rank": ("another rank of this data-parallel run stopped during a step", 2),
-    "torchrun's SIGTERM": ("interrupted at step", 143),
+    "rank 0 sees the lost rank": ("another rank of this data-parallel run stopped during a step", 2, "dpsgd"),
+    "torchrun's SIGTERM": ("interrupted at step", 143, "bandmf"),
 }
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the worker processes through /proc")
 @pytest.mark.parametrize("first", list(ENDINGS))
-def test_a_two_process_run_killed_and_resumed_equals_the_one_process_run(first, one_process_run, tmp_path):
-    cfg, one = one_process_run
+def test_a_two_process_run_killed_and_resumed_equals_the_one_process_run(first, tmp_path):
+    said, status, mechanism = ENDINGS[first]
+    cfg, one = _one_process_run(tmp_path, mechanism)
     out = tmp_path / "two"
     run = _torchrun("train", "--config", str(cfg), "--out", str(out), "--no-progress")
     stopped: list[int] = []
@@ -136,7 +141,6 @@ def test_a_two_process_run_killed_and_resumed_equals_the_one_process_run(first, 
             run.terminate()  # (the agent stops its workers)
             run.wait(60)
 
-    said, status = ENDINGS[first]
     assert run.returncode != 0  # the job stopped; rank 0 said why in one line
     assert said in first_log, first_log[-3000:]
     # (torchrun's report: rank 0 ended by itself, with its own status, not killed by a signal)
@@ -151,4 +155,9 @@ def test_a_two_process_run_killed_and_resumed_equals_the_one_process_run(first, 
     a = torch.load(one / "private" / "checkpoint.pt", weights_only=True)["model"]
     b = torch.load(out / "private" / "checkpoint.pt", weights_only=True)["model"]
     assert all(torch.equal(a[k], b[k]) for k in a)
+    if mechanism == "bandmf":  # the secret state: the cyclic groups and the noise history
+        a, b = (torch.load(d / "private" / "checkpoint.pt", weights_only=True) for d in (one, out))
+        assert torch.equal(a["sampler"]["groups"], b["sampler"]["groups"])
+        history = a["bandmf"]["noise"]["history"]
+        assert history and all(torch.equal(history[k], b["bandmf"]["noise"]["history"][k]) for k in history)
     assert log.count("privacy ") == 1  # one report, from rank 0
