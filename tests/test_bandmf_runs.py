@@ -1,7 +1,8 @@
 """Banded matrix factorization at the edges: the [noise] config section, ``dptrain train`` (summary and report name the
 mechanism, the bands and the RMSE ratio; --stop-after and --resume give the uninterrupted run; the group assignment
-is in the private checkpoint and in no shareable file), ``dptrain account`` / ``calibrate --bands``, and the one-line refusals of what BandMF's certificate does not cover. torchrun data
-parallelism killed, resumed and equal to one process: tests/test_distributed.py."""
+is in the private checkpoint and in no shareable file), ``dptrain account`` / ``calibrate --bands``, and the one-line
+refusals of what BandMF's certificate does not cover. torchrun data parallelism (killed, resumed, equal to one
+process) is in tests/test_distributed.py."""
 
 import json
 from pathlib import Path
