@@ -259,6 +259,29 @@ def test_every_flag_and_choice_in_the_synopsis_exists():
             assert set(listed) <= set(positional.choices)
 
 
+def undocumented(parser, page: str) -> list[str]:
+    """``dptrain CMD --flag`` for every subcommand and flag the parser accepts that ``page`` never names, and
+    ``--flag`` for every flag ``page`` names that no subcommand accepts."""
+    commands = next(a for a in parser._actions if a.dest == "command").choices
+    named = set(re.findall(r"(?<![\w-])--[A-Za-z][A-Za-z0-9-]*", page))
+    accepted = {c: {s for a in sub._actions for s in a.option_strings if s.startswith("--")} - {"--help"}
+                for c, sub in commands.items()}
+    missing = [f"dptrain {c} {f}" for c, flags in accepted.items() for f in sorted(flags - named)]
+    missing += [f"dptrain {c}" for c in commands if not re.search(rf"`dptrain {c}\b|^dptrain {c}\b", page, re.M)]
+    return missing + sorted(named - set().union(*accepted.values()))
+
+
+def test_docs_cli_md_names_every_subcommand_and_flag_and_no_other():
+    assert undocumented(build_parser(), CLI_PAGE.read_text()) == []
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers(dest="command")
+    sub.add_parser("go").add_argument("--fast")
+    sub.add_parser("stop").add_argument("--now")
+    assert undocumented(parser, "dptrain go --fast\n`dptrain stop` [--slow]") == ["dptrain stop --now", "--slow"]
+
+
 def test_the_gaussian_calibration_quoted_in_the_prose(capsys):
     prose = " ".join(command_line_section().split())
     m = re.search(
