@@ -33,11 +33,22 @@ def _is_type_checking(node: ast.If) -> bool:
 
 
 def _imports(tree: ast.AST):
-    """Every Import / ImportFrom node of ``tree``, except those under ``if TYPE_CHECKING:``."""
+    """Every Import / ImportFrom node of ``tree``, except those under ``if TYPE_CHECKING:``; a call
+    ``importlib.import_module("a.b")`` (or ``import_module``, ``__import__``) of a written-out name counts as
+    ``import a.b``."""
     children = tree.orelse if isinstance(tree, ast.If) and _is_type_checking(tree) else ast.iter_child_nodes(tree)
     for node in children:
         if isinstance(node, ast.Import | ast.ImportFrom):
             yield node
+        elif (
+            isinstance(node, ast.Call)
+            and (getattr(node.func, "attr", None) or getattr(node.func, "id", None)) in ("import_module", "__import__")
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
+            yield ast.Import(names=[ast.alias(name=node.args[0].value)])
+            yield from _imports(node)
         else:
             yield from _imports(node)
 
@@ -104,6 +115,8 @@ def test_the_graph_is_read_from_the_source():
     assert "dptrain.cli" not in graph["dptrain.cli.train"]
     source = "if TYPE_CHECKING:\n    import a\nelse:\n    import b\ndef f():\n    import c\n"
     assert [n.names[0].name for n in _imports(ast.parse(source))] == ["b", "c"]
+    source = "import importlib\ndef f(name):\n    importlib.import_module('d.e')\n    importlib.import_module(name)\n"
+    assert [n.names[0].name for n in _imports(ast.parse(source))] == ["importlib", "d.e"]
 
 
 def test_find_cycle_reports_a_cycle():
