@@ -249,3 +249,36 @@ def test_the_readme_report_and_privacy_md_give_the_attacker_bound_dptrain_accoun
                  "--delta", "1e-5", "--json"]) == 0
     bound = json.loads(capsys.readouterr().out)["membership_inference"]
     assert f"{100 * bound['tpr_at_fpr_1pct']:.2f}" == low and f"{100 * bound['tpr_at_fpr_10pct']:.1f}" == high
+
+
+# --- the README's measured numbers, against the reproductions' JSON ------------------------------------------------
+
+
+def medians(path: str, key: tuple[str, ...]) -> dict[tuple, dict[str, float]]:
+    """cell (the ``key`` fields of a row) -> method -> median accuracy, from a reproduction's JSON rows."""
+    cells: dict[tuple, dict[str, float]] = {}
+    for row in json.loads((ROOT / "docs" / "reproduction" / path).read_text()):
+        cells.setdefault(tuple(row[k] for k in key), {})[row.get("method", row.get("recipe"))] = row["accuracy_median"]
+    return cells
+
+
+def wins(cells: dict[tuple, dict[str, float]], method: str) -> tuple[int, int, int, float]:
+    """(cells ahead of DP-SGD, cells compared, cells behind, mean difference of the medians in points)."""
+    diffs = [c[method] - c["dpsgd"] for c in cells.values() if method in c and "dpsgd" in c]
+    return sum(d > 0 for d in diffs), len(diffs), sum(d < 0 for d in diffs), 100 * sum(diffs) / len(diffs)
+
+
+def test_the_readmes_measured_accuracies_are_the_reproductions():
+    """The README's headline sentences give the numbers docs/reproduction/*/*.json hold (rounded as printed)."""
+    text = " ".join((ROOT / "README.md").read_text().split())
+    m = re.search(r"weight averaging reaches ([\d.]+)% at epsilon 1, ([\d.]+)% at 3 .*? and ([\d.]+)% at 8", text)
+    recipes = medians("recipes/recipes.json", ("target_epsilon",))
+    assert [f"{100 * recipes[(e,)]['scatternet_linear+ema']:.1f}" for e in (1.0, 3.0, 8.0)] == list(m.groups())
+    m = re.search(r"ahead in (\d+) of (\d+) cells, behind in (\d+), (-?[\d.]+) points on average", text)
+    ahead, n, behind, mean = wins(medians("bandmf/decided.json", ("model", "epochs", "target_epsilon")), "bandmf")
+    assert (str(ahead), str(n), str(behind), f"{mean:.2f}") == m.groups()
+    m = re.search(r"ModelMix \(behind in (\d+) of (\d+)", text)
+    ahead, n, behind, _ = wins(medians("modelmix/decided.json", ("model", "target_epsilon")), "modelmix")
+    assert (str(behind), str(n)) == m.groups() and ahead == 0
+    assert wins({(1,): {"dpsgd": 0.8, "x": 0.81}, (2,): {"dpsgd": 0.8, "x": 0.78}, (3,): {"dpsgd": 0.8}}, "x")[:3] == (
+        1, 2, 1)
