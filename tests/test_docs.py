@@ -282,3 +282,29 @@ def test_the_readmes_measured_accuracies_are_the_reproductions():
     assert (str(behind), str(n)) == m.groups() and ahead == 0
     assert wins({(1,): {"dpsgd": 0.8, "x": 0.81}, (2,): {"dpsgd": 0.8, "x": 0.78}, (3,): {"dpsgd": 0.8}}, "x")[:3] == (
         1, 2, 1)
+
+
+def cli_table_mismatches(readme: str, parser) -> list[str]:
+    """The README's command-line table against the parser: one row per subcommand, and each flag a row shows (in the
+    command or in backticks in its description) accepted by its subcommand."""
+    commands = next(a for a in parser._actions if a.dest == "command").choices
+    rows = re.findall(r"^\| `dptrain ([\w-]+)([^`]*)` \|(.*)\|$", readme, re.M)
+    out = [f"no row: dptrain {c}" for c in commands if c not in [r[0] for r in rows]]
+    for name, rest, description in rows:
+        if name not in commands:
+            out.append(f"no such command: dptrain {name}")
+            continue
+        flags = {s for a in commands[name]._actions for s in a.option_strings}
+        shown = re.findall(r"--[\w-]+", rest) + re.findall(r"`(--[\w-]+)", description)
+        out += [f"dptrain {name} has no {f}" for f in shown if f not in flags]
+    return out
+
+
+def test_the_readmes_command_table_is_the_parsers():
+    from dptrain.cli import build_parser
+
+    assert cli_table_mismatches((ROOT / "README.md").read_text(), build_parser()) == []
+    table = "| `dptrain train --config C` | x; `--resume DIR`, `--bogus` |\n| `dptrain fly` | y |\n"
+    found = cli_table_mismatches(table, build_parser())
+    assert "no row: dptrain tune" in found and "no such command: dptrain fly" in found
+    assert "dptrain train has no --bogus" in found and not any("--config" in f or "--resume" in f for f in found)
