@@ -308,3 +308,29 @@ def test_the_readmes_command_table_is_the_parsers():
     found = cli_table_mismatches(table, build_parser())
     assert "no row: dptrain tune" in found and "no such command: dptrain fly" in found
     assert "dptrain train has no --bogus" in found and not any("--config" in f or "--resume" in f for f in found)
+
+
+SECTION_REFERENCE = re.compile(r"\b([a-z_]+\.md)\)?, \"([^\"]+)\"")
+
+
+def missing_sections(text: str, docs: Path) -> list[str]:
+    """``page.md, "Section"`` (or ``[page.md](page.md), "Section"``) naming no heading of docs/page.md (a heading that
+    begins with the name counts: "The model probe" for "The model probe and the sentinel: ...")."""
+    out = []
+    for page, section in SECTION_REFERENCE.findall(text):
+        section = re.sub(r"\s*\n\s*#?\s*", " ", section)  # wrapped over lines (of a comment)
+        target = docs / page
+        headings = [m.group(1) for m in map(HEADING.match, target.read_text().splitlines()) if m] if target.exists() else []
+        if not any(h.replace("`", "").startswith(section.replace("`", "")) for h in headings):
+            out.append(f'{page}, "{section}"')
+    return out
+
+
+def test_every_section_named_in_the_docs_and_the_code_exists(tmp_path):
+    docs = ROOT / "docs"
+    files = [ROOT / "README.md", *docs.rglob("*.md"), *(ROOT / "src").rglob("*.py"), *(ROOT / "tests").rglob("*.py")]
+    bad = {str(f.relative_to(ROOT)): missing_sections(f.read_text(), docs) for f in files if f.name != "test_docs.py"}
+    assert {k: v for k, v in bad.items() if v} == {}
+    (tmp_path / "p.md").write_text("# Page\n## The model probe and the sentinel: more\n")
+    assert missing_sections('[p.md](p.md), "The model\n  # probe" and p.md, "Gone" and q.md, "Page"', tmp_path) == [
+        'p.md, "Gone"', 'q.md, "Page"']
