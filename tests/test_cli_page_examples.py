@@ -259,6 +259,29 @@ def test_every_flag_and_choice_in_the_synopsis_exists():
             assert set(listed) <= set(positional.choices)
 
 
+def undocumented(parser, page: str) -> list[str]:
+    """``dptrain CMD --flag`` for every subcommand and flag the parser accepts that ``page`` never names, and
+    ``--flag`` for every flag ``page`` names that no subcommand accepts."""
+    commands = next(a for a in parser._actions if a.dest == "command").choices
+    named = set(re.findall(r"(?<![\w-])--[A-Za-z][A-Za-z0-9-]*", page))
+    accepted = {c: {s for a in sub._actions for s in a.option_strings if s.startswith("--")} - {"--help"}
+                for c, sub in commands.items()}
+    missing = [f"dptrain {c} {f}" for c, flags in accepted.items() for f in sorted(flags - named)]
+    missing += [f"dptrain {c}" for c in commands if not re.search(rf"`dptrain {c}\b|^dptrain {c}\b", page, re.M)]
+    return missing + sorted(named - set().union(*accepted.values()))
+
+
+def test_docs_cli_md_names_every_subcommand_and_flag_and_no_other():
+    assert undocumented(build_parser(), CLI_PAGE.read_text()) == []
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers(dest="command")
+    sub.add_parser("go").add_argument("--fast")
+    sub.add_parser("stop").add_argument("--now")
+    assert undocumented(parser, "dptrain go --fast\n`dptrain stop` [--slow]") == ["dptrain stop --now", "--slow"]
+
+
 def test_the_gaussian_calibration_quoted_in_the_prose(capsys):
     prose = " ".join(command_line_section().split())
     m = re.search(
@@ -286,3 +309,43 @@ def test_the_project_cites_papers_not_internal_notes():
         for match in shorthand.finditer(path.read_text())
     ]
     assert not found, found
+
+
+def documented_keys(page: str) -> dict[str, set[str]]:
+    """section -> keys of docs/cli.md's config-file block (a key commented out at the start of a line counts;
+    ``[a.b]`` documents key ``b`` of ``[a]``; keys before any section belong to ``""``)."""
+    block = page[page.index("## Config files") :]
+    block = block[block.index("```toml") + 7 :]
+    section, keys = "", {"": set()}
+    for line in block[: block.index("```")].splitlines():
+        line = line.split(" #")[0].removeprefix("# ")
+        if m := re.match(r"\[(\w+)(?:\.(\w+))?\]", line):
+            section = m.group(1)
+            keys.setdefault(section, set()).update([m.group(2)] if m.group(2) else [])
+        elif m := re.match(r"(\w+) *=", line):
+            keys[section].add(m.group(1))
+    return keys
+
+
+def config_keys() -> dict[str, set[str]]:
+    """section -> the keys the config accepts: the core sections' and every registered section's fields."""
+    import dataclasses
+
+    from dptrain import config
+
+    core = {f.name: f.type for f in dataclasses.fields(config.RunConfig) if f.name != "sections"}
+    keys = {"": {name for name, kind in core.items() if not isinstance(kind, type) and "Config" not in str(kind)}}
+    for f in dataclasses.fields(config.RunConfig):
+        if "Config" in str(f.type):
+            cls = getattr(config, str(f.type).split(".")[-1].strip("'>"))
+            keys[f.name] = {g.name for g in dataclasses.fields(cls)}
+    keys.update({name: {g.name for g in dataclasses.fields(s.cls)} for name, s in config.SECTIONS.items()})
+    return keys
+
+
+def test_docs_cli_md_shows_every_config_key_and_no_other():
+    documented, accepted = documented_keys(CLI_PAGE.read_text()), config_keys()
+    assert set(accepted) == set(documented)
+    assert {s: accepted[s] ^ documented[s] for s in accepted if accepted[s] ^ documented[s]} == {}
+    page = "## Config files\n```toml\n# seed = 0  # x\n[a]  # y\nb = 1   # c = 2\n  # d = 3\n[a.e]\n```\n"
+    assert documented_keys(page) == {"": {"seed"}, "a": {"b", "e"}}

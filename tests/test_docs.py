@@ -4,6 +4,7 @@ that page: a heading's GitHub anchor or an explicit ``<a id="...">``."""
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from pathlib import Path
@@ -85,7 +86,8 @@ SRC = ROOT / "src"
 DOTTED = re.compile(r"\bdptrain(?:\.[A-Za-z_]\w*)+")
 
 
-def _top_level_names(path: Path) -> set[str]:
+@functools.cache
+def _top_level_names(path: Path) -> frozenset[str]:
     """Names a module defines or imports at its top level (and in __all__ / lazy export tables as string keys)."""
     import ast
 
@@ -101,7 +103,7 @@ def _top_level_names(path: Path) -> set[str]:
             names |= {(a.asname or a.name).split(".")[0] for a in node.names}
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.isidentifier():
             names.add(node.value)  # __all__ entries, lazy exports
-    return names
+    return frozenset(names)
 
 
 def unresolved(dotted: str) -> bool:
@@ -111,17 +113,33 @@ def unresolved(dotted: str) -> bool:
         base = SRC.joinpath(*parts[:i])
         module = base / "__init__.py" if base.is_dir() else base.with_suffix(".py")
         if module.exists():
-            return i < len(parts) and parts[i] not in _top_level_names(module)
+            names = set(_top_level_names(module))
+            for lazy in re.findall(r'lazy_exports\(__name__, "(\w+)"\)', module.read_text()):  # names of a submodule
+                names |= _top_level_names(base / f"{lazy}.py")
+            return i < len(parts) and parts[i] not in names
     return True
+
+
+FROM_IMPORT = re.compile(r"^\s*from (dptrain(?:\.\w+)*) import ([\w, ]+)$", re.M)
+
+
+def module_paths(text: str) -> list[str]:
+    """The dotted paths a page names: ``dptrain.a.b`` anywhere, and ``dptrain.a.B`` for ``from dptrain.a import B``."""
+    imported = [f"{m}.{n.split(' as ')[0].strip()}" for m, names in FROM_IMPORT.findall(text) for n in names.split(",")]
+    return DOTTED.findall(text) + imported
 
 
 def test_every_module_path_in_the_docs_exists():
     pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
-    bad = sorted({f"{p.relative_to(ROOT)}: {d}" for p in pages for d in DOTTED.findall(p.read_text()) if unresolved(d)})
+    bad = sorted({f"{p.relative_to(ROOT)}: {d}" for p in pages for d in module_paths(p.read_text()) if unresolved(d)})
     assert not bad
 
 
 def test_a_moved_module_is_found():
+    assert module_paths("from dptrain.huggingface import DPTrainer, Gone as G\n`dptrain.x`") == [
+        "dptrain.huggingface", "dptrain.x", "dptrain.huggingface.DPTrainer", "dptrain.huggingface.Gone"]
+    assert not unresolved("dptrain.huggingface.DPTrainer") and unresolved("dptrain.huggingface.Gone")
+    assert not unresolved("dptrain.modelmix.ModelMixSGD") and unresolved("dptrain.modelmix.ModelMixAdam")  # lazy
     assert not unresolved("dptrain.stages.correlated_noise.BandedNoise") and not unresolved("dptrain.accounting")
     assert unresolved("dptrain.correlated_noise") and unresolved("dptrain.stages.correlated_noise.NoSuchThing")
     assert unresolved("dptrain.engine.bandmf_stage")
@@ -231,3 +249,88 @@ def test_the_readme_report_and_privacy_md_give_the_attacker_bound_dptrain_accoun
                  "--delta", "1e-5", "--json"]) == 0
     bound = json.loads(capsys.readouterr().out)["membership_inference"]
     assert f"{100 * bound['tpr_at_fpr_1pct']:.2f}" == low and f"{100 * bound['tpr_at_fpr_10pct']:.1f}" == high
+
+
+# --- the README's measured numbers, against the reproductions' JSON ------------------------------------------------
+
+
+def medians(path: str, key: tuple[str, ...]) -> dict[tuple, dict[str, float]]:
+    """cell (the ``key`` fields of a row) -> method -> median accuracy, from a reproduction's JSON rows."""
+    cells: dict[tuple, dict[str, float]] = {}
+    for row in json.loads((ROOT / "docs" / "reproduction" / path).read_text()):
+        cells.setdefault(tuple(row[k] for k in key), {})[row.get("method", row.get("recipe"))] = row["accuracy_median"]
+    return cells
+
+
+def wins(cells: dict[tuple, dict[str, float]], method: str) -> tuple[int, int, int, float]:
+    """(cells ahead of DP-SGD, cells compared, cells behind, mean difference of the medians in points)."""
+    diffs = [c[method] - c["dpsgd"] for c in cells.values() if method in c and "dpsgd" in c]
+    return sum(d > 0 for d in diffs), len(diffs), sum(d < 0 for d in diffs), 100 * sum(diffs) / len(diffs)
+
+
+def test_the_readmes_measured_accuracies_are_the_reproductions():
+    """The README's headline sentences give the numbers docs/reproduction/*/*.json hold (rounded as printed)."""
+    text = " ".join((ROOT / "README.md").read_text().split())
+    m = re.search(r"weight averaging reaches ([\d.]+)% at epsilon 1, ([\d.]+)% at 3 .*? and ([\d.]+)% at 8", text)
+    recipes = medians("recipes/recipes.json", ("target_epsilon",))
+    assert [f"{100 * recipes[(e,)]['scatternet_linear+ema']:.1f}" for e in (1.0, 3.0, 8.0)] == list(m.groups())
+    m = re.search(r"ahead in (\d+) of (\d+) cells, behind in (\d+), (-?[\d.]+) points on average", text)
+    ahead, n, behind, mean = wins(medians("bandmf/decided.json", ("model", "epochs", "target_epsilon")), "bandmf")
+    assert (str(ahead), str(n), str(behind), f"{mean:.2f}") == m.groups()
+    m = re.search(r"ModelMix \(behind in (\d+) of (\d+)", text)
+    ahead, n, behind, _ = wins(medians("modelmix/decided.json", ("model", "target_epsilon")), "modelmix")
+    assert (str(behind), str(n)) == m.groups() and ahead == 0
+    assert wins({(1,): {"dpsgd": 0.8, "x": 0.81}, (2,): {"dpsgd": 0.8, "x": 0.78}, (3,): {"dpsgd": 0.8}}, "x")[:3] == (
+        1, 2, 1)
+
+
+def cli_table_mismatches(readme: str, parser) -> list[str]:
+    """The README's command-line table against the parser: one row per subcommand, and each flag a row shows (in the
+    command or in backticks in its description) accepted by its subcommand."""
+    commands = next(a for a in parser._actions if a.dest == "command").choices
+    rows = re.findall(r"^\| `dptrain ([\w-]+)([^`]*)` \|(.*)\|$", readme, re.M)
+    out = [f"no row: dptrain {c}" for c in commands if c not in [r[0] for r in rows]]
+    for name, rest, description in rows:
+        if name not in commands:
+            out.append(f"no such command: dptrain {name}")
+            continue
+        flags = {s for a in commands[name]._actions for s in a.option_strings}
+        shown = re.findall(r"--[\w-]+", rest) + re.findall(r"`(--[\w-]+)", description)
+        out += [f"dptrain {name} has no {f}" for f in shown if f not in flags]
+    return out
+
+
+def test_the_readmes_command_table_is_the_parsers():
+    from dptrain.cli import build_parser
+
+    assert cli_table_mismatches((ROOT / "README.md").read_text(), build_parser()) == []
+    table = "| `dptrain train --config C` | x; `--resume DIR`, `--bogus` |\n| `dptrain fly` | y |\n"
+    found = cli_table_mismatches(table, build_parser())
+    assert "no row: dptrain tune" in found and "no such command: dptrain fly" in found
+    assert "dptrain train has no --bogus" in found and not any("--config" in f or "--resume" in f for f in found)
+
+
+SECTION_REFERENCE = re.compile(r"\b([a-z_]+\.md)\)?, \"([^\"]+)\"")
+
+
+def missing_sections(text: str, docs: Path) -> list[str]:
+    """``page.md, "Section"`` (or ``[page.md](page.md), "Section"``) naming no heading of docs/page.md (a heading that
+    begins with the name counts: "The model probe" for "The model probe and the sentinel: ...")."""
+    out = []
+    for page, section in SECTION_REFERENCE.findall(text):
+        section = re.sub(r"\s*\n\s*#?\s*", " ", section)  # wrapped over lines (of a comment)
+        target = docs / page
+        headings = [m.group(1) for m in map(HEADING.match, target.read_text().splitlines()) if m] if target.exists() else []
+        if not any(h.replace("`", "").startswith(section.replace("`", "")) for h in headings):
+            out.append(f'{page}, "{section}"')
+    return out
+
+
+def test_every_section_named_in_the_docs_and_the_code_exists(tmp_path):
+    docs = ROOT / "docs"
+    files = [ROOT / "README.md", *docs.rglob("*.md"), *(ROOT / "src").rglob("*.py"), *(ROOT / "tests").rglob("*.py")]
+    bad = {str(f.relative_to(ROOT)): missing_sections(f.read_text(), docs) for f in files if f.name != "test_docs.py"}
+    assert {k: v for k, v in bad.items() if v} == {}
+    (tmp_path / "p.md").write_text("# Page\n## The model probe and the sentinel: more\n")
+    assert missing_sections('[p.md](p.md), "The model\n  # probe" and p.md, "Gone" and q.md, "Page"', tmp_path) == [
+        'p.md, "Gone"', 'q.md, "Page"']

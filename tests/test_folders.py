@@ -68,3 +68,39 @@ def test_the_rule_fails_on_a_forbidden_import():
     assert len(violations(sideways, layers)) == 1
     into_accounting = {**graph, "dptrain.accounting.ledger": {"dptrain.randomness.generators"}}
     assert len(violations(into_accounting, layers)) == 1
+
+
+def drawn_tree(text: str) -> dict[str, set[str]]:
+    """The ``src/dptrain/`` drawing of docs/architecture.md, "Folders": each folder (``name/``) or top-level module
+    (``name.py``) it lists at the left, before a gap of 3 or more spaces -> the ``file.py`` names its lines mention (a
+    folder's continuation lines, indented further, included)."""
+    block = text.split("```\nsrc/dptrain/\n")[1].split("```")[0]
+    tree: dict[str, set[str]] = {}
+    current: list[str] = []
+    for line in block.splitlines():
+        heads = re.split(r"\s{3,}", line[2:])[0].split() if not line.startswith("   ") else []  # then 3+ spaces
+        if heads:
+            current = heads
+            tree.update({name: set() for name in heads})
+        for name in current:
+            if name.endswith("/"):
+                tree[name] |= set(re.findall(r"\b\w+\.py\b", line)) - set(heads)
+    return tree
+
+
+def tree_mismatches(tree: dict[str, set[str]], package: Path) -> list[str]:
+    listed = {p.name + ("/" if p.is_dir() else "") for p in package.iterdir()
+              if (p / "__init__.py").exists() or p.suffix == ".py"}
+    out = [f"not drawn: {n}" for n in sorted(listed - set(tree))] + [f"no such: {n}" for n in sorted(set(tree) - listed)]
+    return out + [f"no such: {d}{f}" for d, files in sorted(tree.items()) for f in sorted(files) if not (package / d / f).exists()]
+
+
+def test_the_drawing_lists_every_folder_and_top_level_module_and_its_files_exist(tmp_path):
+    package = DOC.parent.parent / "src" / "dptrain"
+    assert tree_mismatches(drawn_tree(DOC.read_text()), package) == []
+    for name in ("a/__init__.py", "a/x.py", "b/__init__.py", "c.py"):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text("")
+    drawing = "```\nsrc/dptrain/\n  c.py  d.py        modules\n  a/                x.py and\n                    y.py\n  z/   e.py\n```\n"
+    assert tree_mismatches(drawn_tree(drawing), tmp_path) == ["not drawn: b/", "no such: d.py", "no such: z/",
+                                                             "no such: a/y.py", "no such: z/e.py"]

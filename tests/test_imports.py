@@ -32,14 +32,26 @@ def _is_type_checking(node: ast.If) -> bool:
     )
 
 
-def _imports(tree: ast.AST):
-    """Every Import / ImportFrom node of ``tree``, except those under ``if TYPE_CHECKING:``."""
+def _imports(tree: ast.AST, calls: bool = True):
+    """Every Import / ImportFrom node of ``tree``, except those under ``if TYPE_CHECKING:``; a call
+    ``importlib.import_module("a.b")`` (or ``import_module``, ``__import__``) of a written-out name counts as
+    ``import a.b`` (``calls=False``: the source has no such call, none looked for)."""
     children = tree.orelse if isinstance(tree, ast.If) and _is_type_checking(tree) else ast.iter_child_nodes(tree)
     for node in children:
         if isinstance(node, ast.Import | ast.ImportFrom):
             yield node
+        elif (
+            calls
+            and isinstance(node, ast.Call)
+            and (getattr(node.func, "attr", None) or getattr(node.func, "id", None)) in ("import_module", "__import__")
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
+            yield ast.Import(names=[ast.alias(name=node.args[0].value)])
+            yield from _imports(node, calls)
         else:
-            yield from _imports(node)
+            yield from _imports(node, calls)
 
 
 def _targets(module: str, is_package: bool, node: ast.Import | ast.ImportFrom, modules) -> set[str]:
@@ -69,8 +81,10 @@ def import_graph() -> dict[str, set[str]]:
     modules = _modules()
     graph = {}
     for module, (path, is_package) in modules.items():
-        tree = ast.parse(path.read_text(), str(path))
-        graph[module] = set().union(*(_targets(module, is_package, n, modules) for n in _imports(tree)))
+        text = path.read_text()
+        calls = "import_module" in text or "__import__" in text
+        tree = ast.parse(text, str(path))
+        graph[module] = set().union(*(_targets(module, is_package, n, modules) for n in _imports(tree, calls)))
     return graph
 
 
@@ -104,6 +118,8 @@ def test_the_graph_is_read_from_the_source():
     assert "dptrain.cli" not in graph["dptrain.cli.train"]
     source = "if TYPE_CHECKING:\n    import a\nelse:\n    import b\ndef f():\n    import c\n"
     assert [n.names[0].name for n in _imports(ast.parse(source))] == ["b", "c"]
+    source = "import importlib\ndef f(name):\n    importlib.import_module('d.e')\n    importlib.import_module(name)\n"
+    assert [n.names[0].name for n in _imports(ast.parse(source))] == ["importlib", "d.e"]
 
 
 def test_find_cycle_reports_a_cycle():
