@@ -93,7 +93,51 @@ class RepeatedPrompt(nn.Module):
         return self.head(h)[:, 2:]
 
 
+class Choices(nn.Module):
+    """A multiple-choice head (BERT's, RoBERTa's, ...): each example's choices flattened into rows, [B * C, T], and the
+    positions [1, T, d], embedded once, broadcast against those rows: expanded to one row per example, they would not
+    fit; expanded to C rows per example, each example's choices get their own (they used to send the whole model to
+    the loop of single-example passes, which a Trainer step cannot run)."""
+
+    def __init__(self):
+        super().__init__()
+        self.wte, self.wpe, self.head = nn.Embedding(V, D), nn.Embedding(16, D), nn.Linear(D, V)
+
+    def forward(self, ids):
+        b, t = ids.shape
+        choices = torch.stack([ids, (ids + 1) % V, (ids * 2) % V], 1).reshape(-1, t)  # [B * 3, T]
+        h = torch.tanh(self.wte(choices) + self.wpe(torch.arange(t)[None]))
+        return self.head(h.reshape(b, 3, t, D).cumsum(1).sum(1))
+
+
+class Queries(nn.Module):
+    """Perceiver's latents: a parameter expanded to the batch size it is given (an int, not a tensor of examples)."""
+
+    def __init__(self):
+        super().__init__()
+        self.latents = nn.Parameter(torch.randn(2, D))
+
+    def forward(self, batch_size: int):
+        return self.latents.expand(batch_size, -1, -1)
+
+
+class ExpandedQueries(nn.Module):
+    """Attention to learned queries expanded to the batch (Perceiver): the queries module's output is laid out by
+    example but none of its inputs is; example by example it gives the whole batch's output, so it used to send the
+    whole model to the loop of single-example passes (refused by DPTrainer and your own loop)."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb, self.queries, self.head = nn.Embedding(V, D), Queries(), nn.Linear(D, V)
+
+    def forward(self, ids):
+        q, h = self.queries(ids.shape[0]), self.emb(ids)
+        return self.head(h + torch.softmax(h @ q.transpose(1, 2), -1) @ q)
+
+
 MODELS = {"flattened": (Flattened, "layerwise"), "shared-positions": (SharedPositions, "layerwise"),
+          "expanded-queries": (ExpandedQueries, "layerwise"),
+          "choices": (Choices, "layerwise"),
           "shared-bias": (SharedBias, "func"), "sequence-first": (SequenceFirst, "func"),
           "repeated-prompt": (RepeatedPrompt, "func")}
 

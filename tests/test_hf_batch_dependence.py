@@ -114,3 +114,33 @@ def test_random_masks_drawn_for_the_whole_batch_are_refused_naming_how_to_turn_t
     model.train()
     assert_exact(trainer.grad_sampler(x, torch.zeros(4))[0].materialize(),
                  single_example_gradients(model, reconstruction, one, params, 4))
+
+
+class PerExampleFeatures(torch.nn.Module):
+    """Llava's output: the logits and, in a tuple, each example's image features [patches, d], one tensor per example
+    (not a row of one tensor). With as many patches as the chunk has examples, each of those tensors has as many rows
+    as the batch: read off that size, they looked like outputs of one row per example, which the chunk permuted
+    reorders, and the model was refused for mixing the examples (a tiny Llava with 4 patches in chunks of 4 was)."""
+
+    def __init__(self, patches: int):
+        super().__init__()
+        self.patches = patches
+        self.features, self.head = torch.nn.Linear(6, 6 * patches), torch.nn.Linear(6, 2)
+
+    def forward(self, x):
+        features = self.features(x).reshape(len(x), self.patches, 6)
+        return {"logits": self.head(x + features.mean(1)), "image_features": tuple(features.unbind(0))}
+
+
+def test_outputs_holding_one_tensor_per_example_are_not_mistaken_for_rows_of_the_batch():
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(64, 6, generator=g, dtype=torch.float64), torch.randint(0, 2, (64,), generator=g)
+    torch.manual_seed(0)
+    model = PerExampleFeatures(patches=8).double()
+    trainer = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), (x, y), noise_multiplier=1.0,
+                           batch_size=16, max_physical_batch_size=8)
+    loss = lambda out, labels: F.cross_entropy(out["logits"], labels, reduction="none")  # noqa: E731
+    grads, _ = trainer.grad_sampler(x[:8], y[:8])
+    params = dict(model.named_parameters())
+    one = lambda i: ({"x": x[i : i + 1]}, y[i : i + 1])  # noqa: E731
+    assert_exact(grads.materialize(), single_example_gradients(model, loss, one, params, 8))

@@ -182,3 +182,17 @@ def test_a_model_reading_its_padding_is_refused_with_a_collator_padding_each_bat
         ref = torch.autograd.grad(trainer.loss_fn(model(**xi), yi).sum(), list(trainer.params.values()))
         for (n, _), r in zip(trainer.params.items(), ref, strict=True):
             assert float((got[n][row] - r).norm()) <= 1e-3 * float(r.norm()) + 1e-6, n
+
+
+def test_a_padding_free_collator_packing_examples_into_one_row_is_refused_naming_padding():
+    """transformers' DataCollatorWithFlattening packs a batch's examples into one row ([1, sum of lengths], positions
+    restarting at each): no rule can tell the examples' gradients apart. Refused in one line naming it and padding
+    (the refusal used to name only the rule, not the collator that broke it, nor the way out)."""
+    tok = tokenizer()
+    loader = torch.utils.data.DataLoader(Texts(tok, n=8), batch_size=4,
+                                         collate_fn=transformers.DataCollatorWithFlattening())
+    model = build("gpt2", dtype=torch.float32)
+    with pytest.raises(dptrain.errors.DataError) as e:
+        dptrain.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), loader, noise_multiplier=1.0)
+    message = str(e.value)
+    assert "\n" not in message and "DataCollatorWithFlattening" in message and "DataCollatorWithPadding" in message

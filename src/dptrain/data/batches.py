@@ -185,7 +185,9 @@ class DatasetSource:
             raise DataError("the batches of the DataLoader's collate_fn must hold tensors (inputs and labels)")
         if labels.dim() == 0 or labels.shape[0] != len(indices) or batch_len(inputs) != len(indices):
             raise DataError(
-                "a batch of the DataLoader's collate_fn must hold one row per example in every input and in the labels"
+                "a batch of the DataLoader's collate_fn must hold one row per example in every input and in the labels "
+                "(a padding-free collator, such as transformers' DataCollatorWithFlattening, packs the examples into "
+                "one row, where their gradients cannot be told apart: pad them, e.g. DataCollatorWithPadding)"
             )
         return inputs, labels
 

@@ -26,7 +26,7 @@ import contextlib
 import random
 
 import torch
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import keystr, tree_flatten, tree_flatten_with_path
 
 from dptrain.data.batches import call_model, take
 from dptrain.errors import ModelError
@@ -53,9 +53,30 @@ def replayed_randomness(device_type: str = "cpu"):
         np.random.set_state(numpy_state)
 
 
+def output_leaves(out) -> dict[str, object]:
+    """A model output's leaves (tensors detached) by their path in it (a tensor, or tuples, lists, dicts and
+    ModelOutputs holding some): two passes' outputs are compared leaf by leaf at the same path."""
+    leaves, _ = tree_flatten_with_path(out)
+    return {keystr(path): v.detach() if torch.is_tensor(v) else v for path, v in leaves}
+
+
+def example_rows(batched: dict, alone: dict, k: int) -> list[str]:
+    """The paths of the outputs holding one row per example: a tensor of ``k`` rows in the pass on ``k`` examples
+    (``batched``) whose same path holds one row of the same shape in the pass on one example (``alone``). Measured,
+    never read off a size: Llava returns each image's features [patches, d] in a tuple, one tensor per example, which
+    has as many rows as the batch has examples when it has as many patches."""
+    rows = []
+    for path, b in batched.items():
+        a = alone.get(path)
+        if (torch.is_tensor(a) and torch.is_tensor(b) and a.dim() and b.dim() and len(a) == 1 and len(b) == k
+                and a.shape[1:] == b.shape[1:]):
+            rows.append(path)
+    return rows
+
+
 def _row_of(model, loss_fn, x, y, i: int, autocast) -> list[torch.Tensor]:
-    """Example i's rows of every output of the model with a batch dimension, and its loss, on the batch ``x``
-    (``autocast``: makes the training precision's autocast context)."""
+    """Example i's rows of every output of the model with a row per example (:func:`example_rows`), and its loss, on
+    the batch ``x`` (``autocast``: makes the training precision's autocast context)."""
     k = len(y)
     device = next(t for t in tree_flatten(x)[0] if torch.is_tensor(t)).device.type
     with replayed_randomness(device), restored(model), torch.no_grad(), autocast():
@@ -64,7 +85,9 @@ def _row_of(model, loss_fn, x, y, i: int, autocast) -> list[torch.Tensor]:
             loss = loss_fn(out, y).reshape(-1)
         except Exception:  # noqa: BLE001 (a loss that fails here is the check's to report, not this diagnosis')
             loss = None
-    rows = [t[i] for t in tree_flatten(out)[0] if torch.is_tensor(t) and t.dim() and len(t) == k]
+        out = output_leaves(out)
+        alone = output_leaves(call_model(model, take(x, torch.tensor([i], device=y.device))))
+    rows = [out[path][i] for path in example_rows(out, alone, k)]
     return rows + ([loss[i]] if loss is not None and len(loss) == k else [])
 
 
@@ -113,4 +136,4 @@ def mixing_refusal(model, loss_fn, x, y, i: int, autocast, rtol: float, also=())
     )
 
 
-__all__ = ["CHECK_NAME", "depends_on_others", "mixing_refusal", "replayed_randomness"]
+__all__ = ["CHECK_NAME", "depends_on_others", "example_rows", "mixing_refusal", "output_leaves", "replayed_randomness"]

@@ -41,7 +41,7 @@ from torch.utils._pytree import tree_flatten
 
 from dptrain.data.batches import call_model, take
 from dptrain.errors import DPTrainError, ModelError, one_line
-from dptrain.preflight.batch_dependence import CHECK_NAME, mixing_refusal
+from dptrain.preflight.batch_dependence import CHECK_NAME, example_rows, mixing_refusal, output_leaves
 from dptrain.preflight.buffers import BufferWatch, check_buffers, restored
 from dptrain.stages.coverage import CoverageError, ModuleCalls
 from dptrain.stages.per_example import AutoGradSampler, LayerwiseGradSampler, trainable_parameters
@@ -268,16 +268,6 @@ def warn_unused(names: list[str]) -> None:
     ), stacklevel=2)
 
 
-def _leaves(out) -> list:
-    """The leaves of a model's output (a tensor, or tuples, lists, dicts and ModelOutputs holding some), detached."""
-    return [t.detach() if torch.is_tensor(t) else t for t in tree_flatten(out)[0]]
-
-
-def _rows_of(out: list, k: int) -> list[torch.Tensor]:
-    """The outputs of a pass on a batch of ``k`` examples that have a row per example."""
-    return [t for t in out if torch.is_tensor(t) and t.dim() and len(t) == k]
-
-
 def forward_check(trainer, x, y, rows: list[int], tol: Tolerance, buffer_updates: str, written: set[str],
                   sampler=None, order: torch.Tensor | None = None) -> None:
     """The mixing half of the comparison, forward passes only, run as training runs them (training mode, autograd
@@ -301,20 +291,19 @@ def forward_check(trainer, x, y, rows: list[int], tol: Tolerance, buffer_updates
     watch = BufferWatch(model)
     try:
         with torch.enable_grad(), autocast:
-            batched = _leaves(call_model(model, x))
+            batched = output_leaves(call_model(model, x))
     finally:
         written.update(watch.written())
         watch.restore()
     check_buffers(sorted(written), buffer_updates, watch.kinds)
+    per_example: set[str] = set()  # (the outputs holding a row per example, at the same path in both passes)
     for i in rows:
         one = take(x, torch.tensor([i], device=y.device))
         with restored(model), torch.enable_grad(), autocast, _one_example(model, one):
-            alone = _leaves(call_model(model, one))
-        for a, b in zip(alone, batched, strict=False):  # (the same output, leaf by leaf: an example's rows)
-            if not (torch.is_tensor(a) and torch.is_tensor(b) and a.dim() and b.dim() and len(a) == 1 and len(b) == k
-                    and a.shape[1:] == b.shape[1:]):
-                continue
-            a, b = a[0].double(), b[i].double()
+            alone = output_leaves(call_model(model, one))
+        for path in example_rows(batched, alone, k):
+            per_example.add(path)
+            a, b = alone[path][0].double(), batched[path][i].double()
             if not float((a - b).norm()) <= tol.loss * float(a.norm()) + 1e-30 and bool(a.isfinite().all()):
                 # (a non-finite output of the example alone is the step's to refuse)
                 raise refuse(i)
@@ -322,9 +311,10 @@ def forward_check(trainer, x, y, rows: list[int], tol: Tolerance, buffer_updates
         return
     order = order.to(y.device)
     with restored(model), torch.enable_grad(), autocast:
-        permuted = _leaves(call_model(model, take(x, order)))
-    for a, b in zip(_rows_of(permuted, k), _rows_of(batched, k), strict=False):
-        if a.shape != b.shape:
+        permuted = output_leaves(call_model(model, take(x, order)))
+    for path in sorted(per_example):
+        a, b = permuted.get(path), batched[path]
+        if not torch.is_tensor(a) or a.shape != b.shape:
             continue
         a, b = a.double().reshape(k, -1), b[order].double().reshape(k, -1)  # (row r: example order[r], both times)
         finite = a.isfinite().all(1) & b.isfinite().all(1)

@@ -61,6 +61,9 @@ class CallLayout:
     inputs: tuple[str | None, ...]
     outputs: tuple[str | None, ...]
     expand: str = ""
+    #: rows per example of the expansion: 1 ([B, ...]), or k where the model broadcasts the output against the
+    #: examples' rows flattened k per example (a multiple-choice head's [B * choices, T, d])
+    expand_rows: int = 1
 
     @property
     def consistent(self) -> bool:
@@ -149,6 +152,8 @@ REPLACE, PREPEND = "replace", "prepend"
 #: At most this many shared calls are expanded (each costs a few forward passes, once); the others of a model with more
 #: send it to torch.func.
 MAX_EXPANSIONS = 8
+#: At most this many row counts k > 1 are tried for an expansion (each a forward pass, once).
+MAX_ROW_COUNTS = 2
 
 
 def expansion(layout: CallLayout, record, whole: bool = False) -> str:
@@ -170,7 +175,7 @@ def expansion(layout: CallLayout, record, whole: bool = False) -> str:
 
 
 def expanded(t: torch.Tensor, batch: int, how: str) -> torch.Tensor:
-    """``t`` expanded to ``batch`` examples (a view): its leading dimension of 1 replaced, or one prepended."""
+    """``t`` expanded to ``batch`` rows (a view): its leading dimension of 1 replaced, or one prepended."""
     if how == REPLACE:
         return t.expand(batch, *t.shape[1:])
     return t.unsqueeze(0).expand(batch, *t.shape)
@@ -206,9 +211,32 @@ def view_rows(t: torch.Tensor, batch: int) -> torch.Tensor:
     return t.reshape(batch, t.shape[0] // batch, *t.shape[1:])
 
 
-#: Markers of a recorded call's layout: its output expanded to the batch while recording; a call of the model itself
-#: (its inputs are the examples along dimension 0, by the data convention).
-EXPANDED, ROOT = object(), object()
+@dataclass(frozen=True)
+class Expanded:
+    """Marker of a recorded call whose shared output was expanded while recording to ``rows`` rows per example."""
+
+    rows: int = 1
+
+
+#: Marker of a recorded call of the model itself (its inputs are the examples along dimension 0, by the data
+#: convention).
+ROOT = object()
+
+
+def row_counts(records: dict, layouts: dict, batch: int) -> list[int]:
+    """The rows per example (k > 1) of the tensors a pass laid out by example, most frequent first: the sizes the model
+    may broadcast a shared tensor against (BERT's multiple-choice head adds its positions [1, T, d] to the examples'
+    choices flattened, [B * choices, T, d])."""
+    counts: dict[int, int] = {}
+    for slot, (ins, outs) in records.items():
+        lay = layouts.get(slot)
+        if lay is None:
+            continue
+        for t, kind_ in zip([*ins, *outs], [*lay.inputs, *lay.outputs], strict=False):
+            k = rows_per_example(t, batch) if kind_ == ROWS else None
+            if k is not None and k > 1:
+                counts[k] = counts.get(k, 0) + 1
+    return sorted(counts, key=lambda k: (-counts[k], k))
 
 
 class Layouts:
@@ -261,7 +289,8 @@ class Layouts:
         slot = self._slot(module)
         self._probe[slot] = ([t.detach() if torch.is_tensor(t) else t for t in leaves], [o.detach() for o in outs])
         if slot in self._expanding:
-            return expanded(output, self._batch, self._expanding[slot])
+            how, k = self._expanding[slot]
+            return expanded(output, self._batch * k, how)
         return None
 
     def _pass(self, args, kwargs, batch: int, expanding: dict):
@@ -276,7 +305,10 @@ class Layouts:
         """A pass on the chunk's examples and one on all but the last classify every call (module docstring). Then,
         in the order the model calls them, the shared outputs of layers whose expansion to the batch leaves the
         model's outputs unchanged are marked to be expanded, one at a time, the calls measured again after each (a
-        layer fed an expanded output, as nanoGPT's projection of its positions, is no longer shared)."""
+        layer fed an expanded output, as nanoGPT's projection of its positions, is no longer shared). An output is
+        expanded to one row per example, or where the model broadcasts it against the examples' rows flattened k
+        per example (a multiple-choice head), to k rows per example: each k the pass laid out is tried
+        (:func:`row_counts`), at most MAX_ROW_COUNTS of them."""
         b = batch
         fewer_inputs = first_examples((tuple(args), dict(kwargs)), b, b - 1)
         kept, rejected, layouts = {}, set(), {}
@@ -302,22 +334,23 @@ class Layouts:
                 candidates = [(s, expansion(lay, full[s], s[0] in self.whole_modules)) for s, lay in layouts.items()
                               if (s[0] in self.expandable_modules or s[0] in self.whole_modules) and s not in kept
                               and s not in rejected]
+                ks = [1, *row_counts(full, layouts, b)[:MAX_ROW_COUNTS]]
                 found = None
                 for slot, how in candidates:
                     if how and found is None:
-                        if unchanged({**kept, slot: how}):
-                            found = slot, how
-                        else:
+                        found = next(((slot, (how, k)) for k in ks if unchanged({**kept, slot: (how, k)})), None)
+                        if found is None:
                             rejected.add(slot)
                 if found is None or len(kept) == MAX_EXPANSIONS:
                     break
                 kept[found[0]] = found[1]
-        self.layouts = {s: dataclasses.replace(lay, expand=kept.get(s, "")) for s, lay in layouts.items()}
+        self.layouts = {s: dataclasses.replace(lay, expand=kept[s][0], expand_rows=kept[s][1]) if s in kept else lay
+                        for s, lay in layouts.items()}
         self._calls = {}
 
 
 __all__ = [
-    "EXPANDED",
+    "Expanded",
     "ROOT",
     "ROWS",
     "Layouts",
@@ -331,6 +364,7 @@ __all__ = [
     "first_examples",
     "kind",
     "measuring",
+    "row_counts",
     "rows_per_example",
     "same_outputs",
     "tensors",

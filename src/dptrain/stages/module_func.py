@@ -144,26 +144,31 @@ def per_module_gradients(
         raise FallbackError(f"{type(m).__name__}: a tensor's rows are not a multiple of the chunk's examples")
     inputs = [view_rows(leaves[i], batch) for i in split]
     out_grads = [view_rows(torch.zeros_like(recorded[j]) if gos[j] is None else gos[j], batch) for j in rows]
+    # A module whose output is laid out by example but none of whose inputs is (Perceiver's latents expanded to the
+    # batch size it is given, a learned query repeated to the batch): it is called on the same inputs for each example,
+    # which gives the whole batch's output, and example i's gradient is that of example i's rows of it.
+    expanding = bool(rows) and not split
+    index = torch.arange(batch if expanding else 0, device=next((t.device for t in recorded), None))
 
     def per_example(leaves, inputs, out_grads, gos):
-        def inner(params, tensors_i, gos_i):
+        def inner(params, tensors_i, gos_i, i):
             full = list(leaves)
-            for i, t in zip(split, tensors_i, strict=True):
-                full[i] = t
+            for k, t in zip(split, tensors_i, strict=True):
+                full[k] = t
             a, kw = tree_unflatten(full, spec)
             outs = tensors(call_with(m, {**params, **buffers}, tuple(a), kw))
             if len(outs) != len(recorded):
                 raise ValueError(f"{len(outs)} output tensors example by example, {len(recorded)} for the batch")
-            picked = [outs[j] for j in rows]
+            picked = [view_rows(outs[j], batch).index_select(0, i.reshape(1))[0] if expanding else outs[j]
+                      for j in rows]
             loss = sum((o * g).sum() for o, g in zip(picked, gos_i, strict=True))
             loss = loss + sum((outs[j] * gos[j]).sum() for j in whole)
             return loss, [o.detach() for o in picked]
 
         with warnings.catch_warnings():  # torch.func has no batching rule for some fused kernels (CPU attention)
             warnings.filterwarnings("ignore", message="There is a performance drop because we have not yet")
-            return vmap(grad(inner, has_aux=True), in_dims=(None, 0, 0), randomness="error")(
-                params, inputs, out_grads
-            )
+            return vmap(grad(inner, has_aux=True), in_dims=(None, 0, 0, 0 if expanding else None),
+                        randomness="error")(params, inputs, out_grads, index if expanding else None)
 
     try:
         try:

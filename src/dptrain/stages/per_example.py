@@ -45,12 +45,12 @@ from dptrain.data.batches import batch_len, call_model, take, unsqueezed
 from dptrain.errors import ConfigError, ModelError, one_line
 from dptrain.models.losses import cross_entropy_per_example  # noqa: F401  (the default classification loss, re-exported)
 from dptrain.stages.batch_layout import (
-    EXPANDED,
     REPLACE,
     ROOT,
     ROWS,
     SHARED,
     CallLayout,
+    Expanded,
     Layouts,
     expanded,
     rows_per_example,
@@ -273,8 +273,9 @@ class LayerwiseGradSampler:
             # output is broadcast against the batch later, where autograd would sum the examples' output gradients.
             # The layer's output expanded to the batch (a view of the same values) gives each example its own; the
             # measurement verified that the model's outputs do not change (dptrain.stages.batch_layout).
-            output, a = expanded(output, b, layout.expand), expanded(a, b, layout.expand)
-            self._records.setdefault(module, []).append((a, output, output._version, EXPANDED))
+            rows = b * layout.expand_rows
+            output, a = expanded(output, rows, layout.expand), expanded(a, rows, layout.expand)
+            self._records.setdefault(module, []).append((a, output, output._version, Expanded(layout.expand_rows)))
             self._calls.append(Call(module, [output], input_nodes(inputs[0])))
             return output
         self._records.setdefault(module, []).append((a, output, output._version, layout))
@@ -293,7 +294,7 @@ class LayerwiseGradSampler:
             ) and output.dim() and output.shape[0] == 1:
                 # (its one output computed once for the batch and only broadcast against it, verified by the
                 # measurement: expanded, each example gets its own output gradient, as for a layer with a rule)
-                output = expanded(output, self._batch, REPLACE)
+                output = expanded(output, self._batch * layout.expand_rows, REPLACE)
                 layout = dataclasses.replace(layout, outputs=(ROWS,))
             nodes = input_nodes(args, kwargs)
             args = tuple(a.detach() if torch.is_tensor(a) else a for a in args)
@@ -345,8 +346,8 @@ class LayerwiseGradSampler:
         n = self._batch
         if n == 1:  # one example: whatever the layer saw is that example's
             return a.shape[0] if a.dim() else 1
-        if layout is EXPANDED:
-            return 1
+        if isinstance(layout, Expanded):
+            return layout.rows
         if layout is ROOT:
             layout = CallLayout((ROWS,), (ROWS,)) if a.dim() and a.shape[0] == n else CallLayout((SHARED,), (SHARED,))
         if layout is None:
