@@ -147,6 +147,11 @@ def test_step_t_samples_only_group_t_mod_b():
     assert all(bool((groups[idx] == s % 4).all()) for s, idx in seen)
     assert sum(len(idx) for _, idx in seen) > 0
     assert trainer.sampler.expected_batch_size == pytest.approx(24.0)  # q n, as with Poisson sampling
+    # the group is sampled at b q, the rate its ledger event records (at q the batches would be b times too small)
+    s, stream = CyclicPoissonSampling(8000, 0.05, 8), TorchStream(1)
+    s.draw_groups(stream)
+    sizes = [len(s.sample(stream, t)) for t in range(8)]
+    assert s.group_rate == 0.4 and abs(sum(sizes) / 8 - 400) < 30  # sd of the mean about 7; at rate q: 50
 
 
 def test_groups_are_drawn_independently_per_example():
