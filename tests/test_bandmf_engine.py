@@ -208,19 +208,21 @@ def _history_equal(a, b) -> bool:
 
 def test_a_checkpoint_resumes_into_the_uninterrupted_run(tmp_path):
     """Stopped after 6 steps (not a multiple of b), saved, loaded into a new trainer: the ledger, the weights and the
-    noise history at the end are those of 14 steps in one go (momentum: the coefficients' workload too)."""
-    reference = _trainer(momentum=0.5, noise="bandmf", bands=4, planned_steps=14)
+    noise history at the end are those of 14 steps in one go (momentum: the coefficients' workload too; and the weight
+    average, kept beside the noise history in the checkpoint)."""
+    reference = _trainer(momentum=0.5, noise="bandmf", bands=4, planned_steps=14, ema=0.9)
     reference.train(steps=14)
-    first = _trainer(momentum=0.5, noise="bandmf", bands=4, planned_steps=14)
+    first = _trainer(momentum=0.5, noise="bandmf", bands=4, planned_steps=14, ema=0.9)
     first.train(steps=6)
     torch.save(first.state_dict(), tmp_path / "ck.pt")
-    second = _trainer(seed=99, momentum=0.5, noise="bandmf", bands=4, planned_steps=14)
+    second = _trainer(seed=99, momentum=0.5, noise="bandmf", bands=4, planned_steps=14, ema=0.9)
     second.load_state_dict(torch.load(tmp_path / "ck.pt", weights_only=True))
     second.train(steps=8)
     assert second.ledger.to_dict() == reference.ledger.to_dict()
     assert _equal(_params(second), _params(reference))
     assert _history_equal(second, reference)
     assert reference.bandmf.workload.kind == "momentum"
+    assert all(torch.equal(second.weight_average.averages[n], a) for n, a in reference.weight_average.averages.items())
 
 
 def test_a_checkpoint_of_other_coefficients_or_of_no_bandmf_run_is_refused(tmp_path):
