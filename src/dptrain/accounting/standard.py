@@ -88,12 +88,19 @@ def _compose(accountant, ledger: Ledger, name: str):
     return accountant
 
 
+#: What rdp (dp_accounting's RdpAccountant) and pld (dptrain's composition of dp_accounting's PLDs) certify.
+_COVERS = {
+    "rdp": "Gaussian releases, Poisson-sampled ones (add/remove adjacency) and fixed-size samples without replacement "
+    "(replace-one adjacency)",
+    "pld": "Gaussian releases and Poisson-sampled ones (add/remove adjacency); use rdp for fixed-size samples",
+}
+
+
 def _not_covered(ledger: Ledger, name: str) -> AccountingError:
     schemes = sorted({str(e.facts.get("sampling", "?")) for e in ledger.entries})
     return AccountingError(
         f"the {name} accountant cannot certify this ledger (events {type(ledger.dp_event()).__name__}, sampling "
-        f"{', '.join(schemes)}, {ledger.neighboring} adjacency); it covers Gaussian releases, Poisson-sampled"
-        " ones (add/remove adjacency) and fixed-size samples without replacement (replace-one adjacency)"
+        f"{', '.join(schemes)}, {ledger.neighboring} adjacency); it covers {_COVERS[name]}"
     )
 
 
