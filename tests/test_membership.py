@@ -31,6 +31,7 @@ from dptrain.accounting.membership import (
 )
 from dptrain.accounting.tuning import TrialCount
 from dptrain.cli import main
+from dptrain.errors import NoFiniteEpsilon
 
 FPR_GRID = np.array([0.001, 0.01, 0.05, 0.1, 0.3, 0.6])
 DEFAULT_RUN = (0.5869, 256 / 60000, 234)  # the default job: z, q, steps (delta 1e-5)
@@ -295,3 +296,6 @@ def test_a_delta_below_the_profiles_tail_still_bounds_the_attacker():
     assert tiny["epsilon_delta_reading"]["tpr_at_fpr_1pct"] == pytest.approx(math.exp(tiny["epsilon"]) * 0.01 + 1e-15)
     assert "TPR <=" in summary_line(tiny) and json.loads(json.dumps(tiny)) == tiny
     assert "no accountant certifies a finite epsilon at delta 1e-15" in summary_line({**tiny, "epsilon": None})
+    # and pld's own refusal there names delta and its tail, not the noise
+    with pytest.raises(NoFiniteEpsilon, match=r"certifies no delta below [\d.e-]+ .*got delta = 1e-15: use rdp"):
+        epsilon(ledger, 1e-15, "pld")

@@ -293,7 +293,16 @@ class PldAccountant:
 
     def report(self, ledger: Ledger, delta: float) -> PrivacyReport:
         composed, interval = self.composed(ledger)
-        eps = finite_epsilon(composed.get_epsilon_for_delta(delta), self.name)
+        eps = composed.get_epsilon_for_delta(delta)
+        tail = infinity_mass(composed)
+        if not eps <= EPSILON_MAX and delta < tail:
+            # the profile never falls below its tail at an infinite loss (what the pessimistic discretization charges
+            # for the losses it truncates): a delta below that has no finite epsilon, however much noise
+            raise NoFiniteEpsilon(
+                f"the pld accountant certifies no delta below {tail:.3g} (the probability its pessimistic "
+                f"discretization charges to an infinite loss), got delta = {delta:g}: use rdp, or a larger delta"
+            )
+        eps = finite_epsilon(eps, self.name)
         return PrivacyReport(eps, delta, self.name, True, {"discretization": interval})
 
     def composed(self, ledger: Ledger) -> tuple[PLD, float]:
@@ -310,6 +319,13 @@ class PldAccountant:
                 "points); use rdp"
             )
         return found
+
+
+def infinity_mass(pld: PLD) -> float:
+    """The probability a composed PLD puts on an infinite privacy loss, the larger of its two orderings: its profile
+    delta(eps) is at least that at every eps."""
+    pmfs = (pld._pmf_remove, pld._pmf_add)  # noqa: SLF001 (dp_accounting 0.6.0, pinned)
+    return max(float(p._infinity_mass) for p in pmfs)  # noqa: SLF001
 
 
 @functools.lru_cache(maxsize=1)
