@@ -109,6 +109,15 @@ def test_accountants_refuse_what_they_cannot_certify():
     for name in ("rdp", "pld"):
         with pytest.raises(AccountingError, match=f"the {name} accountant cannot certify this ledger"):
             epsilon(ledger, DELTA, name)
+    # Under replace-one adjacency rdp certifies it; pld refuses, and says what it covers without claiming this ledger
+    # (the attacker row of such a run quotes this refusal as why there is no bound)
+    fixed = Ledger(neighboring="replace_one")
+    fixed.record(event, step_facts("fixed_size_without_replacement", 0.01), 100)
+    assert epsilon(fixed, DELTA, "rdp").certified
+    with pytest.raises(AccountingError, match="the pld accountant cannot certify this ledger") as e:
+        epsilon(fixed, DELTA, "pld")
+    covers = str(e.value).split("; it covers")[1]
+    assert "replace-one" not in covers and "use rdp" in covers
     # A Laplace release is outside the gdp accountant's vocabulary.
     lap = Ledger()
     lap.record(dpa.LaplaceDpEvent(1.0), {"mechanism": "laplace"})

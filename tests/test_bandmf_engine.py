@@ -147,6 +147,11 @@ def test_step_t_samples_only_group_t_mod_b():
     assert all(bool((groups[idx] == s % 4).all()) for s, idx in seen)
     assert sum(len(idx) for _, idx in seen) > 0
     assert trainer.sampler.expected_batch_size == pytest.approx(24.0)  # q n, as with Poisson sampling
+    # the group is sampled at b q, the rate its ledger event records (at q the batches would be b times too small)
+    s, stream = CyclicPoissonSampling(8000, 0.05, 8), TorchStream(1)
+    s.draw_groups(stream)
+    sizes = [len(s.sample(stream, t)) for t in range(8)]
+    assert s.group_rate == 0.4 and abs(sum(sizes) / 8 - 400) < 30  # sd of the mean about 7; at rate q: 50
 
 
 def test_groups_are_drawn_independently_per_example():
@@ -203,19 +208,21 @@ def _history_equal(a, b) -> bool:
 
 def test_a_checkpoint_resumes_into_the_uninterrupted_run(tmp_path):
     """Stopped after 6 steps (not a multiple of b), saved, loaded into a new trainer: the ledger, the weights and the
-    noise history at the end are those of 14 steps in one go (momentum: the coefficients' workload too)."""
-    reference = _trainer(momentum=0.5, noise="bandmf", bands=4, planned_steps=14)
+    noise history at the end are those of 14 steps in one go (momentum: the coefficients' workload too; and the weight
+    average, kept beside the noise history in the checkpoint)."""
+    reference = _trainer(momentum=0.5, noise="bandmf", bands=4, planned_steps=14, ema=0.9)
     reference.train(steps=14)
-    first = _trainer(momentum=0.5, noise="bandmf", bands=4, planned_steps=14)
+    first = _trainer(momentum=0.5, noise="bandmf", bands=4, planned_steps=14, ema=0.9)
     first.train(steps=6)
     torch.save(first.state_dict(), tmp_path / "ck.pt")
-    second = _trainer(seed=99, momentum=0.5, noise="bandmf", bands=4, planned_steps=14)
+    second = _trainer(seed=99, momentum=0.5, noise="bandmf", bands=4, planned_steps=14, ema=0.9)
     second.load_state_dict(torch.load(tmp_path / "ck.pt", weights_only=True))
     second.train(steps=8)
     assert second.ledger.to_dict() == reference.ledger.to_dict()
     assert _equal(_params(second), _params(reference))
     assert _history_equal(second, reference)
     assert reference.bandmf.workload.kind == "momentum"
+    assert all(torch.equal(second.weight_average.averages[n], a) for n, a in reference.weight_average.averages.items())
 
 
 def test_a_checkpoint_of_other_coefficients_or_of_no_bandmf_run_is_refused(tmp_path):

@@ -31,6 +31,7 @@ from dptrain.accounting.membership import (
 )
 from dptrain.accounting.tuning import TrialCount
 from dptrain.cli import main
+from dptrain.errors import NoFiniteEpsilon
 
 FPR_GRID = np.array([0.001, 0.01, 0.05, 0.1, 0.3, 0.6])
 DEFAULT_RUN = (0.5869, 256 / 60000, 234)  # the default job: z, q, steps (delta 1e-5)
@@ -280,3 +281,21 @@ def test_never_above_what_a_smaller_certified_epsilon_says():
     # a ledger whose profile is the tightest (DP-SGD) is not touched
     plain = membership_inference(dpsgd_ledger(1.0, 0.01, 100), 1e-5)
     assert "tightened_by" not in plain and plain["accountant"] == "pld"
+
+
+def test_a_delta_below_the_profiles_tail_still_bounds_the_attacker():
+    """The bound reads the whole profile, not delta: at delta = 1e-15 pld finds no finite epsilon (its pessimistic
+    tail mass), but its profile is the same and bounds the attacker exactly as at 1e-5; the one-pair reading is the
+    tightest certificate's (rdp). Before: no number, and the reason given was "the noise is too small"."""
+    ledger = dpsgd_ledger(1.0, 0.01, 100)
+    at_usual = membership_inference(ledger, 1e-5)
+    tiny = membership_inference(ledger, 1e-15)
+    for key in FPRS:
+        assert tiny[key] == at_usual[key] is not None
+    assert tiny["accountant"] == "pld" and tiny["epsilon"] == epsilon(ledger, 1e-15).epsilon
+    assert tiny["epsilon_delta_reading"]["tpr_at_fpr_1pct"] == pytest.approx(math.exp(tiny["epsilon"]) * 0.01 + 1e-15)
+    assert "TPR <=" in summary_line(tiny) and json.loads(json.dumps(tiny)) == tiny
+    assert "no accountant certifies a finite epsilon at delta 1e-15" in summary_line({**tiny, "epsilon": None})
+    # and pld's own refusal there names delta and its tail, not the noise
+    with pytest.raises(NoFiniteEpsilon, match=r"certifies no delta below [\d.e-]+ .*got delta = 1e-15: use rdp"):
+        epsilon(ledger, 1e-15, "pld")

@@ -117,3 +117,19 @@ def test_the_estimate_counts_the_runs_of_the_smallest_plan_left(tmp_path):
 def test_bad_options_are_refused_in_one_line(tmp_path, options, message):
     with pytest.raises(ConfigError, match=message):
         run_reproduction("bandmf", tmp_path, quick=True, **options)
+
+
+def test_the_committed_report_is_its_rows_rendered():
+    """docs/reproduction/bandmf: decided.md is what the renderer makes of decided_runs.json (every number of its table,
+    its verdict), decided.json holds the same rows, with the issue's keys, and the stored verdict is the rows'."""
+    from pathlib import Path
+
+    from dptrain.reproduce.bandmf_decided_text import render
+
+    docs = Path(__file__).resolve().parents[1] / "docs" / "reproduction" / "bandmf"
+    data = json.loads((docs / "decided_runs.json").read_text())
+    report = render(data)
+    assert report.markdown() == (docs / "decided.md").read_text()
+    rows = json.loads((docs / "decided.json").read_text())
+    assert report.data["decided.json"] == rows == data["rows"] and all(KEYS == set(r) for r in rows)
+    assert data["verdict"] == verdict(rows) and not data["quick"]

@@ -47,3 +47,18 @@ def test_the_averaged_rows_are_chosen_on_the_averages_held_out_accuracy_from_the
     assert averaged["accuracies"] == [0.6, 0.61]
     assert sorted(calls) == sorted(set(calls))  # every (rate, seed) trained once for both rows
     assert set(calls) == {(0.5, 0), (1.0, 0), (2.0, 0), (0.5, 1), (2.0, 1)}
+
+
+def test_the_committed_report_is_its_rows_rendered():
+    """docs/reproduction/recipes: recipes.md is what the renderer makes of recipes_runs.json (every number of its
+    table and findings), and recipes.json holds the same rows, with the issue's keys."""
+    from pathlib import Path
+
+    from dptrain.reproduce.recipes_text import DATA_JSON, REPORT, RUNS_JSON, render
+
+    docs = Path(__file__).resolve().parents[1] / "docs" / "reproduction" / "recipes"
+    data = json.loads((docs / RUNS_JSON).read_text())
+    report = render(data)
+    assert report.markdown() == (docs / REPORT).read_text()
+    rows = json.loads((docs / DATA_JSON).read_text())
+    assert report.data[DATA_JSON] == rows and all(KEYS <= set(r) for r in rows) and not data["quick"]

@@ -52,7 +52,7 @@ from scipy import special
 from dptrain.accounting.base import AUTO, epsilon, get_accountant
 from dptrain.accounting.checks import check_delta
 from dptrain.accounting.ledger import Ledger
-from dptrain.errors import AccountingError
+from dptrain.errors import AccountingError, NoFiniteEpsilon
 
 #: The false-positive rates reported (key -> FPR).
 FPRS = {"tpr_at_fpr_1pct": 0.01, "tpr_at_fpr_10pct": 0.10}
@@ -185,7 +185,10 @@ def membership_inference(ledger: Ledger, delta: float, *, curve: bool = False) -
       certifies a smaller epsilon than the profile's at ``delta`` and its one pair is lower at 1% or 10%: the TPRs
       are then the lower of the two bounds (both hold), never above what the run's certificate alone says;
     - ``epsilon``, ``delta``: the smallest certified epsilon at the run's delta, and ``epsilon_delta_reading``: the
-      TPRs from that one (epsilon, delta) pair alone, the looser reading of a budget;
+      TPRs from that one (epsilon, delta) pair alone, the looser reading of a budget. The bound itself does not
+      depend on ``delta`` (it reads the whole profile): at a delta below the pld profile's pessimistic tail mass
+      (1e-15 for 100 steps at sigma 1) pld has no finite epsilon there, the TPRs are the same, and ``epsilon`` is
+      another accountant's (rdp), or None (the reading then 1: one pair says nothing);
     - ``pld``: the profile's own TPRs, its discretization and the eps grid (or ``refused``);
     - ``certified``: False when the ledger's run is not private (seeded randomness): the bound is then what the same
       run would have with secret randomness;
@@ -195,31 +198,35 @@ def membership_inference(ledger: Ledger, delta: float, *, curve: bool = False) -
     mu, mu_reason, mu_epsilon = _gdp_mu(ledger, delta)
     fprs = np.asarray(list(FPRS.values()) + (list(CURVE_FPRS) if curve else []))
     pld_part: dict[str, Any]
+    pld_epsilon = None  # pld's epsilon at ``delta``; None where its profile's tail (pessimistic mass) exceeds delta
     try:
-        pld_report = epsilon(ledger, delta, "pld")  # every refusal of the pld accountant (searches, filters, events)
+        try:
+            pld_epsilon = epsilon(ledger, delta, "pld").epsilon  # every refusal of the pld accountant (searches, ...)
+        except NoFiniteEpsilon:
+            pass  # the profile may still exist: the bound reads all of it, whatever delta is (composed() refuses if not)
         composed, interval = get_accountant("pld").composed(ledger)
         pld_tpr, grid = profile_tpr(composed, interval, fprs)
         pld_part = {**_at(pld_tpr), "discretization": interval, "epsilon_grid": grid}
     except AccountingError as e:
-        pld_report, pld_tpr, pld_part = None, None, {"refused": str(e)}
+        pld_tpr, pld_part = None, {"refused": str(e)}
     out: dict[str, Any]
     if mu is not None:
         tpr, eps, used = gdp_tpr(fprs, mu), mu_epsilon, "gdp"
     elif pld_tpr is not None:
-        tpr, eps, used = pld_tpr, pld_report.epsilon, "pld"
+        tpr, eps, used = pld_tpr, pld_epsilon, "pld"
     else:
         out = no_profile(pld_part["refused"], delta)
         out.update(mu_gdp=None, mu_gdp_reason=mu_reason, certified=ledger.private)
         return out
     tightened = None
     certificate = _tightest_certificate(ledger, delta)
-    if certificate is not None and certificate[1] < eps:
+    if certificate is not None and (eps is None or certificate[1] < eps):
         # another accountant certifies a smaller epsilon (the last iterate's, or a composition's): its one pair bounds
         # the attacker too, and where it is lower than the profile's curve the bound is the lower of the two
         eps, pair = certificate[1], tpr_bound(fprs, [certificate[1]], [delta])
         if np.any(pair < tpr):
             tpr, tightened = np.minimum(tpr, pair), {"accountant": certificate[0], "epsilon": certificate[1]}
-    reading = tpr_bound(fprs, [eps], [delta])
+    reading = tpr_bound(fprs, [eps], [delta]) if eps is not None else np.ones_like(fprs)  # no pair: says nothing
     out = {
         **_at(tpr),
         "accountant": used,
@@ -277,9 +284,14 @@ def summary_line(result: dict[str, Any]) -> str:
     if result.get("tightened_by"):
         how += f", or {result['tightened_by']['accountant']}'s epsilon where lower"
     naive = result["epsilon_delta_reading"]
+    if result["epsilon"] is None:
+        alone = f"no accountant certifies a finite epsilon at delta {result['delta']:g}"
+    else:
+        alone = (
+            f"epsilon {result['epsilon']:.4g} at delta {result['delta']:g} alone says <= "
+            f"{_pct(naive['tpr_at_fpr_1pct'])} and <= {_pct(naive['tpr_at_fpr_10pct'])}"
+        )
     return (
         f"a membership-inference attacker: TPR <= {_pct(result['tpr_at_fpr_1pct'])} at FPR 1%, <= "
-        f"{_pct(result['tpr_at_fpr_10pct'])} at FPR 10% ({how}, both orderings; epsilon {result['epsilon']:.4g} at "
-        f"delta {result['delta']:g} alone says <= {_pct(naive['tpr_at_fpr_1pct'])} and "
-        f"<= {_pct(naive['tpr_at_fpr_10pct'])})"
+        f"{_pct(result['tpr_at_fpr_10pct'])} at FPR 10% ({how}, both orderings; {alone})"
     )

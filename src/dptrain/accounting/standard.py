@@ -88,12 +88,19 @@ def _compose(accountant, ledger: Ledger, name: str):
     return accountant
 
 
+#: What rdp (dp_accounting's RdpAccountant) and pld (dptrain's composition of dp_accounting's PLDs) certify.
+_COVERS = {
+    "rdp": "Gaussian releases, Poisson-sampled ones (add/remove adjacency) and fixed-size samples without replacement "
+    "(replace-one adjacency)",
+    "pld": "Gaussian releases and Poisson-sampled ones (add/remove adjacency); use rdp for fixed-size samples",
+}
+
+
 def _not_covered(ledger: Ledger, name: str) -> AccountingError:
     schemes = sorted({str(e.facts.get("sampling", "?")) for e in ledger.entries})
     return AccountingError(
         f"the {name} accountant cannot certify this ledger (events {type(ledger.dp_event()).__name__}, sampling "
-        f"{', '.join(schemes)}, {ledger.neighboring} adjacency); it covers Gaussian releases, Poisson-sampled"
-        " ones (add/remove adjacency) and fixed-size samples without replacement (replace-one adjacency)"
+        f"{', '.join(schemes)}, {ledger.neighboring} adjacency); it covers {_COVERS[name]}"
     )
 
 
@@ -286,7 +293,16 @@ class PldAccountant:
 
     def report(self, ledger: Ledger, delta: float) -> PrivacyReport:
         composed, interval = self.composed(ledger)
-        eps = finite_epsilon(composed.get_epsilon_for_delta(delta), self.name)
+        eps = composed.get_epsilon_for_delta(delta)
+        tail = infinity_mass(composed)
+        if not eps <= EPSILON_MAX and delta < tail:
+            # the profile never falls below its tail at an infinite loss (what the pessimistic discretization charges
+            # for the losses it truncates): a delta below that has no finite epsilon, however much noise
+            raise NoFiniteEpsilon(
+                f"the pld accountant certifies no delta below {tail:.3g} (the probability its pessimistic "
+                f"discretization charges to an infinite loss), got delta = {delta:g}: use rdp, or a larger delta"
+            )
+        eps = finite_epsilon(eps, self.name)
         return PrivacyReport(eps, delta, self.name, True, {"discretization": interval})
 
     def composed(self, ledger: Ledger) -> tuple[PLD, float]:
@@ -303,6 +319,13 @@ class PldAccountant:
                 "points); use rdp"
             )
         return found
+
+
+def infinity_mass(pld: PLD) -> float:
+    """The probability a composed PLD puts on an infinite privacy loss, the larger of its two orderings: its profile
+    delta(eps) is at least that at every eps."""
+    pmfs = (pld._pmf_remove, pld._pmf_add)  # noqa: SLF001 (dp_accounting 0.6.0, pinned)
+    return max(float(p._infinity_mass) for p in pmfs)  # noqa: SLF001
 
 
 @functools.lru_cache(maxsize=1)
