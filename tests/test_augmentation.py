@@ -4,6 +4,8 @@ transforms is today's step bit for bit; the views are crops within the padding a
 augmentation stream (a privacy-critical stream: AES with secure_noise) and keyed by the example's index (so a resumed
 run and any chunking see the same views)."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -238,6 +240,7 @@ def test_the_physical_chunk_holds_the_views_of_its_examples():
         torch.randn(30, 64),  # tabular rows
         torch.randint(0, 9, (30, 16)),  # token ids
         torch.randn(30, 81, 7, 7),  # ScatterNet features: a feature map, not an image
+        torch.randn(30, 4, 4, 3),  # [C, H, W] or channels-last [H, W, C]? crops would cut the wrong axes
     ],
 )
 def test_non_image_inputs_are_refused_in_one_line(x):
@@ -270,16 +273,34 @@ def test_the_cli_refuses_a_bad_augment_key_in_one_line(tmp_path, capsys):
     assert code == 2 and len(err.strip().splitlines()) == 1 and "multiplicity must be an integer >= 1" in err
 
 
-def test_a_run_with_augmentation_trains_images_from_a_config(tmp_path):
-    """The config path end to end: an .npz of 8x8 images, K = 4 views with crops and flips."""
-    from dptrain.runs.run import run_training
-
+def _image_npz(tmp_path) -> Path:
+    """An .npz of 300 8x8 grey images (240 to train, 60 to test) whose class is the sign of the centre's mean."""
     g = np.random.default_rng(0)
     x = g.normal(size=(300, 1, 8, 8)).astype(np.float32)
     y = (x[:, 0, 2:6, 2:6].mean((1, 2)) > 0).astype(np.int64)
     np.savez(tmp_path / "d.npz", x=x[:240], y=y[:240], x_test=x[240:], y_test=y[240:])
+    return tmp_path / "d.npz"
+
+
+def test_more_views_than_memory_holds_stop_in_one_line(tmp_path, capsys):
+    """An allocation failure (here K = 10^12 views of an example) is a one-line error, exit 2, whatever raised it."""
+    out = tmp_path / "r"
+    code = main(["train", "--out", str(out), "--no-progress", "--set", 'data.name="npz"', "--set",
+                 f'data.path="{_image_npz(tmp_path)}"', "--set", 'model.name="mlp"', "--set",
+                 "data.options.num_classes=2", "--set", "privacy.noise_multiplier=1.0", "--set", "training.steps=1",
+                 "--set", "training.batch_size=40",
+                 "--set", "training.augment.multiplicity=1000000000000"])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "out of memory" in err and "multiplicity" in err
+    assert not (out / "model.pt").exists()
+
+
+def test_a_run_with_augmentation_trains_images_from_a_config(tmp_path):
+    """The config path end to end: an .npz of 8x8 images, K = 4 views with crops and flips."""
+    from dptrain.runs.run import run_training
+
     cfg = load_config(None, [
-        'data.name="npz"', f'data.path="{tmp_path / "d.npz"}"', "data.options.num_classes=2", 'model.name="mlp"',
+        'data.name="npz"', f'data.path="{_image_npz(tmp_path)}"', "data.options.num_classes=2", 'model.name="mlp"',
         "privacy.noise_multiplier=1.0", "training.steps=4", "training.batch_size=40", "seed=1",
         "training.augment={ multiplicity = 4, crop_padding = 1, flip = true }",
     ])

@@ -75,10 +75,29 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except Terminated:
         return Terminated.exit_code
+    except (MemoryError, RuntimeError) as e:  # (torch's allocators raise RuntimeError subclasses)
+        if not _out_of_memory(e):
+            raise
+        print(f"dptrain: error: {OUT_OF_MEMORY}", file=sys.stderr)
+        return 2
     except BrokenPipeError:  # the reader went away (`dptrain ... | head`): stop quietly, as cat does
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # Python's flush at exit would hit the closed pipe again
         return 141  # 128 + SIGPIPE, the shell's code for a command stopped by a closed pipe
+
+
+#: The one line for a step (or a check) that asked for more memory than the machine has.
+OUT_OF_MEMORY = (
+    "out of memory: a chunk of examples needs more than this machine has; lower training.max_physical_batch_size "
+    "(with training.augment, a chunk holds all K = multiplicity views of an example: lower K too)"
+)
+
+
+def _out_of_memory(e: BaseException) -> bool:
+    """Whether ``e`` is an allocation failure: Python's MemoryError, torch's OutOfMemoryError (CUDA) or its CPU
+    allocator's RuntimeError (told by its message: torch is not imported here for a type)."""
+    return (isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError"
+            or "can't allocate memory" in str(e) or "out of memory" in str(e).lower())
 
 
 def entry() -> None:

@@ -119,6 +119,11 @@ def check_images(x, what: str = "training inputs") -> None:
             f"{MAX_IMAGE_CHANNELS} channels, got {got} (features such as ScatterNet's are computed from the views "
             "inside the model, or trained without augmentation)"
         )
+    if x.shape[3] <= MAX_IMAGE_CHANNELS:  # [B, 4, 4, 3] is also channels-last [B, H, W, C]: crops would cut channels
+        raise DataError(
+            f"training.augment applies to images [B, C, H, W] more than {MAX_IMAGE_CHANNELS} pixels wide: examples of "
+            f"shape {list(x.shape[1:])} could also be channels-last [H, W, C], whose crops would cut the channels"
+        )
 
 
 def _prf_words(key: int | bytes, counter: np.ndarray) -> np.ndarray:
