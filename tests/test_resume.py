@@ -270,6 +270,13 @@ def test_a_finished_run_reports_from_its_checkpoint_never_from_an_edited_summary
     code, stdout, err = _cli(capsys, "train", "--resume", str(out), "--no-progress")
     assert code == 0 and "has finished" in err and f"epsilon = {summary['epsilon']:.4f}" in stdout
     assert json.loads((out / "summary.json").read_text()) == summary
+    # its config.toml says what ran: an edit, even of a key an unfinished run's resume may change, is refused too
+    kept = (out / CONFIG).read_text()
+    for old, new in (("delta = 1e-05", "delta = 1e-09"), ("epochs = 2.0", "epochs = 4.0")):
+        _edit(out, old, new)
+        code, _, err = _cli(capsys, "train", "--resume", str(out), "--no-progress")
+        assert code == 2 and len(err.strip().splitlines()) == 1 and "changed since the run started" in err, err
+        (out / CONFIG).write_text(kept)
 
 
 def test_a_stopped_run_is_not_finished_by_an_edited_summary(tmp_path, capsys):
