@@ -91,6 +91,32 @@ def test_the_issues_mixing_models_are_refused_before_training(model):
     assert "\n" not in str(e.value)
 
 
+_OUTSIDE: dict = {}  # (state kept outside the model: held by this module, where no watch of the model looks)
+
+
+class OutsideMax(nn.Module):
+    """Normalizes by a running maximum of |x| kept outside its modules. Run alone after a chunk, each example meets
+    the chunk's maximum already there: every comparison of the chunk with its examples agreed."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(6, 2)
+        _OUTSIDE.clear()
+
+    def forward(self, x):
+        _OUTSIDE["m"] = torch.maximum(_OUTSIDE.get("m", torch.tensor(1e-3)), x.detach().abs().max())
+        return self.lin(x / _OUTSIDE["m"])
+
+
+def test_a_model_keeping_state_outside_its_modules_is_refused_before_training():
+    """An example alone must give the same output before and after the probe's passes on other examples (its
+    parameters, buffers and attributes put back): state kept outside the model (a global, a closure) that examples
+    write moves it. The running maximum was accepted and certified."""
+    with pytest.raises(ModelError, match="outside its modules") as e:
+        _private(OutsideMax(), batch_size=40, max_physical_batch_size=16, grad_sampler="layerwise")
+    assert "\n" not in str(e.value)
+
+
 @pytest.mark.parametrize("mixing", ["remainder", "odd"])
 def test_a_model_mixing_only_at_some_batch_sizes_is_stopped_before_any_release_from_them(mixing):
     """Models that hide from the probe (it compares batches of 6, 16 and 1): training meets their mixing sizes at its
