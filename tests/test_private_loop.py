@@ -525,6 +525,29 @@ def test_the_trainers_own_step_refuses_a_parameter_it_does_not_privatize():
     assert trainer.steps == 2
 
 
+@pytest.mark.parametrize("api", ["loop", "trainer"])
+def test_a_parameter_frozen_after_the_trainer_was_made_is_refused_at_the_step(api):
+    """The other half of "every trainable parameter is one the run privatizes": a privatized parameter frozen later
+    (requires_grad_(False)) was still moved by every release (its noise), against the freeze, silently."""
+    if api == "loop":
+        loop, model, opt = _loop(chunk=N)
+    else:
+        model = _model()
+        opt = torch.optim.SGD(model.parameters(), lr=0.5)
+        trainer = make_private(model, opt, (X, Y), noise_multiplier=1.0, batch_size=64, seed=7)
+    model[0].weight.requires_grad_(False)
+    frozen = model[0].weight.detach().clone()
+    with pytest.raises(DPTrainError) as error:
+        if api == "loop":
+            for x, y in loop.batches(steps=1):
+                loop.backward(_losses(model, x, y))
+                opt.step()
+        else:
+            trainer.step()
+    assert "frozen after" in _one_line(error) and "0.weight" in str(error.value)
+    assert torch.equal(model[0].weight.detach(), frozen)
+
+
 def test_a_budget_stops_the_batches():
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
