@@ -497,6 +497,32 @@ def test_a_parameter_added_after_the_loop_is_refused_at_the_step(how):
     assert _equal(kept, _params(_model()))  # nothing applied
 
 
+@pytest.mark.parametrize("closure", ["a backward pass of its own", "a gradient edited in place"])
+def test_an_optimizer_step_with_a_closure_is_refused_before_it_runs(closure):
+    """optimizer.step(closure): the optimizer calls the closure, which recomputes the loss and its gradient (or edits
+    the released one) inside the step, so the update applied is not the release. It was applied (an unclipped,
+    unnoised gradient x100) and seen only at the next batch, the run still private."""
+    loop, model, opt = _loop(chunk=N)
+    with pytest.raises(LoopError) as error:
+        for x, y in loop.batches(steps=1):
+            loop.backward(_losses(model, x, y))
+            released = _params(model)
+
+            def again(x=x, y=y):
+                if closure == "a backward pass of its own":
+                    loss = _losses(model, x, y).mean() * 100
+                    loss.backward()
+                    return loss
+                with torch.no_grad():
+                    for p in model.parameters():
+                        p.grad.add_(x.mean() * 100)
+                return None
+
+            opt.step(again)
+    assert "closure" in _one_line(error)
+    assert _equal(_params(model), released) and loop.steps == 1  # nothing applied; the release stays accounted
+
+
 def test_a_released_gradient_replaced_before_the_step_is_refused():
     loop, model, opt = _loop(chunk=N)
     with pytest.raises(LoopError) as error:

@@ -352,6 +352,14 @@ class PrivateLoop:
         self._check_foreign()
         if called_by_grad_scaler():
             self._refuse(GRAD_SCALER_REFUSAL)
+        if any(callable(a) for a in (*args, *kwargs.values())):  # (run by the optimizer inside its step)
+            for p in self.trainer.params.values():
+                p.grad = None
+            self._refuse(
+                "optimizer.step(closure): the optimizer runs the closure inside its step, where a loss and gradient "
+                "it recomputes (or edits) would be applied instead of the release; call optimizer.step() without one "
+                "(an optimizer that needs a closure, such as LBFGS, evaluates the loss more than once per release)"
+            )
         if not chunk.done:
             self._refuse("optimizer.step() without loop.backward(losses) on the chunk: backpropagate it first")
         if not chunk.last:
