@@ -309,7 +309,8 @@ class PrivateTrainer(Checkpointing, PrivacySide):
         """Parameters this trainer privatizes that were frozen (``requires_grad_(False)``) after it was made: every
         release would still move them (by its noise), against the freeze. The set of trainable parameters is the one
         the trainer was made with, in both directions (:meth:`unprivatized_parameters`)."""
-        return [n for n, p in self.params.items() if not p.requires_grad]
+        in_model = {id(p) for p in self.model.parameters()}  # (not a tensor of dptrain's own, the audit's canaries)
+        return [n for n, p in self.params.items() if not p.requires_grad and id(p) in in_model]
 
     def check_parameters(self) -> None:
         """ModelError naming the parameters of :meth:`unprivatized_parameters` or :meth:`frozen_parameters`, if any."""

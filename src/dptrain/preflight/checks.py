@@ -287,9 +287,10 @@ def probe_model(
 #: The refusal of a model whose output for an example changed after passes on other examples (:func:`_same_history`).
 OUTSIDE_STATE = (
     "the model's output for an example changed after it ran on other examples, with its parameters, buffers and "
-    "attributes put back: it keeps state outside its modules (a global, a closure, another object) that examples "
-    "write, so one example's output depends on others unseen; keep no state across passes (or keep it in the model, "
-    'where it is refused or released with buffer_updates="not_private")'
+    "attributes put back: it keeps state outside its modules (a global, a closure, another object) that its passes "
+    "write, a statistic of the examples or a count of the chunks, so one example's output depends on others unseen; "
+    'keep no state across passes (or keep it in the model, where it is refused or released with buffer_updates='
+    '"not_private")'
 )
 
 
