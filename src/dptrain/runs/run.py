@@ -51,6 +51,7 @@ from dptrain.runs.resume import (
     check_step_change,
     finished_summary,
     frozen,
+    refuse_given_config,
     released_files,
     resumed_config,
 )
@@ -130,6 +131,7 @@ def run_training(
         rd, progress = distributed.FollowerDirectory(rd), False
     hooks = hooks or RunHooks()
     if resume:
+        refuse_given_config(cfg)
         return _resume(rd, progress, stop_after, main, hooks)
     if cfg is None:
         raise ConfigError("a config is needed to start a run")
