@@ -239,8 +239,8 @@ def probe_model(
     written: set[str] = set()
     precision = "float64"
     xs, ys = probe_batch(source, EXACT_EXAMPLES, device)
-    history = _alone_outputs(trainer, xs, mixing)  # (before any pass on a batch of real examples)
     with _probing(model):
+        history = _alone_outputs(trainer, xs, mixing)  # (before any pass on a batch of real examples)
         inner = sampler.backend if isinstance(sampler, MixedPrecision) else sampler
         try:
             with exact.float64(model):
@@ -274,7 +274,7 @@ def probe_model(
                                          buffer_updates, written, order=_shuffled(len(y)))
         else:  # (the buffers a training-mode forward writes at the run's chunk, all the same)
             gradient_check.forward_check(trainer, x, y, [], gradient_check.FLOAT, buffer_updates, written)
-    _same_history(history, _alone_outputs(trainer, xs, mixing), gradient_check.tolerance_of(sampler, model))
+        _same_history(history, _alone_outputs(trainer, xs, mixing), gradient_check.tolerance_of(sampler, model))
     kept = buffers.check_buffers(sorted(written), buffer_updates)
     checked = None
     if gradients:
@@ -294,32 +294,36 @@ OUTSIDE_STATE = (
 )
 
 
+#: Examples run alone before and after the probe's passes (:func:`_same_history`): the first (each pass costs a forward).
+HISTORY_EXAMPLES = 1
+
+
 def _alone_outputs(trainer, x, mixing: bool) -> list[list[torch.Tensor]] | None:
-    """Each example of the batch ``x`` run alone as training runs it (training mode, dropout off, the training
-    precision), its buffers and attributes put back and torch's generator reset to one public seed (a model drawing
-    random numbers draws the same ones each time): what :func:`_same_history` compares before and after the probe's
-    passes. None when the independence check is off, when the model cannot run an example alone, or when the passes
+    """The first HISTORY_EXAMPLES examples of the batch ``x``, each run alone as training runs it (inside the probe's
+    ``_probing``: training mode, dropout off; the training precision), torch's generator reset to one public seed (a
+    model drawing random numbers draws the same ones each time), the model's state put back after them: what
+    :func:`_same_history` compares before and after the probe's passes. None when the independence check is off, when the model cannot run an example alone, or when the passes
     write a slot of its state (the probe's comparisons refuse those, naming why)."""
     if not mixing:
         return None
     model, device = trainer.model, trainer.device
     outputs, watch = [], buffers.BufferWatch(model)  # (a slot these passes write: put back, and the probe names it)
     try:
-        with _probing(model):
-            for i in range(len(tree_flatten(x)[0][0])):
-                one = take(x, torch.tensor([i], device=device))
-                with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), \
-                        buffers.restored(model), torch.enable_grad(), autocast_of(trainer.grad_sampler):
-                    torch.manual_seed(0)
-                    out = tree_flatten(call_model(model, one))[0]
-                outputs.append([t.detach().double() for t in out if torch.is_tensor(t) and t.is_floating_point()])
+        for i in range(min(HISTORY_EXAMPLES, len(tree_flatten(x)[0][0]))):
+            one = take(x, torch.tensor([i], device=device))
+            with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.enable_grad(), \
+                    autocast_of(trainer.grad_sampler):
+                torch.manual_seed(0)
+                out = tree_flatten(call_model(model, one))[0]
+            outputs.append([t.detach().double() for t in out if torch.is_tensor(t) and t.is_floating_point()])
     except Exception as e:  # noqa: BLE001 (a model that fails alone: the probe's comparisons refuse it, naming why)
         if isinstance(e, DPTrainError):
             raise
         return None
     finally:
         wrote = watch.written()
-        watch.restore()
+        if wrote:
+            watch.restore()
     return None if wrote else outputs
 
 
