@@ -497,6 +497,32 @@ def test_a_parameter_added_after_the_loop_is_refused_at_the_step(how):
     assert _equal(kept, _params(_model()))  # nothing applied
 
 
+@pytest.mark.parametrize("closure", ["a backward pass of its own", "a gradient edited in place"])
+def test_an_optimizer_step_with_a_closure_is_refused_before_it_runs(closure):
+    """optimizer.step(closure): the optimizer calls the closure, which recomputes the loss and its gradient (or edits
+    the released one) inside the step, so the update applied is not the release. It was applied (an unclipped,
+    unnoised gradient x100) and seen only at the next batch, the run still private."""
+    loop, model, opt = _loop(chunk=N)
+    with pytest.raises(LoopError) as error:
+        for x, y in loop.batches(steps=1):
+            loop.backward(_losses(model, x, y))
+            released = _params(model)
+
+            def again(x=x, y=y):
+                if closure == "a backward pass of its own":
+                    loss = _losses(model, x, y).mean() * 100
+                    loss.backward()
+                    return loss
+                with torch.no_grad():
+                    for p in model.parameters():
+                        p.grad.add_(x.mean() * 100)
+                return None
+
+            opt.step(again)
+    assert "closure" in _one_line(error)
+    assert _equal(_params(model), released) and loop.steps == 1  # nothing applied; the release stays accounted
+
+
 def test_a_released_gradient_replaced_before_the_step_is_refused():
     loop, model, opt = _loop(chunk=N)
     with pytest.raises(LoopError) as error:
@@ -523,6 +549,29 @@ def test_the_trainers_own_step_refuses_a_parameter_it_does_not_privatize():
     added.grad = None
     trainer.step()  # frozen: fine
     assert trainer.steps == 2
+
+
+@pytest.mark.parametrize("api", ["loop", "trainer"])
+def test_a_parameter_frozen_after_the_trainer_was_made_is_refused_at_the_step(api):
+    """The other half of "every trainable parameter is one the run privatizes": a privatized parameter frozen later
+    (requires_grad_(False)) was still moved by every release (its noise), against the freeze, silently."""
+    if api == "loop":
+        loop, model, opt = _loop(chunk=N)
+    else:
+        model = _model()
+        opt = torch.optim.SGD(model.parameters(), lr=0.5)
+        trainer = make_private(model, opt, (X, Y), noise_multiplier=1.0, batch_size=64, seed=7)
+    model[0].weight.requires_grad_(False)
+    frozen = model[0].weight.detach().clone()
+    with pytest.raises(DPTrainError) as error:
+        if api == "loop":
+            for x, y in loop.batches(steps=1):
+                loop.backward(_losses(model, x, y))
+                opt.step()
+        else:
+            trainer.step()
+    assert "frozen after" in _one_line(error) and "0.weight" in str(error.value)
+    assert torch.equal(model[0].weight.detach(), frozen)
 
 
 def test_a_budget_stops_the_batches():

@@ -91,12 +91,48 @@ def test_the_issues_mixing_models_are_refused_before_training(model):
     assert "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("mixing", ["remainder", "odd"])
+_OUTSIDE: dict = {}  # (state kept outside the model: held by this module, where no watch of the model looks)
+
+
+class OutsideMax(nn.Module):
+    """Normalizes by a running maximum of |x| kept outside its modules. Run alone after a chunk, each example meets
+    the chunk's maximum already there: every comparison of the chunk with its examples agreed."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(6, 2)
+        _OUTSIDE.clear()
+
+    def forward(self, x):
+        _OUTSIDE["m"] = torch.maximum(_OUTSIDE.get("m", torch.tensor(1e-3)), x.detach().abs().max())
+        return self.lin(x / _OUTSIDE["m"])
+
+
+def test_a_model_keeping_state_outside_its_modules_is_refused_before_training():
+    """An example alone must give the same output before and after the probe's passes on other examples (its
+    parameters, buffers and attributes put back): state kept outside the model (a global, a closure) that examples
+    write moves it. The running maximum was accepted and certified."""
+    with pytest.raises(ModelError, match="outside its modules") as e:
+        _private(OutsideMax(), batch_size=40, max_physical_batch_size=16, grad_sampler="layerwise")
+    assert "\n" not in str(e.value)
+
+
+def _loss_mixing_at_odd_sizes(out, y):
+    """Each example's cross-entropy, plus half the chunk's mean in chunks of an odd size: the loss mixes, not the model."""
+    losses = nn.functional.cross_entropy(out, y, reduction="none")
+    return losses + 0.5 * losses.mean() if len(y) % 2 and len(y) > 1 else losses
+
+
+@pytest.mark.parametrize("mixing", ["remainder", "odd", "odd, in the loss"])
 def test_a_model_mixing_only_at_some_batch_sizes_is_stopped_before_any_release_from_them(mixing):
     """Models that hide from the probe (it compares batches of 6, 16 and 1): training meets their mixing sizes at its
-    first steps, and the sentinel compares every new batch size before the step's release."""
+    first steps, and the sentinel compares every new batch size before the step's release, outputs and losses (a loss
+    mixing the chunk's examples at odd sizes only, with a model that does not, trained 30 steps and was certified)."""
     model = MixesBelow(16, low=8) if mixing == "remainder" else MixesAtOddSizes(low=1)
-    trainer = _private(model, batch_size=40, max_physical_batch_size=16)
+    options = {}
+    if mixing == "odd, in the loss":
+        model, options = nn.Linear(6, 2), {"loss_fn": _loss_mixing_at_odd_sizes}
+    trainer = _private(model, batch_size=40, max_physical_batch_size=16, **options)
     sizes = []
     original = trainer.sentinel.check
 

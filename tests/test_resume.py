@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from dptrain.cli import main
+from dptrain.errors import ConfigError
 from dptrain.runs.rundir import CONFIG, PREPROCESSING
 
 TOML = """\
@@ -270,6 +271,22 @@ def test_a_finished_run_reports_from_its_checkpoint_never_from_an_edited_summary
     code, stdout, err = _cli(capsys, "train", "--resume", str(out), "--no-progress")
     assert code == 0 and "has finished" in err and f"epsilon = {summary['epsilon']:.4f}" in stdout
     assert json.loads((out / "summary.json").read_text()) == summary
+    # its config.toml says what ran: an edit, even of a key an unfinished run's resume may change, is refused too
+    kept = (out / CONFIG).read_text()
+    for old, new in (("delta = 1e-05", "delta = 1e-09"), ("epochs = 2.0", "epochs = 4.0")):
+        _edit(out, old, new)
+        code, _, err = _cli(capsys, "train", "--resume", str(out), "--no-progress")
+        assert code == 2 and len(err.strip().splitlines()) == 1 and "changed since the run started" in err, err
+        (out / CONFIG).write_text(kept)
+    # and through the Python API: a config given with resume=True was ignored without a word
+    from dptrain.config import load_config
+    from dptrain.runs.run import run_training
+    from dptrain.tuning.search import run_search
+
+    with pytest.raises(ConfigError, match="takes no other"):
+        run_training(load_config(_config(tmp_path, lr="3.0", name="other.toml")), out, resume=True)
+    with pytest.raises(ConfigError, match="takes no other"):
+        run_search(load_config(_config(tmp_path, lr="3.0", name="other.toml")), out, resume=True)
 
 
 def test_a_stopped_run_is_not_finished_by_an_edited_summary(tmp_path, capsys):

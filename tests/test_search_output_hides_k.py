@@ -6,6 +6,7 @@ best/ named the selected trial's directory (``private/trials/6``: K >= 7) in its
 
 import json
 import logging
+import logging.handlers
 import os
 import re
 import sys
@@ -148,3 +149,27 @@ def test_the_search_clock_leaves_no_time_in_what_it_wrote(monkeypatch, tty):
     shown = terminal.text.split("\r")[-1]  # what a terminal keeps once the lines are overwritten
     assert shown == ("\x1b[Ksearching\n" if tty else "searching\n"), repr(terminal.text[-80:])
     assert tty == ("0:00:00" in terminal.text)  # (a terminal did show the clock while it ran)
+
+
+def test_a_log_file_gets_nothing_of_a_trial(tmp_path):
+    """A handler that writes elsewhere than the terminal (a log file, a queue) got one record per trial from a library
+    logging each time a trial builds its model, so the file's length counted the trials: what a trial logs is kept
+    with its messages (secret), on every handler, and the handler works as before once the trial ends."""
+    from dptrain.tuning.quiet import captured
+
+    logger = logging.getLogger("a_library_to_a_file")
+    to_file = logging.FileHandler(tmp_path / "log.txt")
+    other = logging.handlers.QueueHandler(queue := __import__("queue").SimpleQueue())
+    logger.addHandler(to_file)
+    logger.addHandler(other)
+    kept: list[str] = []
+    try:
+        with captured(kept):
+            logger.warning("load report of the model")
+        logger.warning("after the trial")
+    finally:
+        logger.removeHandler(to_file)
+        logger.removeHandler(other)
+        to_file.close()
+    assert (tmp_path / "log.txt").read_text() == "after the trial\n" and queue.qsize() == 1
+    assert kept == ["WARNING: load report of the model"]  # (once, though two handlers saw it)

@@ -113,8 +113,18 @@ def test_a_deleted_search_config_is_written_back_and_the_search_goes_on(tmp_path
     out = _interrupted(tmp_path, monkeypatch, _config(tmp_path))
     text = (out / "config.toml").read_text()
     (out / "config.toml").unlink()
+    # and entries the search writes or removes made links (its trials moved elsewhere, best/ pointing at a directory
+    # of the user's): removed as links, never followed (the end was a raw OSError, and the search could not finish)
+    shutil.move(out / "private" / "trials", tmp_path / "moved")
+    (out / "private" / "trials").symlink_to(tmp_path / "moved")
+    (tmp_path / "users").mkdir()
+    (tmp_path / "users" / "kept.txt").write_text("mine")
+    (out / "best").symlink_to(tmp_path / "users")
     assert run_search(None, out, resume=True, progress=False)["private"] is False  # seeded: never private
     assert (out / "config.toml").read_text() == text
+    assert (out / "best").is_dir() and not (out / "best").is_symlink() and (out / "best" / "summary.json").exists()
+    assert (tmp_path / "users" / "kept.txt").read_text() == "mine" and len(list((tmp_path / "users").iterdir())) == 1
+    assert not (out / "private" / "trials").exists() and not list((tmp_path / "moved").iterdir())  # trials deleted
 
 
 # --- 2. K and the best trial's index leave no trace in what is shared -----------------------------------------

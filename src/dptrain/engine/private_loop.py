@@ -38,7 +38,7 @@ from dptrain.engine.grad_scaler import called_by_grad_scaler
 from dptrain.engine.interrupts import deferred_signals
 from dptrain.engine.loop_chunks import derived_from, hand_out, reaches, same_examples, tensors_of
 from dptrain.engine.loop_state import changed_outside_step
-from dptrain.engine.trainer import PrivateTrainer, optimizer_step
+from dptrain.engine.trainer import FROZEN_REFUSAL, PrivateTrainer, optimizer_step
 from dptrain.errors import ConfigError, DPTrainError, ModelError
 from dptrain.stages.clipping import ClipStats, clipped_sum
 from dptrain.stages.devices import to_device
@@ -352,6 +352,14 @@ class PrivateLoop:
         self._check_foreign()
         if called_by_grad_scaler():
             self._refuse(GRAD_SCALER_REFUSAL)
+        if any(callable(a) for a in (*args, *kwargs.values())):  # (run by the optimizer inside its step)
+            for p in self.trainer.params.values():
+                p.grad = None
+            self._refuse(
+                "optimizer.step(closure): the optimizer runs the closure inside its step, where a loss and gradient "
+                "it recomputes (or edits) would be applied instead of the release; call optimizer.step() without one "
+                "(an optimizer that needs a closure, such as LBFGS, evaluates the loss more than once per release)"
+            )
         if not chunk.done:
             self._refuse("optimizer.step() without loop.backward(losses) on the chunk: backpropagate it first")
         if not chunk.last:
@@ -458,20 +466,24 @@ class PrivateLoop:
     def _check_stepped(self, batch: _Batch) -> None:
         """Before the optimizer step of a release: every gradient it would apply is one this release wrote. Refused:
         a trainable parameter the loop does not privatize (added to the model or the optimizer after the loop was
-        made, whatever gave it a gradient: ``torch.autograd.backward(..., inputs=[p])``, a hand-written ``.grad``), and
+        made, whatever gave it a gradient: ``torch.autograd.backward(..., inputs=[p])``, a hand-written ``.grad``),
+        a privatized parameter frozen since (``requires_grad_(False)``: the release's noise would move it), and
         a privatized parameter whose ``.grad`` is no longer the tensor the release wrote (replaced; changing it in
         place, as ``clip_grad_norm_`` does, is post-processing). Nothing is applied: the gradients are dropped (the
         release stays recorded)."""
         trainer = self.trainer
+        frozen = trainer.frozen_parameters()
         foreign = trainer.unprivatized_parameters()
         replaced = [
             n for n, p in trainer.params.items() if p.grad is not None and p.grad is not batch.written.get(n)
         ]
-        if not foreign and not replaced:
+        if not frozen and not foreign and not replaced:
             return
         for p in [*trainer.params.values(), *self.model.parameters(),
                   *(q for g in self.optimizer.param_groups for q in g["params"])]:
             p.grad = None
+        if frozen:
+            self._refuse(FROZEN_REFUSAL.format(names=", ".join(frozen[:3])))
         if foreign:
             self._refuse(
                 f"the optimizer would step parameters the loop does not privatize ({', '.join(foreign[:3])}): every "

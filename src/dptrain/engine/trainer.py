@@ -78,6 +78,11 @@ class Budget:
 
 #: Release policies: every iterate is released (DP-SGD), or only the last one (projected noisy SGD).
 RELEASES = ("every_iterate", "last_iterate")
+#: A step's refusal of parameters frozen after the trainer was made (:meth:`PrivateTrainer.frozen_parameters`).
+FROZEN_REFUSAL = (
+    "parameters frozen after the trainer was made ({names}): it privatizes them, and every release would still move "
+    "them by its noise; freeze parameters before make_private (or make the trainer again), or unfreeze them"
+)
 
 
 def _all_finite(tensors) -> bool:
@@ -300,8 +305,18 @@ class PrivateTrainer(Checkpointing, PrivacySide):
                 found.append(f"a parameter of the optimizer's param_groups[{k}]")
         return list(dict.fromkeys(found))
 
+    def frozen_parameters(self) -> list[str]:
+        """Parameters this trainer privatizes that were frozen (``requires_grad_(False)``) after it was made: every
+        release would still move them (by its noise), against the freeze. The set of trainable parameters is the one
+        the trainer was made with, in both directions (:meth:`unprivatized_parameters`)."""
+        in_model = {id(p) for p in self.model.parameters()}  # (not a tensor of dptrain's own, the audit's canaries)
+        return [n for n, p in self.params.items() if not p.requires_grad and id(p) in in_model]
+
     def check_parameters(self) -> None:
-        """ModelError naming the parameters of :meth:`unprivatized_parameters`, if any."""
+        """ModelError naming the parameters of :meth:`unprivatized_parameters` or :meth:`frozen_parameters`, if any."""
+        frozen = self.frozen_parameters()
+        if frozen:
+            raise ModelError(FROZEN_REFUSAL.format(names=", ".join(frozen[:3])))
         found = self.unprivatized_parameters()
         if found:
             raise ModelError(

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_map
 
-from dptrain.data.batches import TensorSource, call_model
+from dptrain.data.batches import TensorSource, call_model, take
 from dptrain.errors import DataError, DPTrainError, ModelError
 from dptrain.models.losses import ClassificationHeadLoss
 from dptrain.preflight import buffers, exact, gradient_check
@@ -38,7 +38,7 @@ from dptrain.stages.per_example import (
     LoopGradSampler,
     cross_entropy_per_example,
 )
-from dptrain.stages.precision import MixedPrecision
+from dptrain.stages.precision import MixedPrecision, autocast_of
 
 #: Memory the materialized per-example gradients of one physical chunk may take by default.
 PER_EXAMPLE_GRADIENT_MEMORY = 256 * 2**20
@@ -240,6 +240,7 @@ def probe_model(
     precision = "float64"
     xs, ys = probe_batch(source, EXACT_EXAMPLES, device)
     with _probing(model):
+        history = _alone_outputs(trainer, xs, mixing)  # (before any pass on a batch of real examples)
         inner = sampler.backend if isinstance(sampler, MixedPrecision) else sampler
         try:
             with exact.float64(model):
@@ -273,6 +274,7 @@ def probe_model(
                                          buffer_updates, written, order=_shuffled(len(y)))
         else:  # (the buffers a training-mode forward writes at the run's chunk, all the same)
             gradient_check.forward_check(trainer, x, y, [], gradient_check.FLOAT, buffer_updates, written)
+        _same_history(history, _alone_outputs(trainer, xs, mixing), gradient_check.tolerance_of(sampler, model))
     kept = buffers.check_buffers(sorted(written), buffer_updates)
     checked = None
     if gradients:
@@ -280,6 +282,64 @@ def probe_model(
             trainer.grad_sampler.name, first.rows, time.perf_counter() - start, first.moved, precision, len(y)
         )
     return chunk, kept, checked, len(y)
+
+
+#: The refusal of a model whose output for an example changed after passes on other examples (:func:`_same_history`).
+OUTSIDE_STATE = (
+    "the model's output for an example changed after it ran on other examples, with its parameters, buffers and "
+    "attributes put back: it keeps state outside its modules (a global, a closure, another object) that its passes "
+    "write, a statistic of the examples or a count of the chunks, so one example's output depends on others unseen; "
+    'keep no state across passes (or keep it in the model, where it is refused or released with buffer_updates='
+    '"not_private")'
+)
+
+
+#: Examples run alone before and after the probe's passes (:func:`_same_history`): the first (each pass costs a forward).
+HISTORY_EXAMPLES = 1
+
+
+def _alone_outputs(trainer, x, mixing: bool) -> list[list[torch.Tensor]] | None:
+    """The first HISTORY_EXAMPLES examples of the batch ``x``, each run alone as training runs it (inside the probe's
+    ``_probing``: training mode, dropout off; the training precision), torch's generator reset to one public seed (a
+    model drawing random numbers draws the same ones each time), the model's state put back after them: what
+    :func:`_same_history` compares before and after the probe's passes. None when the independence check is off, when the model cannot run an example alone, or when the passes
+    write a slot of its state (the probe's comparisons refuse those, naming why)."""
+    if not mixing:
+        return None
+    model, device = trainer.model, trainer.device
+    outputs, watch = [], buffers.BufferWatch(model)  # (a slot these passes write: put back, and the probe names it)
+    try:
+        for i in range(min(HISTORY_EXAMPLES, len(tree_flatten(x)[0][0]))):
+            one = take(x, torch.tensor([i], device=device))
+            with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.enable_grad(), \
+                    autocast_of(trainer.grad_sampler):
+                torch.manual_seed(0)
+                out = tree_flatten(call_model(model, one))[0]
+            outputs.append([t.detach().double() for t in out if torch.is_tensor(t) and t.is_floating_point()])
+    except Exception as e:  # noqa: BLE001 (a model that fails alone: the probe's comparisons refuse it, naming why)
+        if isinstance(e, DPTrainError):
+            raise
+        return None
+    finally:
+        wrote = watch.written()
+        if wrote:
+            watch.restore()
+    return None if wrote else outputs
+
+
+def _same_history(before, after, tol: gradient_check.Tolerance) -> None:
+    """Refuse (OUTSIDE_STATE) a model whose output for an example alone differs after the probe's passes on other
+    examples from the same output before them: with its parameters and every watched slot of its state the same, only
+    state kept outside the model can carry the other examples in (a running maximum in a global passes every
+    comparison of a chunk with its examples run after it: the statistic is already the chunk's)."""
+    if before is None or after is None:
+        return
+    for one, again in zip(before, after, strict=True):
+        for a, b in zip(one, again, strict=False):
+            if a.shape == b.shape and bool(a.isfinite().all()) and not (
+                float((a - b).norm()) <= tol.loss * float(a.norm()) + 1e-30
+            ):
+                raise ModelError(OUTSIDE_STATE)
 
 
 def sentinel_for(trainer, probed: int, check_independence: bool, check_gradients: bool, buffer_updates: str):

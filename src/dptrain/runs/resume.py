@@ -123,6 +123,16 @@ def finished_summary(rd: RunDirectory, state: dict) -> dict | None:
     return kept
 
 
+def refuse_given_config(cfg, what: str = "run") -> None:
+    """A resume takes no config (the Python API's ``cfg`` with ``resume=True``): it goes on with the one it started
+    with, kept in its checkpoint; a config given with it was ignored without a word."""
+    if cfg is not None:
+        raise ConfigError(
+            f"resume=True continues the {what} with the config it started with (kept in its checkpoint), and takes no "
+            f"other: pass cfg=None (a {what}'s config.toml may differ only where a resume allows)"
+        )
+
+
 def check_step_change(trainer, changed: list[str]) -> None:
     """More (or fewer) steps on resume only within the budget the run started with: a target epsilon the trainer
     enforces, with a constant noise multiplier (a noise schedule or a batch-size schedule is planned for its length)."""
@@ -160,6 +170,7 @@ __all__ = [
     "SEARCH_MAY_CHANGE",
     "check_data",
     "check_step_change",
+    "refuse_given_config",
     "config_hash",
     "finished_summary",
     "frozen",

@@ -51,6 +51,7 @@ from dptrain.runs.resume import (
     check_step_change,
     finished_summary,
     frozen,
+    refuse_given_config,
     released_files,
     resumed_config,
 )
@@ -130,6 +131,7 @@ def run_training(
         rd, progress = distributed.FollowerDirectory(rd), False
     hooks = hooks or RunHooks()
     if resume:
+        refuse_given_config(cfg)
         return _resume(rd, progress, stop_after, main, hooks)
     if cfg is None:
         raise ConfigError("a config is needed to start a run")
@@ -192,12 +194,15 @@ def _resume(rd: RunDirectory, progress: bool, stop_after: int | None, main: bool
         _check_owner(rd, state, hooks)
         ledger = Ledger.from_dict(state["ledger"])
         rd.check_ledger_copy(ledger)
+        # Every file the run released is held to its checkpoint's copy, finished or not: a finished run may change
+        # nothing (its config.toml says what ran), and its report is the checkpoint's summary.
+        finished = isinstance(state.get("summary"), dict) and bool(state["summary"].get("finished"))
+        cfg, changed = resumed_config(rd, state, () if finished else hooks.may_change)
+        resumed = released_files(rd, state)
         previous = finished_summary(rd, state)
         if previous is not None:
             print(f"dptrain: the run in {rd.path} has finished; nothing to resume", file=sys.stderr)
             return previous
-        cfg, changed = resumed_config(rd, state, hooks.may_change)
-        resumed = released_files(rd, state)
         data = load_data(cfg, progress and main) if hooks.data is None else hooks.data
         check_data(state, fingerprint(data))
         job = hooks.ready(

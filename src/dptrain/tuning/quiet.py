@@ -8,7 +8,8 @@ its standard streams, Python warnings and the ``logging`` handlers that write to
 (:func:`captured`): what a trial says is kept in the search's secret state, shown only on request (``--keep-trials``,
 labelled not private). A library's logging handler made before the search (transformers makes one when first used)
 holds the terminal's stream itself, and a Hugging Face model logs its load report each time a trial builds it: such a
-handler writes into the capture too while a trial runs.
+handler writes into the capture too while a trial runs. A handler that writes elsewhere (a log file, a queue) handles
+nothing while a trial runs: its records are kept with the trial's messages (a file's length would count the trials).
 
 What cannot be captured this way: output that bypasses Python (C code writing to the file descriptors).
 """
@@ -71,15 +72,32 @@ class Elapsed:
             self._write(f"\r\033[K{self.label}\n")  # (the clock erased: the line ends without a time)
 
 
+def _all_handlers() -> list[logging.Handler]:
+    """Every ``logging`` handler of every logger made so far (the root's included), each once."""
+    loggers = [logging.getLogger(), *(x for x in logging.Logger.manager.loggerDict.values() if isinstance(x, logging.Logger))]
+    return list({id(h): h for logger in loggers for h in logger.handlers}.values())
+
+
 def _terminal_handlers(streams) -> list[logging.StreamHandler]:
     """Every ``logging`` handler, of every logger made so far, that writes to one of ``streams``."""
-    loggers = [logging.getLogger(), *(x for x in logging.Logger.manager.loggerDict.values() if isinstance(x, logging.Logger))]
-    found = {}
-    for logger in loggers:
-        for handler in logger.handlers:
-            if isinstance(handler, logging.StreamHandler) and any(handler.stream is s for s in streams):
-                found[id(handler)] = handler
-    return list(found.values())
+    return [h for h in _all_handlers()
+            if isinstance(h, logging.StreamHandler) and any(h.stream is s for s in streams)]
+
+
+class _Kept(logging.Filter):
+    """On a handler that does not write to the terminal (a log file, a queue) while a trial runs: its records are kept
+    with the trial's messages (once, whichever handlers see them) and not handled: a file's length would count the
+    trials."""
+
+    def __init__(self, into: list[str]):
+        super().__init__()
+        self.into, self.seen = into, set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if id(record) not in self.seen:
+            self.seen.add(id(record))
+            self.into.append(f"{record.levelname}: {record.getMessage()}")
+        return False
 
 
 @contextlib.contextmanager
@@ -92,6 +110,10 @@ def captured(into: list[str]):
     handlers = [(h, h.stream) for h in _terminal_handlers(terminal)]
     for handler, _ in handlers:
         handler.setStream(out)
+    elsewhere, kept = [h for h in _all_handlers() if all(h is not t for t, _ in handlers)], []
+    keep = _Kept(kept)
+    for handler in elsewhere:
+        handler.addFilter(keep)
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out), warnings.catch_warnings(record=True) as w:
             warnings.simplefilter("always")
@@ -101,6 +123,9 @@ def captured(into: list[str]):
                 into.extend(line for line in out.getvalue().splitlines() if line.strip())
                 into.extend(f"{m.category.__name__}: {m.message}" for m in w)
     finally:
+        for handler in elsewhere:
+            handler.removeFilter(keep)
+        into.extend(kept)
         for handler, stream in handlers:
             handler.setStream(stream)
         for handler in _terminal_handlers([out]):  # (made by the block, with the capture as its stream)

@@ -152,8 +152,10 @@ def _publish(state, rd: RunDirectory, keep_trials: bool) -> None:
     trials = rd.path / PRIVATE / TRIALS
     if index is not None and (trials / str(index)).exists():
         _copy_best(state, rd, trials / str(index))
-    if not keep_trials and trials.exists():
-        shutil.rmtree(trials)
+    if not keep_trials:
+        for trial in state.trials:  # (each trial's directory, where trials/ is: a link to another place too)
+            remove(trials / str(trial.index))
+        remove(trials)
     rd.write_json(LEDGER, state.ledger)
     rd.write_json(SUMMARY, state.summary)
     for stale in rd.path.glob(".*.tmp"):  # (a temporary file a crash left dates that crash among the trials)
@@ -170,8 +172,7 @@ def _copy_best(state, rd: RunDirectory, source) -> None:
     """``best/``: what the selected trial released (its files copied without their times and without its secret
     ``private/``), every privacy number in it the search's (module docstring)."""
     target = rd.path / BEST
-    if target.exists():
-        shutil.rmtree(target)
+    remove(target)
     # (not its secret private/, nor a hidden file: its .lock, or a temporary file a crash left, which would say that
     # the selected trial was the one running when the search was interrupted)
     shutil.copytree(source, target, copy_function=shutil.copy, ignore=shutil.ignore_patterns(PRIVATE, ".*"))
@@ -187,6 +188,15 @@ def _copy_best(state, rd: RunDirectory, source) -> None:
             for r in rows
         ))  # fmt: skip
     moved_paths(source, target, rd.path / PRIVATE)
+
+
+def remove(path: Path) -> None:
+    """Remove an entry the search wrote as an entry: a link is unlinked, never followed (``best`` made a link to a
+    directory of the user's, which would have been emptied, or ``private/trials`` moved elsewhere and linked)."""
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.exists():
+        shutil.rmtree(path)
 
 
 def moved_paths(source: Path, target: Path, secret: Path) -> None:
@@ -285,6 +295,6 @@ def same_times(rd: RunDirectory, when: float | None = None) -> None:
 
 
 __all__ = [
-    "BEST", "TRIALS", "finished", "fresh_files", "moved_paths", "publish", "returned", "same_times", "selected_summary",
-    "summarize",
+    "BEST", "TRIALS", "finished", "fresh_files", "moved_paths", "publish", "remove", "returned", "same_times",
+    "selected_summary", "summarize",
 ]

@@ -68,7 +68,14 @@ from dptrain.randomness.generators import SEEDED_WARNING, Randomness, keyed_stre
 from dptrain.randomness.streams import Stream
 from dptrain.runs import job as job_module
 from dptrain.runs import run as run_module
-from dptrain.runs.resume import SEARCH_MAY_CHANGE, check_data, frozen, frozen_config, resumed_config
+from dptrain.runs.resume import (
+    SEARCH_MAY_CHANGE,
+    check_data,
+    frozen,
+    frozen_config,
+    refuse_given_config,
+    resumed_config,
+)
 from dptrain.runs.rundir import CONFIG, PRIVATE, SEARCH_STATE, RunDirectory
 from dptrain.tuning.quiet import Elapsed, captured
 from dptrain.tuning.release import TRIALS, finished, publish, summarize
@@ -298,6 +305,7 @@ def run_search(cfg: RunConfig | None, out: str | Path, *, resume: bool = False, 
     rd = RunDirectory(out)
     with rd.locked(create=not resume):
         if resume:
+            refuse_given_config(cfg, "search")
             saved = _saved_state(rd)
             resumed_config(rd, saved, SEARCH_MAY_CHANGE)  # (any change of config.toml refused, in value or type)
             cfg = frozen_config(saved)  # the search goes on with the config it started with, exactly
