@@ -268,8 +268,31 @@ def warn_unused(names: list[str]) -> None:
     ), stacklevel=2)
 
 
+#: The path under which :func:`forward_check` compares the losses beside the model's outputs (``losses=True``).
+LOSS_PATH = "<loss>"
+
+
+def _leaves(trainer, x, y, idx: torch.Tensor | None, losses: bool) -> dict[str, object]:
+    """The leaves of the model's output on the examples ``idx`` of (``x``, ``y``) (None: all), and, with ``losses``,
+    their losses (one per example, in float64) under :data:`LOSS_PATH`; a loss that cannot be computed or is not one
+    per example is left out (the step's to refuse)."""
+    xs, ys = (x, y) if idx is None else (take(x, idx), take(y, idx))
+    out = call_model(trainer.model, xs)
+    leaves = output_leaves(out)
+    if losses:
+        try:
+            loss = trainer.loss_fn(out, ys).detach().reshape(-1).double()
+        except Exception as e:  # noqa: BLE001 (a loss failing here fails in the step, which names it)
+            if isinstance(e, DPTrainError):
+                raise
+        else:
+            if loss.numel() == len(ys):
+                leaves[LOSS_PATH] = loss
+    return leaves
+
+
 def forward_check(trainer, x, y, rows: list[int], tol: Tolerance, buffer_updates: str, written: set[str],
-                  sampler=None, order: torch.Tensor | None = None) -> None:
+                  sampler=None, order: torch.Tensor | None = None, losses: bool = False) -> None:
     """The mixing half of the comparison, forward passes only, run as training runs them (training mode, autograd
     recording): the model's outputs (every tensor with a batch dimension) for ``rows`` of the batch against each
     example's outputs alone, and, with ``order`` (a permutation of the batch), every row of the batch against the
@@ -282,7 +305,10 @@ def forward_check(trainer, x, y, rows: list[int], tol: Tolerance, buffer_updates
     model that mixes into some places only (the last row, a row and its neighbour) may leave the rows compared alone
     untouched, but moves an example's output when the permutation takes it to another place. Only a dependence on the
     others that is both symmetric and absent from the rows compared alone goes unseen, and a symmetric dependence
-    reaches every row."""
+    reaches every row.
+
+    With ``losses``, each example's loss is compared the same way beside the outputs: a loss may mix the examples where
+    the model does not (a batch mean added only in chunks of some sizes); its passes are the outputs' own."""
     model, k = trainer.model, len(y)
     autocast = autocast_of(trainer.grad_sampler if sampler is None else sampler)
     refuse = lambda i, also=(): mixing_refusal(  # noqa: E731
@@ -291,16 +317,16 @@ def forward_check(trainer, x, y, rows: list[int], tol: Tolerance, buffer_updates
     watch = BufferWatch(model)
     try:
         with torch.enable_grad(), autocast:
-            batched = output_leaves(call_model(model, x))
+            batched = _leaves(trainer, x, y, None, losses)
     finally:
         written.update(watch.written())
         watch.restore()
     check_buffers(sorted(written), buffer_updates, watch.kinds)
     per_example: set[str] = set()  # (the outputs holding a row per example, at the same path in both passes)
     for i in rows:
-        one = take(x, torch.tensor([i], device=y.device))
-        with restored(model), torch.enable_grad(), autocast, _one_example(model, one):
-            alone = output_leaves(call_model(model, one))
+        index = torch.tensor([i], device=y.device)
+        with restored(model), torch.enable_grad(), autocast, _one_example(model, take(x, index)):
+            alone = _leaves(trainer, x, y, index, losses)
         for path in example_rows(batched, alone, k):
             per_example.add(path)
             a, b = alone[path][0].double(), batched[path][i].double()
@@ -311,7 +337,7 @@ def forward_check(trainer, x, y, rows: list[int], tol: Tolerance, buffer_updates
         return
     order = order.to(y.device)
     with restored(model), torch.enable_grad(), autocast:
-        permuted = output_leaves(call_model(model, take(x, order)))
+        permuted = _leaves(trainer, x, y, order, losses)
     for path in sorted(per_example):
         a, b = permuted.get(path), batched[path]
         if not torch.is_tensor(a) or a.shape != b.shape:

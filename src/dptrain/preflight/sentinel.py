@@ -13,9 +13,9 @@ its step is released:
 - **mixing at every batch size**: the first chunk of every batch size the run meets (the probe checked one) is
   compared with the same examples alone, by forward passes (:func:`dptrain.preflight.gradient_check.forward_check`:
   training mode, dropout off, the training precision's tolerance), on ROWS secret rows, and every row of it against
-  the chunk in a secret order (a model mixing into some places only, the last row, moves there); the losses too,
-  where the comparison runs in float64 (:func:`losses_moved`: a loss mixing the chunk's examples at some sizes only). So no step is
-  released from a chunk of a batch size whose mixing was never checked (the Poisson remainder chunk, an odd size);
+  the chunk in a secret order (a model mixing into some places only, the last row, moves there); the losses too, in
+  the same passes, where the comparison runs in float64 (a loss mixing the chunk's examples at some sizes only). So no
+  step is released from a chunk of a batch size whose mixing was never checked (the Poisson remainder chunk, an odd size);
 - **per-example gradients at secret places**: the first chunk of the run (in each process: a resumed run's too) and
   RATE of the chunks, at secret random places, are compared forward and backward (:func:`dptrain.preflight.gradient_check.compare`): data-dependent mixing or a rule wrong on some data
   that the probe missed is caught with probability RATE per chunk where it occurs.
@@ -35,11 +35,10 @@ import hashlib
 
 import torch
 
-from dptrain.data.batches import call_model, take
 from dptrain.errors import DPTrainError, ModelError
 from dptrain.preflight import exact, gradient_check
-from dptrain.preflight.buffers import COMPARED_BYTES, BufferWatch, check_buffers, restored
-from dptrain.stages.precision import MixedPrecision, autocast_of
+from dptrain.preflight.buffers import COMPARED_BYTES, BufferWatch, check_buffers
+from dptrain.stages.precision import MixedPrecision
 
 #: The fraction of chunks compared at secret random places (besides the first chunk of each new batch size).
 RATE = 1 / 64
@@ -134,15 +133,13 @@ class Sentinel:
         trainer, moved, bad = self.trainer, [], []
         outputs = self.mixing and self.reference == "autograd"  # (mixing shows in the outputs, beside their own norm)
         if new or (secret and outputs):
-            try:
+            try:  # (the losses too, in float64 only: a well-fit example's loss is a cancellation that float32 rounds
+                # by more than its tolerance; a model that cannot run in float64 has its loss compared at secret places)
                 gradient_check.forward_check(trainer, x, y, rows, tol, "not_private", set(), sampler=sampler,
-                                             order=order if self.mixing else None)
+                                             order=order if self.mixing else None,
+                                             losses=self.mixing and tol is gradient_check.EXACT)
             except ModelError:
                 moved = rows
-            if not moved and self.mixing and tol is gradient_check.EXACT:  # (the loss, which may mix where the model
-                # does not; in float64 only: a well-fit example's loss is a cancellation that float32 rounds by more
-                # than its tolerance, and a model that cannot run in float64 has its loss compared at secret places)
-                moved = losses_moved(trainer, x, y, rows, tol, sampler, order)
         if secret and not moved:
             grads, losses = sampler(x, y)
             moved, bad = gradient_check.compare(
@@ -194,40 +191,4 @@ class Sentinel:
         return True
 
 
-def losses_moved(trainer, x, y, rows: list[int], tol, sampler=None, order=None) -> list[int]:
-    """The examples whose loss (``trainer.loss_fn``) in the chunk ``x``, ``y`` differs from the example's alone (for
-    ``rows``) or from its loss in the chunk permuted by ``order``: the forward comparison of the outputs
-    (:func:`~dptrain.preflight.gradient_check.forward_check`) does not see a loss that mixes the examples where the
-    model does not (a batch mean added only in chunks of some sizes). Passes as training runs them (autograd
-    recording, the training precision), the model's state put back; a loss that cannot be computed, or that is not
-    one per example, is the step's to refuse."""
-    model, k = trainer.model, len(y)
-    autocast = autocast_of(trainer.grad_sampler if sampler is None else sampler)
-
-    def losses(idx: torch.Tensor) -> torch.Tensor:
-        with restored(model), torch.enable_grad(), autocast:
-            return trainer.loss_fn(call_model(model, take(x, idx)), take(y, idx)).detach().reshape(-1).double()
-
-    every = torch.arange(k, device=y.device)
-    try:
-        batched = losses(every)
-        if batched.numel() != k:
-            return []
-        alone = {i: losses(every[i : i + 1]) for i in rows}
-        permuted = losses(order.to(y.device)) if order is not None and k > 1 else None
-    except Exception as e:  # noqa: BLE001 (a loss failing here fails in the step, which names it)
-        if isinstance(e, DPTrainError):
-            raise
-        return []
-
-    def apart(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        return ((a - b).abs() > tol.loss * b.abs() + 1e-30) & a.isfinite() & b.isfinite()
-
-    moved = [i for i, a in alone.items() if a.numel() == 1 and bool(apart(a, batched[i : i + 1]).any())]
-    if permuted is not None and permuted.numel() == k:
-        order = order.to(y.device)
-        moved += [int(order[r]) for r in apart(permuted, batched[order]).nonzero().flatten().tolist()]
-    return sorted(set(moved))
-
-
-__all__ = ["RATE", "ROWS", "Sentinel", "SentinelError", "losses_moved"]
+__all__ = ["RATE", "ROWS", "Sentinel", "SentinelError"]
