@@ -20,6 +20,7 @@ the examples it read.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import types
 from collections import deque
@@ -295,14 +296,14 @@ class BufferWatch:
                 cap = 0 if max_bytes is not None and kind == "parameter" and v is not None and v.requires_grad else max_bytes
                 self.slots[name] = (v, None if v is None else _tensor_record(v, cap))
 
-    def _plumbing(self) -> dict[int, tuple]:
+    def _plumbing(self) -> collections.ChainMap:
         """The ids of nn.Module's own machinery (every module's parameter, buffer, submodule and hook dicts): an
         attribute reaching them (a hook's RemovableHandle) reads them by identity; their contents are slots of their
         own, or code."""
         if getattr(self, "_machinery", None) is None:
             self._machinery = {id(v): (f"<{type(m).__name__}.{k} {id(v)}>", v) for m in self.model.modules()
                                for k, v in vars(m).items() if k in _MODULE_KEYS and isinstance(v, dict)}
-        return dict(self._machinery)
+        return collections.ChainMap({}, self._machinery)  # (a walk's own entries go to the new map, not a copy)
 
     def _now(self) -> dict:
         return {n: slot for n, slot in state_slots(self.model).items() if slot[0] in self.watched}
@@ -344,7 +345,8 @@ class BufferWatch:
                 _put(module, kind, local, None, delete=True)
         for name, (before, record) in self.slots.items():
             kind = self.kinds[name]
-            module, local = _owner(self.model, name)
+            # (the module now at the slot's path: the current reading's, or found by the path where it is gone)
+            module, local = current[name][1:3] if name in current else _owner(self.model, name)
             if kind == "attribute":
                 _put(module, kind, local, before)
                 if not all(_put_value(leaf[1]) if leaf[0] == "tensor" else _put_array(leaf[1])
