@@ -27,6 +27,7 @@ from scipy import fft, stats
 
 from dptrain.accounting.base import PrivacyReport, register_accountant
 from dptrain.accounting.ledger import NEIGHBORING, Ledger
+from dptrain.accounting.rdp_steps import RdpStepsAccountant
 from dptrain.errors import AccountingError, NoFiniteEpsilon
 
 #: Epsilons above this guarantee nothing (e^epsilon overflows a float from 710 on); every accountant reports them
@@ -228,7 +229,7 @@ class RdpAccountant:
         check_searches(ledger, self.name)
         check_noise(ledger, self.name)
         for orders in (_SMALL_ORDERS, RDP_ORDERS):
-            acc = rdp_privacy_accountant.RdpAccountant(orders, neighboring_relation=ledger.neighboring_relation)
+            acc = RdpStepsAccountant(orders, neighboring_relation=ledger.neighboring_relation)
             with quiet_absl():
                 _compose(acc, ledger, self.name)
                 eps, order = acc.get_epsilon_and_optimal_order(delta)
