@@ -216,6 +216,11 @@ def test_account_and_calibrate_take_bands(capsys):
     one = _account(capsys, "account", "--noise-multiplier", "1.1", *base, "--bands", "1")
     assert one["epsilon"] == dpsgd["epsilon"] and one["bands"] == 1 and one["coefficients"] == [1.0]
     assert one["rmse_ratio"] == 1.0
+    full = ("--noise-multiplier", "2", "--sampling", "full", "--sampling-rate", "1", "--steps", "50", "--delta", "1e-5")
+    for accountant in ("auto", "gdp"):  # (--bands 1 takes what DP-SGD takes: full batches, gdp's exact answer)
+        dpsgd = _account(capsys, "account", *full, "--accountant", accountant)
+        one = _account(capsys, "account", *full, "--accountant", accountant, "--bands", "1")
+        assert (one["epsilon"], one["accountant"]) == (dpsgd["epsilon"], dpsgd["accountant"]) and one["bands"] == 1
     eight = _account(capsys, "account", "--noise-multiplier", "1.1", *base, "--bands", "8")
     rate = _account(capsys, "account", "--noise-multiplier", "1.1", "--sampling-rate", "0.08", "--steps", "125",
                     "--delta", "1e-5")  # the equivalent DP-SGD run: ceil(1000 / 8) steps at rate 8 q

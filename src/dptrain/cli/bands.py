@@ -124,6 +124,8 @@ def requested(args: argparse.Namespace, numbers: RunNumbers, target: float | Non
         if args.momentum is not None:
             raise ConfigError("--momentum goes with --bands (it sets BandMF's coefficients)")
         return None
+    if args.bands == 1:  # DP-SGD exactly: its ledger, every accountant and sampling it takes (:func:`ledgers`)
+        return Bands(args, numbers, 1)
     check(numbers.sampling == "poisson", "--sampling", "poisson with --bands (the groups are Poisson-sampled)",
           numbers.sampling)
     check_accountant(args)
@@ -147,7 +149,9 @@ def requested(args: argparse.Namespace, numbers: RunNumbers, target: float | Non
 
 
 def ledgers(bands: Bands | None, otherwise: Callable[[float], Ledger]) -> Callable[[float], Ledger]:
-    return otherwise if bands is None else bands.ledger
+    """The ledger of a run at sigma: BandMF's, or ``otherwise`` (DP-SGD's, ModelMix's) without ``--bands`` and at
+    ``--bands 1``, which is DP-SGD exactly (one group, the coefficient 1)."""
+    return otherwise if bands is None or bands.bands == 1 else bands.ledger
 
 
 def line(extra: dict, epsilon_words: str = "the same epsilon") -> str:
