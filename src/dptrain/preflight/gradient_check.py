@@ -272,7 +272,7 @@ def warn_unused(names: list[str]) -> None:
 LOSS_PATH = "<loss>"
 
 
-def _leaves(trainer, x, y, idx: torch.Tensor | None, losses: bool) -> dict[str, object]:
+def _pass_leaves(trainer, x, y, idx: torch.Tensor | None, losses: bool) -> dict[str, object]:
     """The leaves of the model's output on the examples ``idx`` of (``x``, ``y``) (None: all), and, with ``losses``,
     their losses (one per example, in float64) under :data:`LOSS_PATH`; a loss that cannot be computed or is not one
     per example is left out (the step's to refuse)."""
@@ -317,7 +317,7 @@ def forward_check(trainer, x, y, rows: list[int], tol: Tolerance, buffer_updates
     watch = BufferWatch(model)
     try:
         with torch.enable_grad(), autocast:
-            batched = _leaves(trainer, x, y, None, losses)
+            batched = _pass_leaves(trainer, x, y, None, losses)
     finally:
         written.update(watch.written())
         watch.restore()
@@ -326,7 +326,7 @@ def forward_check(trainer, x, y, rows: list[int], tol: Tolerance, buffer_updates
     for i in rows:
         index = torch.tensor([i], device=y.device)
         with restored(model), torch.enable_grad(), autocast, _one_example(model, take(x, index)):
-            alone = _leaves(trainer, x, y, index, losses)
+            alone = _pass_leaves(trainer, x, y, index, losses)
         for path in example_rows(batched, alone, k):
             per_example.add(path)
             a, b = alone[path][0].double(), batched[path][i].double()
@@ -337,7 +337,7 @@ def forward_check(trainer, x, y, rows: list[int], tol: Tolerance, buffer_updates
         return
     order = order.to(y.device)
     with restored(model), torch.enable_grad(), autocast:
-        permuted = _leaves(trainer, x, y, order, losses)
+        permuted = _pass_leaves(trainer, x, y, order, losses)
     for path in sorted(per_example):
         a, b = permuted.get(path), batched[path]
         if not torch.is_tensor(a) or a.shape != b.shape:
