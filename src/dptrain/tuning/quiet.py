@@ -91,11 +91,11 @@ class _Kept(logging.Filter):
 
     def __init__(self, into: list[str]):
         super().__init__()
-        self.into, self.seen = into, set()
+        self.into, self.seen = into, {}  # (id -> the record, held: an id is not reused while it is kept)
 
     def filter(self, record: logging.LogRecord) -> bool:
         if id(record) not in self.seen:
-            self.seen.add(id(record))
+            self.seen[id(record)] = record
             self.into.append(f"{record.levelname}: {record.getMessage()}")
         return False
 
