@@ -293,6 +293,12 @@ def test_more_views_than_memory_holds_stop_in_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1 and "out of memory" in err and "multiplicity" in err
     assert not (out / "model.pt").exists()
+    # (the same class elsewhere: a model of 10^14 weights, refused where it is built)
+    code = main(["train", "--out", str(tmp_path / "big"), "--no-progress", "--set", 'data.name="synthetic"', "--set",
+                 "privacy.noise_multiplier=1.0", "--set", 'model.name="mlp"', "--set",
+                 "model.options={ hidden = [10000000, 10000000] }", "--set", "training.steps=1"])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "out of memory: the model" in err
 
 
 def test_a_run_with_augmentation_trains_images_from_a_config(tmp_path):

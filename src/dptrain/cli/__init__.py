@@ -86,10 +86,11 @@ def main(argv: list[str] | None = None) -> int:
         return 141  # 128 + SIGPIPE, the shell's code for a command stopped by a closed pipe
 
 
-#: The one line for a step (or a check) that asked for more memory than the machine has.
+#: The one line for a command that asked for more memory than the machine has (a model, a chunk, a step).
 OUT_OF_MEMORY = (
-    "out of memory: a chunk of examples needs more than this machine has; lower training.max_physical_batch_size "
-    "(with training.augment, a chunk holds all K = multiplicity views of an example: lower K too)"
+    "out of memory: the model, or a chunk of examples, needs more than this machine has; use a smaller model, or lower "
+    "training.max_physical_batch_size (with training.augment, a chunk holds all K = multiplicity views of an example: "
+    "lower K too)"
 )
 
 
