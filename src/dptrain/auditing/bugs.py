@@ -55,6 +55,12 @@ class Unclipped(WrappedRule):
         return grads.weighted_sum(torch.ones_like(norms)), stats
 
 
+def broken(bug: str) -> str:
+    """Why an audit trained with ``bug`` is not private: what it prints was computed from a model trained on the data
+    by a mechanism its certificate does not cover (less noise, no clipping)."""
+    return f"trained with a deliberately broken stage (--inject-bug {bug}): the certificate does not cover it"
+
+
 def inject(trainer, bug: str | None) -> None:
     """Replace a stage of the built ``trainer`` by ``bug`` (one of :data:`BUGS`; None leaves it correct)."""
     bug = check_bug(bug)
@@ -66,4 +72,4 @@ def inject(trainer, bug: str | None) -> None:
     trainer.noise_stage = NoiseDivided(float(bug.split("/")[1]), trainer.noise_stage)
 
 
-__all__ = ["BUGS", "NoiseDivided", "Unclipped", "check_bug", "inject"]
+__all__ = ["BUGS", "NoiseDivided", "Unclipped", "broken", "check_bug", "inject"]

@@ -37,7 +37,7 @@ import torch
 from dptrain.accounting import all_reports, tightest
 from dptrain.auditing.auxiliary import AuxiliaryCanaries
 from dptrain.auditing.bounds import audit, ceiling
-from dptrain.auditing.bugs import check_bug, inject
+from dptrain.auditing.bugs import broken, check_bug, inject
 from dptrain.auditing.canaries import (
     append_examples,
     check_options,
@@ -79,7 +79,8 @@ class Observation:
     accountant: str
     delta: float
     injected_bug: str | None
-    #: why the audited run is not private whatever its epsilon (seeded, buffers released unnoised); empty: private
+    #: why the audited run is not private whatever its epsilon (seeded, buffers released unnoised, an injected bug);
+    #: empty: private
     not_private_because: list[str] = field(default_factory=list)
 
 
@@ -211,9 +212,8 @@ def observe(cfg: RunConfig, canaries: int | None, kind: str, inject_bug: str | N
         final = torch.cat([p.detach().reshape(-1) for p in trainer.params.values()])  # the last iterate, released
         scores = {"final_iterate": -final[coordinates].to(torch.float64).cpu()}
     epsilon, accountant = _certificate(trainer, setting, kind)
-    return Observation(
-        setting, kind, included, scores, epsilon, accountant, cfg.privacy.delta, bug, list(trainer.not_private_reasons)
-    )
+    reasons = [*trainer.not_private_reasons, *([broken(bug)] if bug else [])]
+    return Observation(setting, kind, included, scores, epsilon, accountant, cfg.privacy.delta, bug, reasons)
 
 
 def _certificate(trainer, setting: str, kind: str) -> tuple[float, str]:

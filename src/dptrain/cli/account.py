@@ -6,7 +6,6 @@ Descent" (its own flags), or by a random search releasing the best of a random n
 from __future__ import annotations
 
 import argparse
-import json
 
 from dptrain.cli import bands as bandmf
 from dptrain.cli import common
@@ -117,20 +116,19 @@ def run(args: argparse.Namespace) -> int:
     extra = {} if bands is None or best is None else bands.json(best.epsilon, args.delta)
     if args.json:
         if len(names) == 1:
-            print(json.dumps({**reports[0].to_dict(), **extra, "membership_inference": _attacker_json(attacker)}))
+            common.print_json({**reports[0].to_dict(), **extra, "membership_inference": _attacker_json(attacker)}, reads_data=False)
         else:
-            print(
-                json.dumps(
-                    {
-                        "epsilon": best.epsilon if best else None,
-                        "delta": args.delta,
-                        "accountant": best.accountant if best else None,
-                        "all": [r.to_dict() for r in reports],
-                        "refused": refusals,
-                        **extra,
-                        "membership_inference": _attacker_json(attacker),
-                    }
-                )
+            common.print_json(
+                {
+                    "epsilon": best.epsilon if best else None,
+                    "delta": args.delta,
+                    "accountant": best.accountant if best else None,
+                    "all": [r.to_dict() for r in reports],
+                    "refused": refusals,
+                    **extra,
+                    "membership_inference": _attacker_json(attacker),
+                },
+                reads_data=False,
             )
         return 0
     for r in reports:
@@ -267,7 +265,7 @@ def _search(args: argparse.Namespace, trial, trials, bands=None) -> int:
         out["refused"] = refusals
     attacker = _attacker(args, search)
     if args.json:
-        print(json.dumps({**out, "membership_inference": _attacker_json(attacker)}))
+        common.print_json({**out, "membership_inference": _attacker_json(attacker)}, reads_data=False)
         return 0
     print(
         f"{'search':>12}: epsilon = {best.epsilon:.6g} at delta = {args.delta:g}  ({best.accountant}; the best of a "
@@ -337,7 +335,7 @@ def _last_iterate(args: argparse.Namespace) -> int:
         out.update(rdp_order=args.rdp_order, rdp=at.rdp, rdp_composition=at.composition)
     attacker = _attacker(args, None, LAST_ITERATE_NO_PROFILE)
     if args.json:
-        print(json.dumps({**out, "membership_inference": _attacker_json(attacker)}))
+        common.print_json({**out, "membership_inference": _attacker_json(attacker)}, reads_data=False)
         return 0
     burn = (
         "none (decaying steps keep growing)"

@@ -11,7 +11,6 @@ the input are one-line :class:`~dptrain.errors.ConfigError` (exit code 2 through
 from __future__ import annotations
 
 import argparse
-import json
 
 from dptrain.auditing import BUGS, KINDS
 from dptrain.cli import common
@@ -76,7 +75,10 @@ def run(args: argparse.Namespace) -> int:
     )
     for reason in result.get("not_private_because", []):  # (as every command says it: seeded, buffers released)
         print(f"dptrain: warning: not private: {reason}", file=sys.stderr)
-    print(json.dumps(result, indent=2) if args.json else format_audit(result))
+    if args.json:
+        common.print_json(result, indent=2)
+    else:
+        print(format_audit(result))
     return AUDIT_FAILED if result["verdict"] == "violation" else 0
 
 

@@ -6,7 +6,6 @@ Privacy"), or for ONE Gaussian release (the analytic Gaussian mechanism of Balle
 from __future__ import annotations
 
 import argparse
-import json
 import math
 
 from dptrain.cli import bands as bandmf
@@ -64,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     spent = epsilon(ledger(sigma), args.delta, cal.accountant)
     extra = {} if bands is None else bands.json(args.epsilon, args.delta)
     if args.json:
-        print(json.dumps({**_result(args, numbers, cal, spent), **extra}))
+        common.print_json({**_result(args, numbers, cal, spent), **extra}, reads_data=False)
     else:
         print(
             f"noise multiplier = {sigma:.6f}  ({numbers.steps} steps at sampling rate {numbers.sampling_rate:g}: "
@@ -109,7 +108,7 @@ def _search(args: argparse.Namespace, numbers, trial, trials, bands=None) -> int
     extra = {} if bands is None else bands.json(single.epsilon, args.delta)
     out.update(extra)
     if args.json:
-        print(json.dumps(out))
+        common.print_json(out, reads_data=False)
         return 0
     print(
         f"noise multiplier = {sigma:.6f} per trial  (a search of a {trials.name} number of trials, mean "
@@ -156,7 +155,7 @@ def _gaussian(args: argparse.Namespace) -> int:
         "calibration": "analytic Gaussian mechanism (Balle & Wang 2018, Thm 8)",
     }
     if args.json:
-        print(json.dumps(out))
+        common.print_json(out, reads_data=False)
     else:
         extra = (
             f"; the classical sqrt(2 ln(1.25/delta))/eps gives {classical:.4f}" if args.epsilon < 1 else ""

@@ -8,6 +8,7 @@ Imports nothing heavy (no torch, no dp_accounting, no scipy), so that building t
 from __future__ import annotations
 
 import argparse
+import json
 import math
 from typing import TYPE_CHECKING
 
@@ -102,6 +103,19 @@ def require_config(args: argparse.Namespace) -> None:
 
 def add_json(parser: argparse.ArgumentParser, help: str | None = None) -> None:
     parser.add_argument("--json", action="store_true", help=help)
+
+
+def print_json(result: dict, *, reads_data: bool = True, indent: int | None = None) -> None:
+    """Print a command's ``--json`` object: every command prints it here, and every one says ``private``
+    (tests/test_cli_json.py runs each command of the parser). A command that reads a data set passes its result's own
+    ``private`` (false when seeded, trained with an injected bug or without noise: its ``not_private_because`` says
+    why); one that reads none (``reads_data=False``: account, calibrate, plan, schedule compute from the numbers
+    given) prints ``private: true``, since nothing it prints is computed from private data."""
+    if not reads_data:
+        result = {**result, "private": True}
+    elif not isinstance(result.get("private"), bool):  # (a bug of dptrain's, never of the user's input)
+        raise TypeError(f"a command's JSON must say whether it is private, got keys {sorted(result)}")
+    print(json.dumps(result, indent=indent))
 
 
 # --- the privacy flags: account, calibrate (and plan's --delta) --------------------------------------------------

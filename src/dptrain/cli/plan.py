@@ -4,7 +4,6 @@ noise multiplier (van Dijk et al., "Proactive DP": the closed form and the App. 
 from __future__ import annotations
 
 import argparse
-import json
 
 from dptrain.cli import common
 from dptrain.cli.common import finite_float, positive_int
@@ -58,18 +57,12 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.json:
         if len(names) == 1:
-            print(json.dumps(result["plans"][0]))
+            common.print_json(result["plans"][0], reads_data=False)
         else:
             best = next((p for p in result["plans"] if p["accountant"] == result["tightest"]), {})
-            print(
-                json.dumps(
-                    {
-                        **best,
-                        "tightest": result["tightest"],
-                        "plans": result["plans"],
-                        "refused": result["refused"],
-                    }
-                )
+            common.print_json(
+                {**best, "tightest": result["tightest"], "plans": result["plans"], "refused": result["refused"]},
+                reads_data=False,
             )
         return 0
     print(
@@ -106,7 +99,7 @@ def _from_sigma(args: argparse.Namespace) -> int:
         args.from_sigma, args.dataset_size, args.epochs, args.theta, args.gamma.replace("-", "_")
     )
     if args.json:
-        print(json.dumps({**r, "accountant": "proactive"}))
+        common.print_json({**r, "accountant": "proactive"}, reads_data=False)
         return 0
 
     def verdict(rep):

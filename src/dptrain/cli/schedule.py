@@ -6,7 +6,6 @@ and utility bounds for given kappa and alpha (:func:`dptrain.schedules.bounds_gd
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from dptrain.cli import common
@@ -149,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
             zcdp = calibrate_schedule(kind, args.steps, accountant="zcdp", **options)
         plot = _plot(Path(args.plot), schedule, zcdp)
     if args.json:
-        print(json.dumps({**schedule.to_json(), **({"plot": str(plot)} if plot else {})}))
+        common.print_json({**schedule.to_json(), **({"plot": str(plot)} if plot else {})}, reads_data=False)
         return 0
     print(_summary(schedule, args))
     if plot is not None:
@@ -269,7 +268,7 @@ def _bound(args: argparse.Namespace) -> int:
         raise ConfigError(f"--bound needs --kappa K and --alpha A, got no {missing[0]}")
     summary = bound_summary(args.kappa, args.alpha)
     if args.json:
-        print(json.dumps(summary))
+        common.print_json(summary, reads_data=False)
         return 0
     s = summary
     print(

@@ -76,7 +76,10 @@ def run(args: argparse.Namespace) -> int:
     from dptrain.engine import distributed
     group = distributed.current()
     if group is None or group.main:  # one report per run
-        print(json.dumps(summary, indent=2) if args.json else format_report(summary))
+        if args.json:
+            common.print_json(summary, indent=2)
+        else:
+            print(format_report(summary))
     if group is not None:
         import torch.distributed as dist
 

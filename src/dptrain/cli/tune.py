@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 from dptrain.cli import common
 from dptrain.errors import ConfigError
@@ -56,7 +55,10 @@ def run(args: argparse.Namespace) -> int:
         cfg = load_config(args.config, overrides)
         out = args.out or fresh_directory(Path("runs") / f"{Path(args.config).stem}-tune")
         summary = run_search(cfg, out, progress=not args.no_progress, keep_trials=args.keep_trials)
-    print(json.dumps(summary, indent=2) if args.json else format_search(summary))
+    if args.json:
+        common.print_json(summary, indent=2)
+    else:
+        print(format_search(summary))
     return 0
 
 

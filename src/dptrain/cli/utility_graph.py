@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     result = {**graph.to_dict(), "largest_sigma": choice}
     (out / "utility_graph.json").write_text(json.dumps(result, indent=2))
     if args.json:
-        print(json.dumps(result))
+        common.print_json(result)
     else:
         print(graph.table(args.threshold))
         print(f"plot: {png}  (w* trained on the data without noise: this exploration is NOT private)")
