@@ -210,6 +210,45 @@ def test_the_sentinels_places_depend_on_the_secret_entropy_not_on_anything_share
     assert hits(c) == hits(d)  # a seeded run (not private) is reproducible
 
 
+class Routed(nn.Module):
+    """Routes each example by its value (a mixture of experts of one): example i's loss reaches expert ``a`` when
+    x_i0 > 0, else ``b``. Independent per example; which parameters a checked example's loss reaches is a statistic
+    of that private example."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(6, 2), nn.Linear(6, 2)
+
+    def forward(self, x):
+        up = x[:, 0] > 0
+        out = x.new_zeros(len(x), 2)
+        if up.any():
+            out = out.index_put((up.nonzero().squeeze(1),), self.a(x[up]))
+        if (~up).any():
+            out = out.index_put(((~up).nonzero().squeeze(1),), self.b(x[~up]))
+        return out
+
+
+def test_the_sentinels_secret_checks_print_nothing_that_depends_on_the_examples_they_drew():
+    """The sentinel compares secret rows of secret chunks with each alone; it warned, from the run's first chunk on,
+    that "parameter(s) 'b.bias', 'b.weight' are not used by the model's loss on the examples checked": a statistic of
+    the private rows it drew (here, that x_0 > 0 for both), printed on stderr during a certified run, once for each
+    set of experts those rows happened to avoid."""
+    import warnings
+
+    from dptrain.preflight.gradient_check import UnusedParameterWarning
+
+    x = X.clone()
+    x[:, 0] = x[:, 0].abs() + 0.1  # every example routes to a
+    with pytest.warns(UnusedParameterWarning):  # (the probe, before training: docs/privacy.md says what it reads)
+        trainer = _private(Routed(), data=(x, Y), batch_size=40)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        trainer.train(steps=1)  # (the run's first chunk is compared backward, on secret rows)
+    assert trainer.sentinel.checked > 0 and trainer.private
+    assert not [w for w in seen if issubclass(w.category, UnusedParameterWarning)]
+
+
 # --- buffers ---------------------------------------------------------------------------------------------------
 
 

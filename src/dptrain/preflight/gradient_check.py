@@ -203,14 +203,18 @@ def refusal(name: str, backend: str, k: int) -> ModelError:
 
 def compare(model, sampler, loss_fn, x, y, grads, losses, rows: list[int], tol: Tolerance, *,
             mixing: bool, gradients: bool, reference: str = "autograd", floor: float = 0.0,
-            params: dict | None = None) -> tuple[list[int], list[str]]:
+            params: dict | None = None, warn_unused_parameters: bool = False) -> tuple[list[int], list[str]]:
     """(rows whose loss moved, names of the parameters whose gradient disagrees) between the batch's per-example
     ``grads`` / ``losses`` and each row of ``rows`` computed alone. ``reference``: "autograd" (a backward pass on the
     example alone) or "backend" (the backend itself on a batch of one: a backend of the caller's own that need not use
     ``loss_fn``, checked for mixing only). ``floor``: an absolute tolerance added to every gradient's (during training,
     a tiny fraction of the clip norm: a well-fit example's gradient is a cancellation, e.g. 1 - p, whose rounding is
     large beside it and nothing beside what clipping bounds). ``params``: the parameters compared (default: the
-    model's trainable ones; during training the trainer's, those its backend privatizes)."""
+    model's trainable ones; during training the trainer's, those its backend privatizes). ``warn_unused_parameters``:
+    warn of the parameters no row's loss reaches (:func:`warn_unused`), for the probe before training only: which
+    parameters a row's loss reaches can depend on its values (a mixture of experts routes each example), and a
+    warning printed from the sentinel's secret chunks during training would be a statistic of private examples on
+    stderr, unaccounted (its text and how often it is printed changed with the data)."""
     params = trainable_parameters(model) if params is None else {n: p for n, p in params.items() if p.requires_grad}
     first = next(iter(params.values()))
     n = len(y)
@@ -220,7 +224,7 @@ def compare(model, sampler, loss_fn, x, y, grads, losses, rows: list[int], tol: 
         with torch.no_grad(), autocast:  # (torch.func and the loop compute each loss alone: the batch's, here)
             losses = loss_fn(call_model(model, x), y)
     moved, bad = [], []
-    unused = set(params) if reference == "autograd" and gradients and rows else set()
+    unused = set(params) if warn_unused_parameters and reference == "autograd" and gradients and rows else set()
     for i in rows:
         if reference == "autograd":
             with restored(model):
@@ -385,7 +389,7 @@ def settle(trainer, x, y, rows: list[int], tol: Tolerance, *, mixing: bool, grad
         if not (mixing or gradients):
             return out
         moved, bad = compare(model, sampler, loss_fn, x, y, grads, losses, rows, tol, mixing=mixing,
-                             gradients=gradients, reference=reference)
+                             gradients=gradients, reference=reference, warn_unused_parameters=True)
         if moved:
             raise mixing_refusal(model, loss_fn, x, y, moved[0], lambda: autocast_of(sampler), tol.loss)
         if not bad:
