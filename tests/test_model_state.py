@@ -218,6 +218,49 @@ def test_a_parameter_changed_outside_the_loops_optimizer_step_is_refused_and_lab
     loop.close()
 
 
+def _load_edited(opt, x):
+    state = opt.state_dict()
+    for entry in state["state"].values():
+        entry["momentum_buffer"] = entry["momentum_buffer"] + 100 * x.detach().mean()
+    opt.load_state_dict(state)
+
+
+OPTIMIZER_WAYS = {  # (optimizer, its state written from the chunk's examples between the release and the next step)
+    "a momentum buffer written in place": (
+        lambda ps: torch.optim.SGD(ps, lr=0.5, momentum=0.9),
+        lambda opt, x: [s["momentum_buffer"].add_(100 * x.detach().mean()) for s in opt.state.values()],
+    ),
+    "Adam's first moment written through .data": (
+        lambda ps: torch.optim.Adam(ps, lr=0.1),
+        lambda opt, x: [s["exp_avg"].data.add_(100 * x.detach().mean()) for s in opt.state.values()],
+    ),
+    "another state loaded": (lambda ps: torch.optim.SGD(ps, lr=0.5, momentum=0.9), _load_edited),
+}
+
+
+@pytest.mark.parametrize("way", list(OPTIMIZER_WAYS))
+def test_the_optimizers_state_changed_outside_its_step_is_refused_and_labels_the_run(way):
+    """The optimizer's step applies its state (momentum, Adam's moments) besides the release: written from the
+    examples by hand, it moved the parameters by an unclipped, unnoised statistic of them, in a certified run."""
+    make, write = OPTIMIZER_WAYS[way]
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 2))
+    opt = make(model.parameters())
+    loop = make_private_loop(model, opt, (X, Y), noise_multiplier=1.0, batch_size=64, max_physical_batch_size=64)
+    with pytest.raises(LoopError, match="optimizer's state .* changed outside the loop's optimizer step") as e:
+        for x, y in loop.batches(steps=3):
+            loop.backward(F.cross_entropy(model(x), y, reduction="none"))
+            opt.step()
+            opt.zero_grad()
+            if loop.steps == 1:
+                write(opt, x)
+                stepped = [p.detach().clone() for p in model.parameters()]
+    assert "\n" not in str(e.value)
+    assert all(torch.equal(a, b.detach()) for a, b in zip(stepped, model.parameters(), strict=True))  # not applied
+    assert not loop.trainer.private and not loop.epsilon().certified
+    loop.close()
+
+
 def test_a_projection_in_the_optimizers_step_keeps_the_loop_private():
     loop, model, opt = _loop()
     opt.register_step_post_hook(lambda o, a, k: [p.data.clamp_(-0.2, 0.2) for p in model.parameters()])

@@ -37,7 +37,7 @@ from dptrain.engine.grad_scaler import REFUSAL as GRAD_SCALER_REFUSAL
 from dptrain.engine.grad_scaler import called_by_grad_scaler
 from dptrain.engine.interrupts import deferred_signals
 from dptrain.engine.loop_chunks import derived_from, hand_out, reaches, same_examples, tensors_of
-from dptrain.engine.loop_state import changed_outside_step
+from dptrain.engine.loop_state import OptimizerWatch, changed_optimizer_state, changed_outside_step
 from dptrain.engine.trainer import FROZEN_REFUSAL, PrivateTrainer, optimizer_step
 from dptrain.errors import ConfigError, DPTrainError, ModelError
 from dptrain.stages.clipping import ClipStats, clipped_sum
@@ -136,6 +136,8 @@ class PrivateLoop:
         self._install_step()
         #: the model's state since the loop last checked it: it changes only in the optimizer step (:meth:`_check_state`)
         self._state = trainer.sentinel.watch()
+        #: the optimizer's state since its last step: it changes only in the step too
+        self._optimizer_state = OptimizerWatch(self.optimizer, model)
         trainer.step = self._trainer_step  # (the trainer's own steps would call the loop's optimizer step)
 
     def _trainer_step(self):
@@ -249,6 +251,7 @@ class PrivateLoop:
         self._check_between_steps("load_state_dict()")
         self.trainer.load_state_dict(state)
         self._state = self.trainer.sentinel.watch()
+        self._optimizer_state = OptimizerWatch(self.optimizer, self.model)
 
     def close(self) -> None:
         """End the loop: an unfinished logical batch is abandoned (nothing released), the hooks are removed and the
@@ -378,6 +381,7 @@ class PrivateLoop:
             if held is not None:
                 held.close()  # (a signal held since the release is delivered here, after the update)
         self._state = self.trainer.sentinel.watch()  # (the one place the parameters may change)
+        self._optimizer_state = OptimizerWatch(self.optimizer, self.model)  # (and the optimizer's state)
         self.trainer.check_weights()
         return result
 
@@ -443,7 +447,14 @@ class PrivateLoop:
             self._foreign = True
 
     def _check_state(self, parameters_only: bool = False) -> None:
-        """The model's state as the loop last saw it (then ``self._state`` holds), else refused (:mod:`.loop_state`)."""
+        """The model's state and the optimizer's as the loop last saw them (then ``self._state`` and
+        ``self._optimizer_state`` hold), else refused (:mod:`.loop_state`)."""
+        message = changed_optimizer_state(self.trainer, self._optimizer_state)
+        if message is not None:
+            self._optimizer_state = OptimizerWatch(self.optimizer, self.model)
+            for p in self.trainer.params.values():  # (a gradient of the logical batch is not applied)
+                p.grad = None
+            self._refuse(message)
         if not self._state.written():
             return
         message = changed_outside_step(self.trainer, self._state, parameters_only)
