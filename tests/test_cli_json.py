@@ -45,8 +45,7 @@ RUNS = {
     "account": (["account", "--sampling", "full", "--noise-multiplier", "1", "--steps", "10", "--delta", "1e-5"],
                 True),
     "calibrate": (["calibrate", "--mechanism", "gaussian", "--epsilon", "1", "--delta", "1e-5"], True),
-    "plan": (["plan", "--epsilon", "2", "--delta", "1e-5", "--dataset-size", "1000", "--epochs", "2",
-              "--accountant", "rdp"], True),
+    "plan": (["plan", "--from-sigma", "2", "--dataset-size", "1000", "--epochs", "2"], True),
     "schedule": (["schedule", "--kind", "uniform", "--steps", "5", "--rho", "1"], True),
 }
 
