@@ -8,9 +8,10 @@ the modules' attributes hold) from one point it checks to the next: the chunk's 
 optimizer step's entry and exit, the end of the loop body. Only the optimizer step (with its step hooks: a projection
 or weight constraint goes in ``optimizer.register_step_post_hook``) and the model's own passes on a chunk (the
 sentinel's to check: :mod:`dptrain.preflight.sentinel`) lie between two checks. The optimizer's state (momentum
-buffers, Adam's moments, step counts: what its step applies besides the release) is watched the same way
-(:class:`OptimizerWatch`): a momentum buffer written from the examples by hand was applied by the next step, unclipped
-and unnoised, in a certified run. Not seen: values kept outside the model (a global, a closure, a Python number or
+buffers, Adam's moments, step counts: what its step applies besides the release) changes only in its step too: it is
+read as the last step left it (:class:`OptimizerWatch`) and checked when the next step is about to apply it (a
+momentum buffer written from the examples by hand was applied by the next step, unclipped and unnoised, in a
+certified run). Not seen: values kept outside the model (a global, a closure, a Python number or
 flag set on a module between steps, which frameworks such as accelerate do), the optimizer's hyperparameters
 (``param_groups``: an LR scheduler sets them, from the step count or from anything else), and the model after the
 loop's last body.

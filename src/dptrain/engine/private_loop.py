@@ -371,6 +371,7 @@ class PrivateLoop:
         if batch.stepped:
             raise LoopError("optimizer.step() was called twice for one logical batch: one step per release")
         self._check_stepped(batch)
+        self._check_optimizer_state()
         self._check_state()
         try:
             result = optimizer_step(previous, self.trainer.steps, *args, **kwargs)
@@ -447,19 +448,23 @@ class PrivateLoop:
             self._foreign = True
 
     def _check_state(self, parameters_only: bool = False) -> None:
-        """The model's state and the optimizer's as the loop last saw them (then ``self._state`` and
-        ``self._optimizer_state`` hold), else refused (:mod:`.loop_state`)."""
-        message = changed_optimizer_state(self.trainer, self._optimizer_state)
-        if message is not None:
-            self._optimizer_state = OptimizerWatch(self.optimizer, self.model)
-            for p in self.trainer.params.values():  # (a gradient of the logical batch is not applied)
-                p.grad = None
-            self._refuse(message)
+        """The model's state as the loop last saw it (then ``self._state`` holds), else refused (:mod:`.loop_state`)."""
         if not self._state.written():
             return
         message = changed_outside_step(self.trainer, self._state, parameters_only)
         self._state = self.trainer.sentinel.watch()
         if message is not None:
+            for p in self.trainer.params.values():  # (a gradient of the logical batch is not applied)
+                p.grad = None
+            self._refuse(message)
+
+    def _check_optimizer_state(self) -> None:
+        """The optimizer's state as its last step left it, read when its next step is about to apply it (once per
+        logical batch: a checksum of every moment costs a pass over the optimizer's memory), else refused and the run
+        labelled (:func:`.loop_state.changed_optimizer_state`)."""
+        message = changed_optimizer_state(self.trainer, self._optimizer_state)
+        if message is not None:
+            self._optimizer_state = OptimizerWatch(self.optimizer, self.model)
             for p in self.trainer.params.values():  # (a gradient of the logical batch is not applied)
                 p.grad = None
             self._refuse(message)
