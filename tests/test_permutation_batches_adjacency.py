@@ -64,3 +64,41 @@ def test_permutation_batches_are_charged_2c_per_step_and_that_bounds_adding_an_e
     assert np.all(np.maximum(remove, add) <= profile_deltas(pld, EPSILONS))
     assert ledger.neighboring == "replace_one"  # the same n, one example replaced: its block moves by up to 2C
     assert ledger.entries[0].event.noise_multiplier == pytest.approx(SIGMA / 2)
+
+
+@pytest.mark.parametrize("sampling", ["cyclic", "shuffled", "fixed_size"])
+def test_a_ledger_under_add_remove_adjacency_is_refused_for_replace_one_batches(sampling):
+    """A given ledger (a resumed run's, a preprocessing prefix, the user's own) sets the adjacency its steps are
+    recorded under: for these schemes add/remove would record sensitivity C, which the run does not meet."""
+    from dptrain.accounting import Ledger
+    from dptrain.errors import ConfigError
+
+    model = torch.nn.Linear(3, 2)
+    x, y = torch.randn(4, 3), torch.tensor([0, 1, 0, 1])
+    with pytest.raises(ConfigError, match="certified under replace-one adjacency") as e:
+        make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), (x, y), noise_multiplier=SIGMA,
+                     batch_size=2, sampling=sampling, seed=0, ledger=Ledger())
+    assert "\n" not in str(e.value)
+    trainer = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), (x, y), noise_multiplier=SIGMA,
+                           batch_size=2, sampling=sampling, seed=0, ledger=Ledger(neighboring="replace_one"))
+    event = trainer.release_event()[0]
+    assert getattr(event, "event", event).noise_multiplier == pytest.approx(SIGMA / 2)  # std over 2C
+    trainer.close()
+
+
+def test_last_iterate_cyclic_batches_are_certified_under_replace_adjacency_only(capsys):
+    from dptrain.accounting.last_iterate import Setting, last_iterate_report
+    from dptrain.cli import main
+    from dptrain.errors import AccountingError
+
+    common = dict(n=100, b=10, noise_std=0.5, lipschitz=1.0, diameter=10.0, learning_rate=1.0, steps=100,
+                  smoothness=1.0, batching="cyclic")
+    assert last_iterate_report(Setting(**common, adjacency="replace"), 1e-5)["epsilon"] > 0
+    with pytest.raises(AccountingError, match="replace adjacency only"):
+        last_iterate_report(Setting(**common, adjacency="remove"), 1e-5)
+    flags = ("account --accountant last_iterate --lipschitz 1 --diameter 10 --smoothness 1 --learning-rate 1 "
+             "--dataset-size 100 --batch-size 10 --noise-std 0.5 --steps 100 --delta 1e-5 --batching cyclic "
+             "--adjacency remove").split()
+    assert main(flags) == 2
+    err = capsys.readouterr().err
+    assert "replace adjacency only" in err and len(err.strip().splitlines()) == 1
