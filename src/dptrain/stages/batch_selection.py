@@ -298,7 +298,7 @@ class PermutationBatches(_ExactBatch):
     """Consecutive blocks of ``batch_size`` of a secret permutation: ``cyclic`` draws one permutation before the
     first step and cycles through its blocks (b must divide n); ``shuffled`` draws a fresh one every epoch (the
     last block of an epoch may be smaller). No amplification by sampling is claimed: every step is accounted as
-    an unsampled Gaussian release."""
+    an unsampled Gaussian release of sensitivity 2C, under replace-one adjacency (REPLACE_ONE_SCHEMES)."""
 
     dataset_size: int
     batch_size: int
