@@ -372,9 +372,8 @@ def validate(cfg: RunConfig) -> None:
         section.validate(cfg)
 
 
-#: Accountants that certify a BandMF run from a config, and "auto" (pld). (The composition accountant also covers a
-#: BandMF training phase, dptrain.accounting's covers_bandmf, but only in a ledger of phases built in Python: a run's
-#: ledger it refuses, with a private mean or without one.)
+#: Accountants that certify a BandMF run from a config, and "auto" (pld; for DPSGD-F's Algorithm 2, whose private
+#: quantile pld and rdp cannot read, the composition accountant, which covers a BandMF training phase).
 BANDMF_ACCOUNTANTS = ("auto", "pld", "rdp")
 
 

@@ -67,8 +67,7 @@ def step_facts(
 ) -> dict[str, Any]:
     """The facts the last-iterate accountant needs, recorded with every step (identical for all steps of a run,
     so the ledger keeps one entry). Step t (from 0) uses eta_t = learning_rate * (t + 1) ** (-lr_power)."""
-    if adjacency not in ADJACENCIES:
-        raise AccountingError(f"unknown adjacency {adjacency!r}; accepted: {', '.join(ADJACENCIES)}")
+    _check_adjacency(batching, adjacency, n, b)
     return {
         "mechanism": MECHANISM,
         "sampling": _SAMPLING[batching],
@@ -95,6 +94,20 @@ _SAMPLING = {"random": "fixed_size_without_replacement", "cyclic": "cyclic", "fu
 def neighboring_for(adjacency: str) -> str:
     """The ledger's neighbouring relation for an adjacency (dp_accounting's names)."""
     return {"replace": "replace_one", "remove": "add_or_remove_one"}[adjacency]
+
+
+def _check_adjacency(batching: str, adjacency: str, n: int, b: int) -> None:
+    """Cyclic batches (b < n) are certified under replace adjacency only: they are positions in a fixed order, so
+    removing an example shifts every later one into another batch, and the neighbouring runs differ in every batch
+    after it, not in the one batch per pass that Delta = L charges (docs/accounting.md, "Accountants": adjacency of a run)."""
+    if adjacency not in ADJACENCIES:
+        raise AccountingError(f"unknown adjacency {adjacency!r}; accepted: {', '.join(ADJACENCIES)}")
+    if batching == "cyclic" and adjacency == "remove" and b < n:
+        raise AccountingError(
+            "cyclic batches are certified under replace adjacency only (removing an example shifts the later ones "
+            "into other batches, which remove adjacency's Delta = L at one batch per pass does not bound); use "
+            "adjacency replace, or full batches with remove"
+        )
 
 
 def _check_batching(batching: str, n: int, b: int) -> None:
@@ -209,8 +222,7 @@ class Setting:
 
     def validate(self) -> None:
         _check_batching(self.batching, self.n, self.b)
-        if self.adjacency not in ADJACENCIES:
-            raise AccountingError(f"unknown adjacency {self.adjacency!r}; accepted: {', '.join(ADJACENCIES)}")
+        _check_adjacency(self.batching, self.adjacency, self.n, self.b)
         for name in ("noise_std", "lipschitz", "diameter", "learning_rate"):
             v = getattr(self, name)
             if not (v > 0 and math.isfinite(v)):

@@ -258,6 +258,14 @@ class PrivateTrainer(Checkpointing, PrivacySide):
         #: Facts recorded with every step; default: DP-SGD's (sampling scheme, rate, data set size, clip norm).
         self.release_facts = release_facts
         neighboring = "replace_one" if self.sampler.scheme in REPLACE_ONE_SCHEMES else "add_or_remove_one"
+        if ledger is not None and release_facts is None and neighboring == "replace_one" != ledger.neighboring:
+            # (DP-SGD steps recorded at sensitivity C, under an adjacency they do not meet; a mechanism with its own
+            # release facts states its adjacency there, for its accountant: last_iterate refuses cyclic + remove)
+            raise ConfigError(
+                f"{self.sampler.scheme} batches are certified under replace-one adjacency (sensitivity 2C: adding an "
+                f"example moves others between batches), but the ledger given records {ledger.neighboring}: pass "
+                "no ledger, or one made with Ledger(neighboring='replace_one')"
+            )
         self.ledger = ledger if ledger is not None else Ledger(neighboring=neighboring)
         self.ledger.private = self.private
         self.steps = training_steps(self.ledger)

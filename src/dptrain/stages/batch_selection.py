@@ -34,8 +34,12 @@ from dptrain.errors import ConfigError
 from dptrain.randomness.generators import Stream
 
 SAMPLING_NAMES = ("poisson", "full", "fixed_size", "cyclic", "shuffled")
-#: Schemes whose accounting needs replace-one adjacency (dp_accounting's sampling-without-replacement analysis).
-REPLACE_ONE_SCHEMES = ("fixed_size",)
+#: Schemes certified under replace-one adjacency, each step's sum of sensitivity 2C: fixed-size samples
+#: (dp_accounting's sampling-without-replacement analysis), and every scheme whose batches are blocks of positions
+#: in a permutation of the n examples (cyclic, shuffled). Adding an example to a permutation shifts every later
+#: example to the next position and so moves others between blocks (the step sums after it differ by up to 2C,
+#: not C: tests/test_permutation_batches_adjacency.py); replacing one keeps every other example where it was.
+REPLACE_ONE_SCHEMES = ("fixed_size", "cyclic", "shuffled")
 
 
 class BatchSampler(Protocol):
@@ -294,7 +298,7 @@ class PermutationBatches(_ExactBatch):
     """Consecutive blocks of ``batch_size`` of a secret permutation: ``cyclic`` draws one permutation before the
     first step and cycles through its blocks (b must divide n); ``shuffled`` draws a fresh one every epoch (the
     last block of an epoch may be smaller). No amplification by sampling is claimed: every step is accounted as
-    an unsampled Gaussian release."""
+    an unsampled Gaussian release of sensitivity 2C, under replace-one adjacency (REPLACE_ONE_SCHEMES)."""
 
     dataset_size: int
     batch_size: int
