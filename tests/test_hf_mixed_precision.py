@@ -57,7 +57,7 @@ def test_a_masked_lm_trainer_script_with_bf16_trains(tmp_path):
                      eval_strategy="steps", eval_steps=2)
     trainer = DPTrainer(model=masked_lm(), args=args, train_dataset=Texts(tok, n=25), eval_dataset=Texts(tok, n=6),
                         data_collator=transformers.DataCollatorForLanguageModeling(tok, mlm=True, mlm_probability=0.3),
-                        privacy_args=PrivacyArguments(noise_multiplier=1.0, delta=1e-2))
+                        privacy_args=PrivacyArguments(noise_multiplier=1.0, delta=1e-2, eval_is_public=True))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trainer.train()

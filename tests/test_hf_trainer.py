@@ -143,7 +143,8 @@ def test_a_bert_classifier_calibrated_to_a_target_epsilon(tmp_path):
 
     args = arguments(tmp_path, per_device_train_batch_size=4, gradient_accumulation_steps=2, num_train_epochs=1,
                      learning_rate=1e-2, warmup_steps=2, logging_steps=2)
-    privacy = PrivacyArguments(target_epsilon=4.0, delta=1e-5, accountant="rdp", log_not_private=True)
+    privacy = PrivacyArguments(target_epsilon=4.0, delta=1e-5, accountant="rdp", log_not_private=True,
+                               eval_is_public=True)
     trainer = DPTrainer(model=bert_classifier(), args=args, train_dataset=Tokens(N, classes=2),
                         eval_dataset=Tokens(16, seed=2, classes=2), compute_metrics=accuracy, privacy_args=privacy)
     with warnings.catch_warnings():
@@ -325,7 +326,7 @@ def test_a_fully_fine_tuned_bart_from_a_seq2seq_script_trains_evaluates_and_relo
                      eval_strategy="steps", eval_steps=1, per_device_eval_batch_size=3, learning_rate=1e-2)
     collator = transformers.DataCollatorForSeq2Seq(tokenizer())
     trainer = DPTrainer(model=model, args=args, train_dataset=Items(), eval_dataset=Items(), data_collator=collator,
-                        privacy_args=PrivacyArguments(noise_multiplier=1.0, delta=1e-2))
+                        privacy_args=PrivacyArguments(noise_multiplier=1.0, delta=1e-2, eval_is_public=True))
     trainer.train()
     assert trainer.private_loop.trainer.grad_sampler.name.startswith("layerwise")
     assert sum("eval_loss" in row for row in trainer.state.log_history) == 2 and trainer.private_loop.steps == 2
@@ -350,7 +351,7 @@ def test_evaluation_and_prediction_on_training_examples_are_refused_through_view
         DPTrainer(model=gpt2_lora(), args=arguments(tmp_path), train_dataset=train, eval_dataset={"a": mixed},
                   privacy_args=PrivacyArguments(noise_multiplier=1.0))
     trainer = DPTrainer(model=gpt2_lora(), args=arguments(tmp_path), train_dataset=train, eval_dataset=held_out,
-                        privacy_args=PrivacyArguments(noise_multiplier=1.0))
+                        privacy_args=PrivacyArguments(noise_multiplier=1.0, eval_is_public=True))
     assert "eval_loss" in trainer.evaluate()  # (the other part of the split: held out)
     assert trainer.predict(torch.utils.data.Subset(held_out, [0, 1])).predictions is not None
     for call in (lambda: trainer.predict(train), lambda: trainer.predict(some_train),
@@ -362,6 +363,34 @@ def test_evaluation_and_prediction_on_training_examples_are_refused_through_view
     assert "test_loss" in trainer.evaluate("test", metric_key_prefix="test")
     with pytest.raises(ConfigError, match="holds training examples"):
         trainer.evaluate()
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_metrics_of_evaluation_data_not_declared_public_are_refused_or_labelled(tmp_path):
+    """The held-out part of a random_split of the user's data is as sensitive as the part trained on (the CLI writes a
+    test accuracy only for a public test set). Its evaluation metrics used to be logged as they were, and a model could
+    be chosen by them (load_best_model_at_end): refused unless the evaluation data are declared public, or logged and
+    returned labelled _not_private with log_not_private (a choice of the model by them refused even so)."""
+    train, held_out = torch.utils.data.random_split(Tokens(N + 8), [N, 8], generator=torch.Generator().manual_seed(0))
+    options = dict(model=gpt2_lora(), train_dataset=train, eval_dataset=held_out)
+    trainer = DPTrainer(args=arguments(tmp_path), privacy_args=PrivacyArguments(noise_multiplier=1.0), **options)
+    with pytest.raises(ConfigError, match="eval_is_public=True") as refused:
+        trainer.evaluate()
+    assert "\n" not in str(refused.value)
+    with pytest.raises(ConfigError, match="eval_strategy"):
+        DPTrainer(args=arguments(tmp_path, eval_strategy="steps", eval_steps=1),
+                  privacy_args=PrivacyArguments(noise_multiplier=1.0), **options)
+    best = arguments(tmp_path, eval_strategy="steps", save_strategy="steps", load_best_model_at_end=True)
+    with pytest.raises(ConfigError, match="metric_for_best_model='loss'"):
+        DPTrainer(args=best, privacy_args=PrivacyArguments(noise_multiplier=1.0, log_not_private=True), **options)
+    labelled = DPTrainer(args=arguments(tmp_path), **options,
+                         privacy_args=PrivacyArguments(noise_multiplier=1.0, log_not_private=True))
+    metrics = labelled.evaluate()
+    assert "eval_loss_not_private" in metrics and "eval_loss" not in metrics
+    assert "eval_loss_not_private" in labelled.state.log_history[-1]
+    assert not any("eval_loss" in row for row in labelled.state.log_history)
+    public = DPTrainer(args=best, privacy_args=PrivacyArguments(noise_multiplier=1.0, eval_is_public=True), **options)
+    assert "eval_loss" in public.evaluate() and "eval_loss" in public.state.log_history[-1]
 
 
 def test_each_checkpoint_and_saved_model_carries_its_ledger_and_certificate(tmp_path):

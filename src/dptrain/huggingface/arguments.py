@@ -37,6 +37,11 @@ class PrivacyArguments:
         default=False,
         metadata={"help": "log statistics of the private batches (the training loss), labelled _not_private"},
     )
+    eval_is_public: bool = field(
+        default=False,
+        metadata={"help": "the evaluation data are public (not sensitive): their metrics are logged as they are; "
+                          "otherwise evaluation is refused, or logged labelled _not_private with log_not_private"},
+    )
     privacy_seed: int | None = field(
         default=None,
         metadata={"help": "seed of the noise and the batches: reproducible and NOT private (never TrainingArguments.seed)"},

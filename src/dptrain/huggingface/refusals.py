@@ -153,6 +153,31 @@ def check_held_out(datasets, train, what: str) -> None:
                 )
 
 
+#: Why metrics of evaluation data not declared public are not logged as they are (the CLI's data.test_is_public).
+NOT_PUBLIC = (
+    "are computed from the evaluation examples, which are not declared public (the other part of a random_split of "
+    "your data is as sensitive as the part trained on): set PrivacyArguments(eval_is_public=True) for a public, "
+    "non-sensitive held-out set, or log_not_private=True to log the metrics labelled _not_private"
+)
+
+
+def check_evaluation(args, privacy_args) -> None:
+    """Refuse evaluation whose metrics would leave the run unaccounted: during training (``eval_strategy``) on data
+    not declared public, unless labelled (``log_not_private``); and any choice of the released model by them
+    (``metric_for_best_model``: ``load_best_model_at_end``, early stopping), which no label makes private."""
+    if privacy_args.eval_is_public:
+        return
+    if args.metric_for_best_model is not None:
+        raise ConfigError(
+            f"metric_for_best_model={args.metric_for_best_model!r} (load_best_model_at_end, early stopping) chooses "
+            "the released model by its metrics on evaluation examples not declared public, an unaccounted release "
+            "that no label makes private: set PrivacyArguments(eval_is_public=True) for a public, non-sensitive "
+            "held-out set, or leave it unset"
+        )
+    if str(getattr(args.eval_strategy, "value", args.eval_strategy)) != "no" and not privacy_args.log_not_private:
+        raise ConfigError(f"evaluation during training (eval_strategy): its metrics {NOT_PUBLIC}")
+
+
 def refuse_resume() -> None:
     raise ConfigError(
         "DPTrainer.train(resume_from_checkpoint=...): a Trainer checkpoint does not hold the privacy ledger, so the "

@@ -23,7 +23,8 @@ and the optimizer step exactly once per logical batch, and the number of steps i
 ``num_train_epochs`` over ``round(1 / q)`` logical batches an epoch, or ``max_steps``): the noise is calibrated for it.
 
 What leaves the run. The logs keep the released quantities and the certificate (``epsilon``, ``delta``,
-``accountant``, ``certified``), what evaluation on held-out data logs (post-processing), and the learning rate and
+``accountant``, ``certified``), what evaluation logs on data declared public (``eval_is_public``: post-processing;
+otherwise refused, or labelled ``_not_private`` with ``log_not_private``), and the learning rate and
 the norm of the released gradient; statistics of the private batches (the training loss, FLOPs counted from the
 batches' sizes) are dropped, or logged labelled ``_not_private`` with ``privacy_args.log_not_private``.
 :mod:`dptrain.huggingface.refusals` lists the Trainer options that are refused, and why.
@@ -47,7 +48,9 @@ from dptrain.engine.private_loop import PrivateLoop, make_private_loop
 from dptrain.errors import BudgetExhausted, ConfigError, ModelError
 from dptrain.huggingface.arguments import PrivacyArguments
 from dptrain.huggingface.refusals import (
+    NOT_PUBLIC,
     check_arguments,
+    check_evaluation,
     check_held_out,
     check_overrides,
     check_trainer,
@@ -140,6 +143,7 @@ class DPTrainer(transformers.Trainer):
             self.remove_callback(transformers.trainer_callback.ProgressCallback)
             self.add_callback(_StepProgress)
         self.privacy_args, self.loss_fn = privacy_args, loss_fn
+        check_evaluation(self.args, privacy_args)
         self.dataset_size = len(self.train_dataset)
         #: the expected logical batch: per_device_train_batch_size x gradient_accumulation_steps
         self.expected_batch_size = self.args.per_device_train_batch_size * self.args.gradient_accumulation_steps
@@ -296,16 +300,22 @@ class DPTrainer(transformers.Trainer):
         refuse_search()
 
     def evaluate(self, eval_dataset=None, *args, **kwargs):
-        """The Trainer's evaluation (on held-out data: post-processing of the released model); its logs are kept."""
+        """The Trainer's evaluation on held-out data. Its metrics are computed from the evaluation examples: logged and
+        returned as they are when ``privacy_args.eval_is_public`` (public data: post-processing of the released
+        model), labelled ``_not_private`` with ``log_not_private``, else refused."""
         chosen = self.eval_dataset if eval_dataset is None else eval_dataset
         if isinstance(eval_dataset, str) and isinstance(self.eval_dataset, dict):
             chosen = self.eval_dataset.get(eval_dataset)
         check_held_out(chosen, self.train_dataset, "the evaluation data")
+        public, labelled = self.privacy_args.eval_is_public, self.privacy_args.log_not_private
+        if not public and not labelled:
+            raise ConfigError(f"DPTrainer.evaluate(): the metrics {NOT_PUBLIC}")
         self._in_evaluation = True
         try:
-            return super().evaluate(eval_dataset, *args, **kwargs)
+            metrics = super().evaluate(eval_dataset, *args, **kwargs)
         finally:
             self._in_evaluation = False
+        return metrics if public else {k + NOT_PRIVATE_SUFFIX: v for k, v in metrics.items()}
 
     # -- what leaves the run ---------------------------------------------------------------------------------------
     def epsilon(self, delta: float | None = None, accountant: str | None = None) -> PrivacyReport:
@@ -351,8 +361,8 @@ class DPTrainer(transformers.Trainer):
     def _released(self, logs: dict) -> dict:
         """``logs`` less the statistics of the private batches (or those labelled, with log_not_private), plus the
         certificate."""
-        if self._in_evaluation:
-            kept, held = dict(logs), {}
+        if self._in_evaluation:  # (not public: evaluate() ran only with log_not_private, which labels them)
+            kept, held = (dict(logs), {}) if self.privacy_args.eval_is_public else ({}, dict(logs))
         else:
             kept = {k: v for k, v in logs.items() if k in RELEASED_KEYS or k in CERTIFICATE_KEYS}
             held = {k: v for k, v in logs.items() if k not in kept}
