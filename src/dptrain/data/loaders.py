@@ -38,6 +38,7 @@ from dptrain.data.cifar import load_cifar10
 from dptrain.data.datasets import TEN_CLASSES, ArrayDataset, DataSplit, array_dataset, labels_in_range
 from dptrain.data.datasets import as_tensors as as_tensors  # (re-exported: it lived here)
 from dptrain.data.memmap import load_npz_mapped
+from dptrain.data.splits import array_contents, example_split
 from dptrain.data.text_files import OPTIONS as TEXT_FILE_OPTIONS
 from dptrain.data.text_files import TextDataset, load_text_files
 from dptrain.errors import DataError, one_line
@@ -92,13 +93,9 @@ def _check_int(name: str, value: Any, minimum: int) -> int:
     return int(value)
 
 
-def stratified_split(y: np.ndarray, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Deterministic stratified split: indices (train, test), each sorted.
-
-    Each class sends ``round(count * test_fraction)`` examples to the test set, but always keeps
-    at least one in the training set.
-    """
-    rng = np.random.default_rng(seed)
+def _split_generated(y: np.ndarray, test_fraction: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """A generated data set's split: each class sends ``round(count * test_fraction)`` examples to the test set (at
+    least one kept for training), chosen by the generator's own stream."""
     train_parts, test_parts = [], []
     for label in np.unique(y):
         idx = rng.permutation(np.flatnonzero(y == label))
@@ -106,6 +103,18 @@ def stratified_split(y: np.ndarray, test_fraction: float, seed: int) -> tuple[np
         test_parts.append(idx[:n_test])
         train_parts.append(idx[n_test:])
     return np.sort(np.concatenate(train_parts)), np.sort(np.concatenate(test_parts))
+
+
+def split_examples(x: np.ndarray, y: np.ndarray, test_fraction: float, seed: int, what: str):
+    """Indices (train, test) of the examples, each decided by the example alone (:mod:`dptrain.data.splits`: adding
+    or removing an example moves no other between the parts); both parts must hold an example."""
+    train_idx, test_idx = example_split(array_contents(x, y), test_fraction, seed)
+    if len(test_idx) == 0 or len(train_idx) == 0:
+        raise DataError(
+            f"{what}: too few examples ({len(y)}) to split off a test set of fraction {test_fraction} (split seed "
+            f"{seed} sent every one to one part); give more examples, another test_fraction, or a test set"
+        )
+    return train_idx, test_idx
 
 
 # ----------------------------------------------------------------------------------------------
@@ -241,7 +250,7 @@ def load_digits(test_fraction: float = 0.2, seed: int = 0) -> DataSplit:
     # Fixed constants (DIGITS_MEAN, DIGITS_STD): see the module docstring.
     x = ((bunch.images.astype(np.float32) / 16.0 - DIGITS_MEAN) / DIGITS_STD)[:, None, :, :]
     y = bunch.target.astype(np.int64)
-    train_idx, test_idx = stratified_split(y, test_fraction, seed)
+    train_idx, test_idx = split_examples(x, y, test_fraction, seed, "digits")
     train = array_dataset(x[train_idx], y[train_idx], 10, "digits")
     test = array_dataset(x[test_idx], y[test_idx], 10, "digits")
     description = f"scikit-learn digits ({len(train)} train / {len(test)} test, split seed {seed})"
@@ -273,7 +282,8 @@ def make_gaussian_mixture(
     means = separation * directions
     y = rng.permutation(np.arange(n) % num_classes)
     x = means[y] + rng.standard_normal((n, dim))
-    train_idx, test_idx = stratified_split(y, test_fraction, seed)
+    # (generated from the seed, balanced: no user's file whose neighbour could be given, so the exact split by class)
+    train_idx, test_idx = _split_generated(y, test_fraction, np.random.default_rng(seed))
     train = array_dataset(x[train_idx], y[train_idx], num_classes, "synthetic")
     test = array_dataset(x[test_idx], y[test_idx], num_classes, "synthetic")
     description = (
@@ -358,7 +368,8 @@ def load_npz(
 
     ``num_classes`` is public metadata and must be given: reading it from the labels would publish a statistic
     of the private data (the largest label) in the model's shape. With ``x_test`` and ``y_test`` also present they
-    form the test set; otherwise the examples are split by ``seed`` (stratified, ``test_fraction`` to test).
+    form the test set; otherwise each example goes to the test part by its own keyed hash (``seed``; about ``test_fraction`` of
+    them: :mod:`dptrain.data.splits`).
     Object arrays are refused.
     """
     path = Path(path)
@@ -401,11 +412,7 @@ def load_npz(
         how = "given test set"
     else:
         x, y = checked[0]
-        train_idx, test_idx = stratified_split(y, test_fraction, seed)
-        if len(test_idx) == 0:
-            raise DataError(
-                f"{path}: too few examples ({len(y)}) to split off a test set of fraction {test_fraction}"
-            )
+        train_idx, test_idx = split_examples(x, y, test_fraction, seed, str(path))
         x_train, y_train, x_test, y_test = x[train_idx], y[train_idx], x[test_idx], y[test_idx]
         how = f"split seed {seed}"
     train = array_dataset(x_train, y_train, num_classes, "npz")

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from dptrain.data.datasets import DataSplit
+from dptrain.data.splits import array_contents, example_split
 from dptrain.errors import DataError
 
 TASKS = ("causal_lm", "sequence_classification")
@@ -313,9 +314,14 @@ def load_text_files(
     if n < 2:
         raise DataError(f"{path}: too few examples to split off a test set (set data.options.test_path)")
     seed = _int_option("seed", seed, 0)
-    order = np.random.default_rng(seed).permutation(n)
-    n_test = min(max(1, round(n * test_fraction)), n - 1)
-    test, train = train.subset(np.sort(order[:n_test])), train.subset(np.sort(order[n_test:]))
+    train_idx, test_idx = example_split(
+        array_contents(train.x["input_ids"].numpy(), train.x["attention_mask"].numpy(), train.y.numpy()),
+        test_fraction, seed,
+    )
+    if len(test_idx) == 0 or len(train_idx) == 0:
+        raise DataError(f"{path}: too few examples ({n}) to split off a test set of fraction {test_fraction} (split "
+                        f"seed {seed} sent every one to one part; set data.options.test_path)")
+    test, train = train.subset(test_idx), train.subset(train_idx)
     description = f"text file {path} ({len(train)} train / {len(test)} test, split seed {seed}, {source})"
     return DataSplit(train, test, description, separate_test=False)
 
