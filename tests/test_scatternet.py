@@ -70,9 +70,11 @@ def test_cache_round_trip(tmp_path, monkeypatch):
     g = torch.Generator().manual_seed(1)
     x_train, x_test = torch.rand(5, 1, 28, 28, generator=g), torch.rand(3, 1, 28, 28, generator=g)
     y_train, y_test = torch.tensor([0, 1, 2, 3, 4]), torch.tensor([9, 8, 7])
-    path = cache_file(tmp_path, "fake", J=2)
+    path = cache_file(tmp_path / "cache", "fake", J=2)
     first = cached_features(path, x_train, y_train, x_test, y_test, J=2)
     assert path.is_file()
+    # the training examples' features are as sensitive as the examples: the owner's alone
+    assert path.stat().st_mode & 0o777 == 0o600 and path.parent.stat().st_mode & 0o077 == 0
     with np.load(path) as archive:
         assert archive["x_train"].dtype == np.float32 and archive["x_train"].shape == (5, 81, 7, 7)
         assert archive["x_test"].shape == (3, 81, 7, 7) and int(archive["J"]) == 2

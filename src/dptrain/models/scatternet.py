@@ -153,8 +153,10 @@ def _read_cache(path: Path, J: int, L: int, fingerprint: str) -> tuple[torch.Ten
 
 
 def _write_cache(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    """Write atomically (a temporary file renamed into place): a run stopped mid-write leaves no half cache."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Write atomically (a temporary file renamed into place): a run stopped mid-write leaves no half cache. The
+    features of the training examples are as sensitive as the examples (nearly invertible): the file is the owner's
+    alone (0600, mkstemp's), in a folder made the owner's alone (0700) when this makes it."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
