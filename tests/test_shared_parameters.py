@@ -99,7 +99,7 @@ def test_the_gradient_check_moves_a_wrong_layer_to_torch_func_and_training_is_ex
     trainer = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), _data(), noise_multiplier=1.0,
                            batch_size=50, seed=0)
     check = trainer.gradient_check
-    assert "lin.weight" in check.moved_to_func and check.backend == "func" and check.seconds < 5
+    assert "lin.weight" in check.moved_to_func and check.backend == "func"
     x, y = _data()
     grads, _ = trainer.grad_sampler(x[:7], y[:7])
     loop = _loop(model, x[:7], y[:7], lambda out, t: nn.functional.cross_entropy(out, t, reduction="none"))
