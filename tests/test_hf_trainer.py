@@ -465,3 +465,23 @@ def test_a_question_answering_head_trains_on_its_two_label_names(tmp_path):
         for i in inside:  # (alone, transformers' loss of an example whose positions are both ignored is NaN; ours 0)
             own = float(model(**{k: v[None] for k, v in data[i].items()}).loss)
             assert abs(float(losses[i]) - own) <= 1e-6 * own
+
+
+def test_state_a_forward_pass_caches_is_put_back_after_every_chunk_with_restore(tmp_path):
+    """A model keeping its last batch in an attribute (as Qwen2-VL keeps its rope_deltas) is refused naming
+    buffer_updates="restore" (tests/test_hf_architectures.py), which PrivacyArguments did not take; with it, the
+    attribute is put back after every chunk, so the trained model holds nothing of the private batches and the run
+    stays private."""
+    model = gpt2_lora()
+    trunk = model.base_model.model.transformer
+
+    def cache(module, args, kwargs, output):  # (the batch's tokens)
+        module.last_batch = kwargs.get("input_ids", args[0] if args else None).detach().clone()
+
+    trunk.register_forward_hook(cache, with_kwargs=True)
+    trainer = DPTrainer(model=model, args=arguments(tmp_path, per_device_train_batch_size=4, max_steps=1),
+                        train_dataset=Tokens(), privacy_args=PrivacyArguments(noise_multiplier=1.0,
+                                                                              buffer_updates="restore"))
+    trainer.train()
+    # (what it holds after: the model's first call's, on an all-zero input before any example: dptrain's warm-up)
+    assert trainer.private_loop.steps == 1 and trainer.ledger.private and not trunk.last_batch.any()

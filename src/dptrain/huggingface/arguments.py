@@ -37,6 +37,11 @@ class PrivacyArguments:
         default=False,
         metadata={"help": "log statistics of the private batches (the training loss), labelled _not_private"},
     )
+    buffer_updates: str = field(
+        default="refuse",
+        metadata={"help": "state a training-mode forward pass writes into the model: refuse (default), restore (put "
+                          "back after every chunk: a cache of the last batch), not_private (kept; the run NOT private)"},
+    )
     privacy_seed: int | None = field(
         default=None,
         metadata={"help": "seed of the noise and the batches: reproducible and NOT private (never TrainingArguments.seed)"},

@@ -209,6 +209,7 @@ class DPTrainer(transformers.Trainer):
             sampling=p.sampling,
             accountant=p.accountant,
             secure_noise=p.secure_noise,
+            buffer_updates=p.buffer_updates,
             seed=p.privacy_seed,
             loss_fn=self.loss_fn,
             label_key=self.label_names[0] if len(self.label_names) == 1 else STACKED_KEY,
