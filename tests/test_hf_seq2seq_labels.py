@@ -158,3 +158,19 @@ def test_an_encoder_decoder_classifier_whose_labels_are_classes_trains_as_the_tr
         for (n, p), r in zip(named.items(), ref, strict=True):
             r = torch.zeros_like(p) if r is None else r
             assert float((got[n][i] - r).norm()) <= 1e-6 * float(r.norm()) + 1e-12, (n, i)
+
+
+def test_a_copy_tasks_labels_equal_to_their_inputs_still_reach_the_decoder():
+    """Whether the labels reach the model's outputs is measured on the first examples; where those examples' labels
+    equal their inputs (a copy task, or a denoising set's clean examples), BART's decoder reads the same shifted
+    tokens with or without them, and the model looked like a classifier: every later example would have fed the
+    decoder its input. The first examples' labels given to one another (rolled) still move the outputs."""
+    data = Pairs()
+    data.labels[:4] = data.ids[:4]
+    from dptrain.data.batches import as_source
+    from dptrain.models.decoder_inputs import with_decoder_inputs
+
+    model = bart_lora()
+    source = with_decoder_inputs(as_source(torch.utils.data.DataLoader(data, batch_size=4)), model)  # (make_private's)
+    x, y = source.batch(torch.arange(N))
+    assert torch.equal(x["decoder_input_ids"], model.prepare_decoder_input_ids_from_labels(labels=y))

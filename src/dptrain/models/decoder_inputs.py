@@ -106,29 +106,32 @@ PROBED = 4
 
 def labels_reach_outputs(model: nn.Module, source) -> bool:
     """Whether the model's outputs (those it returns with and without labels, but the loss) on the source's first
-    examples change when it is given their labels, or it cannot run without them (T5's conditional generation needs decoder inputs or labels)."""
+    examples change when it is given their labels or the other examples' (rolled by one), or it cannot run without them (T5's conditional generation needs decoder inputs or labels)."""
     device = next(model.parameters()).device
     idx = torch.arange(min(len(source), PROBED))
     inputs, labels = tree_map(lambda t: t.to(device) if torch.is_tensor(t) else t, source.batch(idx))
     try:
         with quiet_passes(model, grad=False):
-            without = model(**inputs)
-            given = model(**inputs, labels=labels)
+            passes = [model(**inputs), model(**inputs, labels=labels)]
+            if len(labels) > 1:  # (the other examples' labels: a copy task's labels equal to its inputs look unused)
+                passes.append(model(**inputs, labels=labels.roll(1, 0)))
     except Exception:  # noqa: BLE001 (a model that needs its labels to run: they reach it)
         return True
-    if not (hasattr(without, "keys") and hasattr(given, "keys")):
+    if not all(hasattr(out, "keys") for out in passes):
         return True
-    # (the outputs both passes hold: given labels, a model returns its loss, and turns its key/value cache off)
-    keys = [k for k in given.keys() if k in without.keys() and k != "loss"]  # noqa: SIM118 (a ModelOutput's set fields)
+    # (the outputs every pass holds: given labels, a model returns its loss, and turns its key/value cache off)
+    keys = [k for k in passes[1].keys() if all(k in out.keys() for out in passes) and k != "loss"]  # noqa: SIM118
     if not keys:
         return True
     for k in keys:
-        a, b = tree_flatten(without[k])[0], tree_flatten(given[k])[0]
-        if len(a) != len(b):
-            return True
-        for u, v in zip(a, b, strict=True):
-            if torch.is_tensor(u) and (not torch.is_tensor(v) or u.shape != v.shape or not torch.equal(u, v)):
+        first = tree_flatten(passes[0][k])[0]
+        for out in passes[1:]:
+            other = tree_flatten(out[k])[0]
+            if len(first) != len(other):
                 return True
+            for u, v in zip(first, other, strict=True):
+                if torch.is_tensor(u) and (not torch.is_tensor(v) or u.shape != v.shape or not torch.equal(u, v)):
+                    return True
     return False
 
 
