@@ -153,9 +153,9 @@ def test_a_model_rounding_in_float32_inside_float64_is_refused_naming_precision_
     the precision. (In float32, the precision it computes in, it is exact: docs/huggingface.md.)"""
     torch.manual_seed(0)
     config = transformers.Llama4TextConfig(
-        vocab_size=32, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+        vocab_size=32, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
         intermediate_size=32, intermediate_size_mlp=32, head_dim=8, num_local_experts=2, num_experts_per_tok=1,
-        interleave_moe_layer_step=1, no_rope_layers=[1, 0], attention_chunk_size=4, max_position_embeddings=32,
+        interleave_moe_layer_step=1, no_rope_layers=[1], attention_chunk_size=4, max_position_embeddings=32,
         pad_token_id=0, tie_word_embeddings=False)
     x, y, _ = batch("llama")
     message = _refusal(transformers.Llama4ForCausalLM(config), x, y, per_example_loss("causal"))

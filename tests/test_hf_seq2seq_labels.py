@@ -129,7 +129,20 @@ def _classifier(name: str):
     return peft.get_peft_model(model, lora).double().train()
 
 
-@pytest.mark.parametrize("name", ["bart", pytest.param("t5-lora", marks=pytest.mark.slow)])
+def test_t5s_classifier_behind_peft_is_called_as_it_is():
+    """T5's sequence classifier behind peft (the same measurement, on a peft wrapper): its source is left as it is, no
+    decoder inputs made from class labels (it used to be refused)."""
+    from dptrain.data.batches import as_source
+    from dptrain.models.decoder_inputs import with_decoder_inputs
+
+    ids = torch.randint(2, 32, (N, SOURCE), generator=torch.Generator().manual_seed(0))
+    ids[:, -1] = 1
+    source = as_source(({"input_ids": ids, "attention_mask": torch.ones(N, SOURCE, dtype=torch.long)},
+                        torch.randint(0, 3, (N,))))
+    assert with_decoder_inputs(source, _classifier("t5")) is source
+
+
+@pytest.mark.parametrize("name", ["bart"])
 def test_an_encoder_decoder_classifier_whose_labels_are_classes_trains_as_the_trainer_calls_it(name):
     """An encoder-decoder's sequence classifier takes ``labels`` and ``decoder_input_ids`` too, but its labels are
     class indices that never reach the decoder (it shifts ``input_ids``). It used to be refused for "deriving its
