@@ -20,6 +20,7 @@ peft = pytest.importorskip("peft")
 from hf_zoo import MORE, batch, build, spec  # noqa: E402
 from test_hf_matrix import assert_exact, per_example_loss, private, single_example_gradients  # noqa: E402
 
+from dptrain.engine.api import make_private  # noqa: E402
 from dptrain.errors import ModelError  # noqa: E402
 
 LOSS_KIND = {"audio": "classify", "image": "classify", "speech2seq": "seq2seq"}
@@ -152,3 +153,42 @@ def test_reversible_layers_are_refused_naming_them_not_only_checkpointing():
     with pytest.raises(ModelError, match="reversible layers") as e:
         private(model, x, y, per_example_loss("causal"))
     assert "\n" not in str(e.value) and "another architecture" in str(e.value)
+
+
+def _recurrent_gemma():
+    torch.manual_seed(0)
+    config = transformers.RecurrentGemmaConfig(
+        vocab_size=32, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+        intermediate_size=32, lru_width=16, head_dim=8, attention_window_size=4, block_types=["recurrent", "attention"],
+        pad_token_id=0)
+    from hf_zoo import moved
+
+    return moved(transformers.RecurrentGemmaForCausalLM(config)).double().train()
+
+
+def test_a_model_caching_its_last_batch_in_an_attribute_trains_with_it_put_back():
+    """RecurrentGemma keeps its last batch's convolution and recurrent states in module attributes (Qwen2-VL and its
+    kind keep their last batch's rope_deltas so): state a training pass writes from the private batch, refused, the
+    only way out named labelling the run not private. ``buffer_updates="restore"`` puts it back after every chunk's
+    passes: the model trains exactly (the function the probe checked, from the same state), privately, and holds
+    nothing of the batches after."""
+    loss = per_example_loss("causal")
+    x, y, one = batch("llama")
+    model = _recurrent_gemma()
+    with pytest.raises(ModelError, match='buffer_updates="restore"') as e:
+        private(model, x, y, loss)
+    assert "\n" not in str(e.value) and "temporal_block.conv1d_state" in str(e.value)
+    model = _recurrent_gemma()
+    params = [p for p in model.parameters() if p.requires_grad]
+    trainer = make_private(model, torch.optim.SGD(params, lr=0.1), (x, y), noise_multiplier=1.0, batch_size=2,
+                           max_physical_batch_size=4, loss_fn=loss, buffer_updates="restore")
+    model.train()
+    named = {k: p for k, p in model.named_parameters() if p.requires_grad}
+    assert_exact(trainer.grad_sampler(x, y)[0].materialize(), single_example_gradients(model, loss, one, named, 4))
+    states = [m for m in model.modules() if hasattr(m, "recurrent_states") or hasattr(m, "conv1d_state")]
+    for m in states:  # (the passes above, the test's own, wrote them)
+        vars(m).update({k: None for k in ("recurrent_states", "conv1d_state") if k in vars(m)})
+    before = {k: repr(v) for m in model.modules() for k, v in vars(m).items() if k.endswith("state") or k.endswith("states")}
+    trainer.train(steps=2)
+    after = {k: repr(v) for m in model.modules() for k, v in vars(m).items() if k.endswith("state") or k.endswith("states")}
+    assert trainer.steps == 2 and trainer.ledger.private and not trainer.not_private_buffers and after == before

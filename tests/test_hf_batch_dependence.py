@@ -144,3 +144,19 @@ def test_outputs_holding_one_tensor_per_example_are_not_mistaken_for_rows_of_the
     params = dict(model.named_parameters())
     one = lambda i: ({"x": x[i : i + 1]}, y[i : i + 1])  # noqa: E731
     assert_exact(grads.materialize(), single_example_gradients(model, loss, one, params, 8))
+
+
+def test_a_model_rounding_in_float32_inside_float64_is_refused_naming_precision_not_randomness():
+    """Llama4 computes its router in float32: in a float64 model an example's output moves by 1e-8 with its place in
+    the batch (float32 rounding), far beyond float64's. The refusal blamed random numbers drawn for the whole batch,
+    naming SpecAugment's and ViTMAE's switches, though the model draws none; two passes in a row now tell: it names
+    the precision. (In float32, the precision it computes in, it is exact: docs/huggingface.md.)"""
+    torch.manual_seed(0)
+    config = transformers.Llama4TextConfig(
+        vocab_size=32, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+        intermediate_size=32, intermediate_size_mlp=32, head_dim=8, num_local_experts=2, num_experts_per_tok=1,
+        interleave_moe_layer_step=1, no_rope_layers=[1], attention_chunk_size=4, max_position_embeddings=32,
+        pad_token_id=0, tie_word_embeddings=False)
+    x, y, _ = batch("llama")
+    message = _refusal(transformers.Llama4ForCausalLM(config), x, y, per_example_loss("causal"))
+    assert "draws no random number" in message and "float32" in message and "mask_time_prob" not in message, message

@@ -196,3 +196,18 @@ def test_a_padding_free_collator_packing_examples_into_one_row_is_refused_naming
         dptrain.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), loader, noise_multiplier=1.0)
     message = str(e.value)
     assert "\n" not in message and "DataCollatorWithFlattening" in message and "DataCollatorWithPadding" in message
+
+
+def test_an_input_packing_every_examples_rows_into_one_is_refused_naming_the_way_out():
+    """Qwen2-VL's processor packs every image's patches of a batch into one tensor ([sum of patches, d], with
+    image_grid_thw saying how many each image has): no row of it is one example's. Refused in one line, which used to
+    give the sizes only; it now names the way out (each example's rows in a dimension of their own, flattened in a
+    wrapper's forward)."""
+    x = {"input_ids": torch.randint(2, 32, (4, 6)), "pixel_values": torch.randn(16, 24),
+         "image_grid_thw": torch.tensor([[1, 2, 2]] * 4)}
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(dptrain.errors.DataError) as e:
+        dptrain.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), (x, torch.zeros(4, dtype=torch.long)),
+                             noise_multiplier=1.0, batch_size=2)
+    message = str(e.value)
+    assert "\n" not in message and "[4, 16]" in message and "wrapper" in message and "[examples, rows" in message

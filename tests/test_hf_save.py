@@ -99,3 +99,30 @@ def test_a_classifier_from_a_local_directory(tmp_path, capsys, lora):
         torch.testing.assert_close(adapter(**batch).logits.detach(), want, rtol=0, atol=0)
         base = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "base").eval()
         assert not torch.allclose(base(**batch).logits, want)  # (the head and the adapters were trained)
+
+
+@pytest.mark.parametrize("targets", [["c_attn", "wte"], ["c_attn", "lm_head"], ["q_proj", "embed_tokens"]])
+def test_an_adapter_on_a_tied_weight_merges_into_the_model_it_trained(tmp_path, targets):
+    """GPT-2's token embedding is its output layer's weight (tied), as BART's encoder and decoder embeddings are its
+    ``shared`` one. peft's merge writes an adapter's delta into the base weight in place, so a LoRA on the embedding
+    (or on the output layer) moved both uses: ``hf_model/`` reloaded with from_pretrained alone computed logits 23
+    (5.8) away from the trained model's, silently. Each use now gets its own copy of a tied weight an adapter wraps
+    before merging (the config no longer ties them), and the directory computes what was trained."""
+    from hf_zoo import MORE, batch, gpt2, moved
+
+    from dptrain.models.hf_save import save_model_directory
+
+    torch.manual_seed(0)
+    bart = targets[0] == "q_proj"
+    task = "SEQ_2_SEQ_LM" if bart else "CAUSAL_LM"
+    fan = {} if bart else {"fan_in_fan_out": True}
+    model = peft.get_peft_model(MORE["bart"][0]() if bart else gpt2(),
+                                peft.LoraConfig(r=2, target_modules=targets, task_type=task, **fan))
+    model = moved(model).eval()
+    x, _, _ = batch("t5" if bart else "gpt2", dtype=torch.float32)
+    save_model_directory(model, tmp_path / "hf_model")
+    auto = transformers.AutoModelForSeq2SeqLM if bart else transformers.AutoModelForCausalLM
+    reloaded = auto.from_pretrained(tmp_path / "hf_model").eval()
+    with torch.no_grad():
+        trained, merged = model(**x).logits, reloaded(**x).logits
+    assert float((trained - merged).abs().max()) <= 1e-5 * float(trained.abs().max())

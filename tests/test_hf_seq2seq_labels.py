@@ -110,3 +110,80 @@ def test_whisper_shifting_its_labels_inside_forward_gets_them_shifted_and_verifi
         dptrain.make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
                              ({"input_features": features.float()}, labels), noise_multiplier=1.0, batch_size=2)
     assert "\n" not in str(e.value)
+
+
+def _classifier(name: str):
+    """BART's and T5's sequence classifiers: their labels are class indices, and their forward derives the decoder's
+    inputs from ``input_ids`` (shifted right), whether or not it is given labels."""
+    torch.manual_seed(0)
+    common = dict(vocab_size=32, pad_token_id=0, eos_token_id=1, num_labels=3, decoder_start_token_id=0, dropout=0.0)
+    if name == "bart":
+        return transformers.BartForSequenceClassification(transformers.BartConfig(
+            **common, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+            decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=32,
+            attention_dropout=0.0, activation_dropout=0.0, classifier_dropout=0.0)).double().train()
+    model = transformers.T5ForSequenceClassification(transformers.T5Config(
+        **{**common, "dropout_rate": 0.0}, d_model=16, d_kv=8, d_ff=32, num_layers=1, num_heads=2,
+        relative_attention_num_buckets=8, classifier_dropout=0.0))
+    lora = peft.LoraConfig(r=2, lora_alpha=4, target_modules=["q", "v"], task_type="SEQ_CLS")
+    return peft.get_peft_model(model, lora).double().train()
+
+
+def test_t5s_classifier_behind_peft_is_called_as_it_is():
+    """T5's sequence classifier behind peft (the same measurement, on a peft wrapper): its source is left as it is, no
+    decoder inputs made from class labels (it used to be refused)."""
+    from dptrain.data.batches import as_source
+    from dptrain.models.decoder_inputs import with_decoder_inputs
+
+    ids = torch.randint(2, 32, (N, SOURCE), generator=torch.Generator().manual_seed(0))
+    ids[:, -1] = 1
+    source = as_source(({"input_ids": ids, "attention_mask": torch.ones(N, SOURCE, dtype=torch.long)},
+                        torch.randint(0, 3, (N,))))
+    assert with_decoder_inputs(source, _classifier("t5")) is source
+
+
+@pytest.mark.parametrize("name", ["bart"])
+def test_an_encoder_decoder_classifier_whose_labels_are_classes_trains_as_the_trainer_calls_it(name):
+    """An encoder-decoder's sequence classifier takes ``labels`` and ``decoder_input_ids`` too, but its labels are
+    class indices that never reach the decoder (it shifts ``input_ids``). It used to be refused for "deriving its
+    decoder's inputs from its labels", the way out named putting the labels shifted right in ``decoder_input_ids``:
+    a class index as the decoder's input, another function. Whether the labels reach the outputs is now measured (the
+    outputs with and without them): they do not, so the model is called as it is, and each example's gradient is that
+    of the model called with its labels, as transformers' Trainer calls it."""
+    model = _classifier(name.split("-")[0])
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(2, 32, (N, SOURCE), generator=g)
+    ids[:, -1] = 1  # (each example ends with its end-of-sequence token, which the classifier pools)
+    mask, labels = torch.ones(N, SOURCE, dtype=torch.long), torch.randint(0, 3, (N,), generator=g)
+    params = [p for p in model.parameters() if p.requires_grad]
+    trainer = dptrain.make_private(model, torch.optim.SGD(params, lr=0.1),
+                                   ({"input_ids": ids, "attention_mask": mask}, labels), noise_multiplier=1.0,
+                                   batch_size=2, max_physical_batch_size=N)
+    x, y = trainer.data.batch(torch.arange(N))
+    assert "decoder_input_ids" not in x
+    model.train()
+    got = trainer.grad_sampler(x, y)[0].materialize()
+    named = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    for i in range(N):
+        out = model(input_ids=ids[i : i + 1], attention_mask=mask[i : i + 1], labels=labels[i : i + 1])
+        ref = torch.autograd.grad(cross_entropy_per_example(out.logits, labels[i : i + 1]).sum(),
+                                  list(named.values()), allow_unused=True)
+        for (n, p), r in zip(named.items(), ref, strict=True):
+            r = torch.zeros_like(p) if r is None else r
+            assert float((got[n][i] - r).norm()) <= 1e-6 * float(r.norm()) + 1e-12, (n, i)
+
+
+def test_a_copy_tasks_labels_equal_to_their_inputs_still_reach_the_decoder():
+    """Whether the labels reach the model's outputs is measured on the first examples; where those examples' labels
+    equal their inputs (a copy task, or a denoising set's clean examples), BART's decoder reads the same shifted
+    tokens with or without them, and the model looked like a classifier: every later example would have fed the
+    decoder its input. The first examples' labels given to one another (rolled) still move the outputs."""
+    data = Pairs()
+    data.labels[:4] = data.ids[:4]
+    from dptrain.data.batches import as_source
+    from dptrain.models.decoder_inputs import with_decoder_inputs
+
+    model = bart_lora()
+    source = with_decoder_inputs(as_source(torch.utils.data.DataLoader(data, batch_size=4)), model)  # (make_private's)
+    x, y = source.batch(torch.arange(N))
+    assert torch.equal(x["decoder_input_ids"], model.prepare_decoder_input_ids_from_labels(labels=y))

@@ -217,6 +217,7 @@ class Stream(torch.utils.data.IterableDataset):
         ({}, {"privacy_args": None}, "needs privacy_args"),
         ({}, {"privacy_args": PrivacyArguments(target_epsilon=1.0, noise_multiplier=1.0)}, "exactly one"),
         ({"per_device_train_batch_size": 32, "gradient_accumulation_steps": 2}, {}, "exceeds the training set"),
+        ({"label_names": []}, {}, "TrainingArguments(label_names=["),
     ],
 )
 def test_what_cannot_be_made_private_is_refused_in_one_line(tmp_path, arguments_, options, message):
@@ -450,3 +451,66 @@ def test_the_trainers_progress_bar_shows_steps_not_time(tmp_path, monkeypatch, c
 
     fast, slow = run("fast", 1e-6), run("slow", 9.0)
     assert fast and fast == slow and not any(re.search(r"it/s|s/it|\d\d:\d\d", line) for line in fast), fast
+
+
+class Spans(torch.utils.data.Dataset):
+    """Question-answering examples as transformers' run_qa.py prepares them: token ids and each answer's start and
+    end positions (one past the sequence: no answer in this window, ignored)."""
+
+    def __init__(self, n=N):
+        g = torch.Generator().manual_seed(3)
+        self.ids = torch.randint(1, VOCAB, (n, LENGTH), generator=g)
+        self.start = torch.randint(0, LENGTH + 1, (n,), generator=g)
+        self.end = torch.clamp(self.start + torch.randint(0, 3, (n,), generator=g), max=LENGTH + 1)
+
+    def __len__(self):
+        return len(self.ids)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.ids[i], "attention_mask": torch.ones(LENGTH, dtype=torch.long),
+                "start_positions": self.start[i], "end_positions": self.end[i]}
+
+
+def test_a_question_answering_head_trains_on_its_two_label_names(tmp_path):
+    """transformers names a question-answering head's labels start_positions and end_positions. DPTrainer took one
+    label name and refused the head, its way out (pass loss_fn) refused too. Now the two labels are stacked into one
+    label per example ([start, end]) and the default per-example loss is the head's own: each example's equals the
+    loss the model computes when given that example's positions alone (a position past the sequence ignored: 0)."""
+    torch.manual_seed(0)
+    model = transformers.BertForQuestionAnswering(transformers.BertConfig(
+        vocab_size=VOCAB, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+        max_position_embeddings=16, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0))
+    data = Spans()
+    trainer = DPTrainer(model=model, args=arguments(tmp_path, per_device_train_batch_size=4, max_steps=1),
+                        train_dataset=data, privacy_args=PrivacyArguments(noise_multiplier=1.0))
+    assert trainer.train().global_step == 1 and trainer.private_loop.steps == 1
+    x, y = trainer.private_loop.trainer.data.batch(torch.arange(6))
+    assert torch.equal(y, torch.stack([data.start[:6], data.end[:6]], 1)) and "start_positions" not in x
+    model.eval()
+    inside = [i for i in range(6) if data.start[i] < LENGTH and data.end[i] < LENGTH]
+    assert len(inside) >= 3
+    with torch.no_grad():
+        losses = trainer.loss_fn(model(**x), y)
+        for i in inside:  # (alone, transformers' loss of an example whose positions are both ignored is NaN; ours 0)
+            own = float(model(**{k: v[None] for k, v in data[i].items()}).loss)
+            assert abs(float(losses[i]) - own) <= 1e-6 * own
+
+
+def test_state_a_forward_pass_caches_is_put_back_after_every_chunk_with_restore(tmp_path):
+    """A model keeping its last batch in an attribute (as Qwen2-VL keeps its rope_deltas) is refused naming
+    buffer_updates="restore" (tests/test_hf_architectures.py), which PrivacyArguments did not take; with it, the
+    attribute is put back after every chunk, so the trained model holds nothing of the private batches and the run
+    stays private."""
+    model = gpt2_lora()
+    trunk = model.base_model.model.transformer
+
+    def cache(module, args, kwargs, output):  # (the batch's tokens)
+        module.last_batch = kwargs.get("input_ids", args[0] if args else None).detach().clone()
+
+    trunk.register_forward_hook(cache, with_kwargs=True)
+    trainer = DPTrainer(model=model, args=arguments(tmp_path, per_device_train_batch_size=4, max_steps=1),
+                        train_dataset=Tokens(), privacy_args=PrivacyArguments(noise_multiplier=1.0,
+                                                                              buffer_updates="restore"))
+    trainer.train()
+    # (what it holds after: the model's first call's, on an all-zero input before any example: dptrain's warm-up)
+    assert trainer.private_loop.steps == 1 and trainer.ledger.private and not trunk.last_batch.any()

@@ -88,7 +88,7 @@ def test_opting_out_trains_and_labels_the_run_not_private(tmp_path):
     report = trainer.epsilon()
     assert not trainer.private and not report.certified and "running_mean" in report.details["note"]
     assert trainer.ledger.to_dict()["private"] is False
-    with pytest.raises(ConfigError, match="buffer_updates must be one of refuse, not_private"):
+    with pytest.raises(ConfigError, match="buffer_updates must be one of refuse, restore, not_private"):
         _private(RunningMean(), buffer_updates="allow")
 
 

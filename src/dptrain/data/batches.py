@@ -48,7 +48,12 @@ def batch_len(inputs: Inputs) -> int:
         raise DataError("a batch holds no tensor")
     sizes = {int(t.shape[0]) if t.dim() else -1 for t in leaves}
     if len(sizes) != 1 or -1 in sizes:
-        raise DataError(f"every input of a batch must have the same first (batch) dimension, got sizes {sorted(sizes)}")
+        raise DataError(
+            f"every input of a batch must have the same first (batch) dimension, got sizes {sorted(sizes)}; an input "
+            "packing all the examples' rows into one (Qwen2-VL's pixel_values, a padding-free collator's tokens) "
+            "cannot be split by example: give each example its own rows ([examples, rows, ...], padded) and flatten "
+            "them in a wrapper module's forward"
+        )
     return sizes.pop()
 
 

@@ -42,6 +42,11 @@ class PrivacyArguments:
         metadata={"help": "the evaluation data are public (not sensitive): their metrics are logged as they are; "
                           "otherwise evaluation is refused, or logged labelled _not_private with log_not_private"},
     )
+    buffer_updates: str = field(
+        default="refuse",
+        metadata={"help": "state a training-mode forward pass writes into the model: refuse (default), restore (put "
+                          "back after every chunk: a cache of the last batch), not_private (kept; the run NOT private)"},
+    )
     privacy_seed: int | None = field(
         default=None,
         metadata={"help": "seed of the noise and the batches: reproducible and NOT private (never TrainingArguments.seed)"},

@@ -103,10 +103,10 @@ def check_trainer(trainer) -> None:
             "one model, one ledger)"
         )
     names = trainer.label_names
-    if len(names) != 1:
+    if not names:
         raise ConfigError(
-            f"DPTrainer takes one label per example (label_names: one name), got {names}; pass "
-            "loss_fn=(outputs, labels) for a model with several"
+            "DPTrainer needs each example's label, and the Trainer found no label name in the model's forward "
+            "arguments; set TrainingArguments(label_names=[the key of the label in your examples])"
         )
     check_held_out(trainer.eval_dataset, trainer.train_dataset, "the eval_dataset")
 

@@ -47,6 +47,7 @@ from dptrain.data.batches import DatasetSource
 from dptrain.engine.private_loop import PrivateLoop, make_private_loop
 from dptrain.errors import BudgetExhausted, ConfigError, ModelError
 from dptrain.huggingface.arguments import PrivacyArguments
+from dptrain.huggingface.labels import STACKED_KEY, StackedLabels
 from dptrain.huggingface.refusals import (
     NOT_PUBLIC,
     check_arguments,
@@ -197,6 +198,8 @@ class DPTrainer(transformers.Trainer):
             dataset = self._remove_unused_columns(dataset, description="training")
         else:
             collator = self._get_collator_with_removed_columns(collator, description="training")
+        if len(self.label_names) > 1:  # (a question-answering head's start and end positions: one label per example)
+            return DatasetSource(dataset, STACKED_KEY, collate_items=StackedLabels(collator, self.label_names))
         return DatasetSource(dataset, self.label_names[0], collate_items=collator)
 
     def _make_loop(self, optimizer) -> PrivateLoop:
@@ -210,9 +213,10 @@ class DPTrainer(transformers.Trainer):
             sampling=p.sampling,
             accountant=p.accountant,
             secure_noise=p.secure_noise,
+            buffer_updates=p.buffer_updates,
             seed=p.privacy_seed,
             loss_fn=self.loss_fn,
-            label_key=self.label_names[0],
+            label_key=self.label_names[0] if len(self.label_names) == 1 else STACKED_KEY,
             mixed_precision="bf16" if args.bf16 else None,
             device=args.device,
         )

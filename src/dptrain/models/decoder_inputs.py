@@ -12,6 +12,12 @@ that has no such method (Whisper and M2M100 shift the labels inside their forwar
 its config's ``decoder_start_token_id`` (-100 read as ``pad_token_id``), what transformers' ``shift_tokens_right``
 does, if that is verified on the first example to give the model's own outputs with the labels; else it is refused
 in one line naming ``decoder_input_ids``.
+
+Whether a model derives its decoder's inputs from its labels is measured, not read off its signature: an
+encoder-decoder's sequence classifier (BART's, T5's, mBART's, ...) takes ``labels`` and ``decoder_input_ids`` too, but
+its labels are class indices and its decoder reads ``input_ids`` shifted, with or without labels. A model whose
+outputs on the first examples are the same with and without their labels (:func:`labels_reach_outputs`) is called
+as it is.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import inspect
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_flatten, tree_map
 
 from dptrain.errors import DataError
 from dptrain.models.quiet import quiet_passes
@@ -93,6 +99,42 @@ def _derives_as(model: nn.Module, derive, inputs, labels) -> bool:
     return own.shape == ours.shape and bool(torch.allclose(own, ours, rtol=1e-4, atol=1e-6))
 
 
+#: Examples on which :func:`labels_reach_outputs` compares the model's outputs with and without their labels (one
+#: example could have labels that happen to equal its input, which a decoder fed either shifted cannot tell apart).
+PROBED = 4
+
+
+def labels_reach_outputs(model: nn.Module, source) -> bool:
+    """Whether the model's outputs (those it returns with and without labels, but the loss) on the source's first
+    examples change when it is given their labels or the other examples' (rolled by one), or it cannot run without them (T5's conditional generation needs decoder inputs or labels)."""
+    device = next(model.parameters()).device
+    idx = torch.arange(min(len(source), PROBED))
+    inputs, labels = tree_map(lambda t: t.to(device) if torch.is_tensor(t) else t, source.batch(idx))
+    try:
+        with quiet_passes(model, grad=False):
+            passes = [model(**inputs), model(**inputs, labels=labels)]
+            if len(labels) > 1:  # (the other examples' labels: a copy task's labels equal to its inputs look unused)
+                passes.append(model(**inputs, labels=labels.roll(1, 0)))
+    except Exception:  # noqa: BLE001 (a model that needs its labels to run: they reach it)
+        return True
+    if not all(hasattr(out, "keys") for out in passes):
+        return True
+    # (the outputs every pass holds: given labels, a model returns its loss, and turns its key/value cache off)
+    keys = [k for k in passes[1].keys() if all(k in out.keys() for out in passes) and k != "loss"]  # noqa: SIM118
+    if not keys:
+        return True
+    for k in keys:
+        first = tree_flatten(passes[0][k])[0]
+        for out in passes[1:]:
+            other = tree_flatten(out[k])[0]
+            if len(first) != len(other):
+                return True
+            for u, v in zip(first, other, strict=True):
+                if torch.is_tensor(u) and (not torch.is_tensor(v) or u.shape != v.shape or not torch.equal(u, v)):
+                    return True
+    return False
+
+
 def with_decoder_inputs(source, model: nn.Module):
     """``source`` itself, unless ``model`` derives decoder inputs from its labels and the source's examples hold no
     decoder inputs: then a source whose batches carry them (:class:`DecoderInputsFromLabels`), or a one-line
@@ -101,6 +143,8 @@ def with_decoder_inputs(source, model: nn.Module):
         return source
     inputs, _ = source.example()
     if not isinstance(inputs, dict) or any(k in inputs for k in DECODER_KEYS):
+        return source
+    if not labels_reach_outputs(model, source):  # (a classifier's labels: classes, its decoder reads input_ids)
         return source
     derive = getattr(model, "prepare_decoder_input_ids_from_labels", None)
     if derive is None:
@@ -119,4 +163,5 @@ def with_decoder_inputs(source, model: nn.Module):
     return DecoderInputsFromLabels(source, derive)
 
 
-__all__ = ["DecoderInputsFromLabels", "derives_decoder_inputs", "shifted_right", "with_decoder_inputs"]
+__all__ = ["DecoderInputsFromLabels", "derives_decoder_inputs", "labels_reach_outputs", "shifted_right",
+           "with_decoder_inputs"]

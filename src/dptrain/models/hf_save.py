@@ -41,10 +41,62 @@ def _inference_copy(model: nn.Module) -> nn.Module:
     return saved
 
 
+def _adapted(module: nn.Module) -> bool:
+    """Whether ``module`` is wrapped by a peft adapter layer (it is one's ``base_layer``, or is the layer itself)."""
+    return hasattr(module, "base_layer") and type(module).__module__.startswith("peft")
+
+
+def untie_adapted(model: nn.Module) -> list[str]:
+    """Give every module its own copy of a parameter it shares with other modules (tied weights: GPT-2's token
+    embedding and output layer, T5's and BART's ``shared`` embedding) where an adapter wraps one of them. Merging an
+    adapter writes its delta into the base weight in place: a tied weight would carry it into every other use (the
+    output layer of a LoRA on the embedding; both deltas into both, where both are adapted), and the merged model
+    would compute another function than the trained one. Untied, each module merges its own; the config's
+    ``tie_word_embeddings`` is turned off so that ``from_pretrained`` does not tie them again. Returns the parameters
+    untied (their names at each use)."""
+    owners: dict[int, list[tuple[str, nn.Module, str]]] = {}
+    adapted: set[int] = set()
+    for name, module in model.named_modules(remove_duplicate=False):
+        wrapped = _adapted(module)
+        for local, p in module._parameters.items():
+            if p is None:
+                continue
+            uses = owners.setdefault(id(p), [])
+            if not any(m is module and k == local for _, m, k in uses):
+                uses.append((f"{name}.{local}" if name else local, module, local))
+        if wrapped:
+            adapted.update(id(p) for p in module.base_layer._parameters.values() if p is not None)
+    untied = []
+    for key, uses in owners.items():
+        if key not in adapted or len({id(m) for _, m, _ in uses}) < 2:
+            continue
+        for name, module, local in uses[1:]:
+            p = module._parameters[local]
+            module._parameters[local] = nn.Parameter(p.detach().clone(), requires_grad=p.requires_grad)
+            untied.append(name)
+    if untied:
+        for config in {id(c): c for c in _configs(model)}.values():
+            config.tie_word_embeddings = False
+    return untied
+
+
+def _configs(model: nn.Module):
+    """The transformers configs of ``model`` and its submodules (a composite model's text config too)."""
+    for m in model.modules():
+        config = getattr(m, "config", None)
+        if config is not None and hasattr(config, "tie_word_embeddings"):
+            yield config
+            text = getattr(config, "get_text_config", lambda: None)()
+            if text is not None and text is not config and hasattr(text, "tie_word_embeddings"):
+                yield text
+
+
 def save_model_directory(model: nn.Module, directory: Path, tokenizer=None) -> None:
-    """``hf_model``: the model (a peft model merged into its base) and the tokenizer, written into ``directory``."""
+    """``hf_model``: the model (a peft model merged into its base, tied weights an adapter wraps untied first:
+    :func:`untie_adapted`) and the tokenizer, written into ``directory``."""
     saved = _inference_copy(model)
     if is_peft(saved):
+        untie_adapted(saved)
         try:
             saved = saved.merge_and_unload()
         except Exception as exc:  # (peft's errors vary by adapter type: NotImplementedError, ValueError, ...)
@@ -78,4 +130,5 @@ def save_adapter_directory(model: nn.Module, directory: Path, base_path: str, to
         tokenizer.save_pretrained(directory)
 
 
-__all__ = ["ADAPTER_DIR", "BASE_DIR", "MODEL_DIR", "can_merge", "is_peft", "save_adapter_directory", "save_model_directory"]
+__all__ = ["ADAPTER_DIR", "BASE_DIR", "MODEL_DIR", "can_merge", "is_peft", "save_adapter_directory", "save_model_directory",
+           "untie_adapted"]

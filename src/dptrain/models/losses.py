@@ -8,6 +8,8 @@ The default loss (:func:`default_loss`) reads what a model returns as transforme
   ``forward`` computes when given labels, per example (:class:`ClassificationHeadLoss`): its config's
   ``problem_type``, or as transformers infers it (one label: regression, mean squared error; integer labels:
   cross-entropy; otherwise multi-label, binary cross-entropy on each logit);
+- a Hugging Face question-answering head (``*ForQuestionAnswering``) and labels [B, 2], each example's start and end
+  positions: the loss its own ``forward`` computes from them, per example (:func:`question_answering_per_example`);
 - logits [B, T, K] and labels [B, T]: token-level cross-entropy, tokens labelled ``-100`` ignored (Hugging Face's
   convention: padding), averaged over each example's own tokens; for a causal language model (Hugging Face's
   ``*ForCausalLM`` / ``*LMHeadModel``, also behind a peft wrapper) position t predicts label t + 1 (the shift
@@ -153,6 +155,30 @@ class ClassificationHeadLoss:
         return per.flatten(1).mean(1)
 
 
+#: The Hugging Face heads whose own loss is transformers' ``ForQuestionAnsweringLoss`` (XLM's is "...Simple").
+QUESTION_ANSWERING_HEADS = ("ForQuestionAnswering", "ForQuestionAnsweringSimple")
+
+
+def question_answering_per_example(outputs, labels: torch.Tensor) -> torch.Tensor:
+    """A question-answering head's loss when given ``start_positions`` and ``end_positions`` (transformers'
+    ``ForQuestionAnsweringLoss``), one value per example: ``labels`` [B, 2] holds each example's start and end
+    positions (a DPTrainer stacks its two label names so); the mean of the cross-entropies of the start and end
+    scores, a position outside the sequence clamped to its length and then ignored (0), as transformers does."""
+    start, end = getattr(outputs, "start_logits", None), getattr(outputs, "end_logits", None)
+    if start is None or end is None:
+        raise ModelError("a question-answering head returned no start_logits and end_logits; pass loss_fn")
+    if labels.dim() != 2 or labels.shape[1] != 2:
+        raise DataError(
+            f"question-answering labels must be [examples, 2] (each example's start and end positions), got "
+            f"{list(labels.shape)}"
+        )
+    ignored = start.shape[1]
+    positions = labels.long().clamp(0, ignored)
+    losses = [F.cross_entropy(s.float() if s.dtype in (torch.float16, torch.bfloat16) else s, positions[:, j],
+                              ignore_index=ignored, reduction="none") for j, s in enumerate((start, end))]
+    return (losses[0] + losses[1]) / 2
+
+
 def virtual_tokens(model: nn.Module) -> int:
     """Positions a peft prompt-learning adapter prepends to the sequence (prompt tuning, p-tuning: ``torch.cat((prompts,
     inputs_embeds), dim=1)``), so that the logits hold them first; 0 for any other model (prefix tuning's prefix lives
@@ -198,8 +224,10 @@ def scored_tokens(loss_fn, logits: torch.Tensor, labels: torch.Tensor) -> tuple[
 def default_loss(model: nn.Module) -> Callable:
     """The per-example loss a model gets when none is given: causal-LM cross-entropy for a causal language model
     (after the virtual tokens of prompt tuning), a Hugging Face classifier's own loss (:class:`ClassificationHeadLoss`),
-    else :func:`cross_entropy_per_example`."""
+    a question-answering head's (:func:`question_answering_per_example`), else :func:`cross_entropy_per_example`."""
     if not is_causal_lm(model):
+        if _hf_model_named(model, QUESTION_ANSWERING_HEADS) is not None:
+            return question_answering_per_example
         head = _hf_model_named(model, CLASSIFICATION_HEADS)
         config = getattr(head, "config", None)
         return cross_entropy_per_example if config is None else ClassificationHeadLoss(config)
@@ -210,12 +238,14 @@ def default_loss(model: nn.Module) -> Callable:
 __all__ = [
     "CLASSIFICATION_HEADS",
     "IGNORE_INDEX",
+    "QUESTION_ANSWERING_HEADS",
     "ClassificationHeadLoss",
     "causal_lm_per_example",
     "cross_entropy_per_example",
     "default_loss",
     "is_causal_lm",
     "logits_of",
+    "question_answering_per_example",
     "scored_tokens",
     "virtual_tokens",
 ]

@@ -18,6 +18,13 @@ One more comparison tells them apart (:func:`depends_on_others`): the batch with
 copy of example i, at the same size and place, the same random numbers drawn (torch's, NumPy's and Python's
 generators replayed). Example i's output is unchanged when only the shape matters, and changes when the others'
 values reach it (a batch of copies has example i's statistics).
+
+Where only the shape matters, a third tells randomness from rounding (:func:`draws_random_numbers`): the batch run
+twice in a row, the generators going on between the passes. A model that draws no random number gives the same
+outputs twice; its example's output moved with the batch's shape by rounding beyond its parameters' precision: a part
+computed in a lower precision than the model (Llama4's router and Mixtral-like experts in float32 inside a float64
+model) rounds differently at another batch size. That model is deterministic and its examples independent; it is
+refused naming the precision, not randomness it does not draw.
 """
 
 from __future__ import annotations
@@ -111,13 +118,38 @@ def depends_on_others(model, loss_fn, x, y, rows, autocast, rtol: float) -> bool
     return False
 
 
+def draws_random_numbers(model, x, autocast) -> bool:
+    """Whether two passes of the model on the batch ``x`` in a row (torch's, NumPy's and Python's generators going on
+    between them, put back after) give different outputs: the forward pass draws random numbers."""
+    device = next(t for t in tree_flatten(x)[0] if torch.is_tensor(t)).device.type
+    with replayed_randomness(device), restored(model), torch.no_grad(), autocast():
+        first = output_leaves(call_model(model, x))
+        second = output_leaves(call_model(model, x))
+    for path, a in first.items():
+        b = second.get(path)
+        if torch.is_tensor(a) and (not torch.is_tensor(b) or a.shape != b.shape or not torch.equal(a, b)):
+            return True
+    return False
+
+
 def mixing_refusal(model, loss_fn, x, y, i: int, autocast, rtol: float, also=()) -> ModelError:
     """The independence check's refusal for example i of the batch (``x``, ``y``), naming the way out of the kind of
     dependence it is (module docstring); ``also``: other rows seen to move (the places a mixing model reaches). Only
-    computed to refuse (2 forward passes for each of up to 2 ROWS examples)."""
+    computed to refuse (2 forward passes for each of up to 2 ROWS examples, and 2 of the batch)."""
     k = len(y)
     rows = list(dict.fromkeys([i, *list(also)[:ROWS], *range(min(k, ROWS))]))
-    if not depends_on_others(model, loss_fn, x, y, rows, autocast, rtol):
+    shape_only = not depends_on_others(model, loss_fn, x, y, rows, autocast, rtol)
+    if shape_only and not draws_random_numbers(model, x, autocast):
+        dtypes = sorted({str(p.dtype).replace("torch.", "") for p in model.parameters() if p.is_floating_point()})
+        return ModelError(
+            f"{CHECK_NAME} failed: an example's output or loss computed in a batch of {k} differs from the same "
+            "example's computed alone, not with the other examples' values, and the model draws no random number: "
+            "it rounds differently at another batch size or place, beyond what its parameters' precision "
+            f"({', '.join(dtypes)}) allows for, as a part computed in a lower precision does (Llama4's router in "
+            "float32 inside a float64 model); train the model in the precision it computes in (float32), or pass "
+            "check_independence=False only if you are sure"
+        )
+    if shape_only:
         return ModelError(
             f"{CHECK_NAME} failed: an example's output or loss computed in a batch of {k} differs from the same "
             "example's computed alone, not with the other examples' values but with the batch's size or the example's "
@@ -136,4 +168,5 @@ def mixing_refusal(model, loss_fn, x, y, i: int, autocast, rtol: float, also=())
     )
 
 
-__all__ = ["CHECK_NAME", "depends_on_others", "example_rows", "mixing_refusal", "output_leaves", "replayed_randomness"]
+__all__ = ["CHECK_NAME", "depends_on_others", "draws_random_numbers", "example_rows", "mixing_refusal", "output_leaves",
+           "replayed_randomness"]

@@ -13,8 +13,10 @@ parameters, the modules' own attributes) between two points: the object in the s
 a tensor written in place (its version counter), its storage swapped (``set_``), or its value changed by a path that
 bypasses the version counter (``buf.data.copy_(...)``, through numpy). Before training the model probe watches its training-mode passes; during
 training every chunk's forward and backward are watched (:mod:`dptrain.preflight.sentinel`). A written buffer refuses
-the model with one line naming it (:func:`check_buffers`), unless the user opts out (``buffer_updates="not_private"``),
-which labels the whole run not private. The probe restores every buffer and attribute exactly: it leaves no trace of
+the model with one line naming it (:func:`check_buffers`), unless the user opts out: ``buffer_updates="restore"`` puts
+every written slot but a parameter back after each chunk's passes (nothing of a batch stays in the model, and every
+chunk runs the function the probe checked, from the same state), ``"not_private"`` keeps them and labels the whole run
+not private. The probe restores every buffer and attribute exactly: it leaves no trace of
 the examples it read.
 """
 
@@ -32,9 +34,11 @@ from torch import nn
 
 from dptrain.errors import ConfigError, ModelError
 
-#: What a run does with buffers written from private batches: refuse the model (default), or train and label the run
-#: not private (the buffers are released unnoised).
-BUFFER_UPDATES = ("refuse", "not_private")
+#: What a run does with buffers written from private batches: refuse the model (default); put them back after every
+#: chunk's passes ("restore": nothing of a batch stays in the model, which trains as if it never wrote them: a cache
+#: of the last batch such as Qwen2-VL's ``rope_deltas``; never a parameter); or train and label the run not private
+#: (the buffers are released unnoised).
+BUFFER_UPDATES = ("refuse", "restore", "not_private")
 
 
 def check_buffer_updates(value: str, key: str = "buffer_updates") -> str:
@@ -409,7 +413,10 @@ def _put(module: nn.Module, kind: str, local: str, value, delete: bool = False) 
 def check_buffers(names: list[str], buffer_updates: str, kinds: dict[str, str] | None = None) -> list[str]:
     """Refuse (ModelError naming the first slot) when ``names`` (state written from the batch: buffers, or with
     ``kinds`` saying so, parameters or attributes) is not empty, unless ``buffer_updates == "not_private"``: then
-    return them, for the run to label itself not private."""
+    return them, for the run to label itself not private; or ``"restore"`` and none is a parameter: then return none
+    (the caller puts them back)."""
+    if buffer_updates == "restore" and not any((kinds or {}).get(n) == "parameter" for n in names):
+        return []
     if names and buffer_updates != "not_private":
         more = f" (and {len(names) - 1} more)" if len(names) > 1 else ""
         kind = (kinds or {}).get(names[0], "buffer")
@@ -420,7 +427,10 @@ def check_buffers(names: list[str], buffer_updates: str, kinds: dict[str, str] |
              "make the forward pass leave its parameters alone (RWKV: config.rescale_every = 0)")
             if kind == "parameter" else
             (" (whatever it holds, a statistic or a count of private batches, it is released unnoised with the model, "
-             "or read by the next steps)", "compute it without state")
+             "or read by the next steps)",
+             "compute it without state, pass buffer_updates=\"restore\" to have it put back after every chunk (the "
+             "model then trains as if it never wrote it: right for a cache of the last batch, such as Qwen2-VL's "
+             "rope_deltas, wrong for a statistic the model means to read)")
         )
         raise ModelError(
             f"model {kind} {names[0]!r}{more} is written by a training-mode forward pass{why}; {way_out}, or pass "

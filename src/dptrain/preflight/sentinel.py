@@ -8,7 +8,9 @@ its step is released:
 - **buffers**: every buffer slot is watched across the chunk's forward and backward pass
   (:class:`dptrain.preflight.buffers.BufferWatch`: slot, version counter, storage, and the value of buffers up to
   4 MiB). A write refuses the step with one line naming the buffer (the buffer is put back: nothing of the batch stays
-  in the model), or, with ``buffer_updates="not_private"``, labels the run not private from then on;
+  in the model), or, with ``buffer_updates="restore"``, is put back and the step goes on (a parameter, or a slot that
+  cannot be put back exactly, is still refused), or, with ``buffer_updates="not_private"``, labels the run not private
+  from then on;
 - **coverage** is proven on every chunk by the layerwise backend itself (:mod:`dptrain.stages.coverage`);
 - **mixing at every batch size**: the first chunk of every batch size the run meets (the probe checked one) is
   compared with the same examples alone, by forward passes (:func:`dptrain.preflight.gradient_check.forward_check`:
@@ -84,18 +86,24 @@ class Sentinel:
         module's attribute) is put back and refused, or (not private by the user's choice) recorded, labelling the
         run not private. A slot that cannot be put back exactly (a large tensor written in place), or one written while
         code of the user's ran (``user_code``: your own loop's body, which may have read or saved it), labels the run
-        not private even when refused. Returns the slots written (none: ``watch`` still holds)."""
+        not private even when refused. With ``buffer_updates="restore"`` the slots put back exactly (none a parameter)
+        are the end of it: the step goes on. Returns the slots written (none: ``watch`` still holds)."""
         names = watch.written()
         if not names:
             return names
         trainer = self.trainer
         if self.buffer_updates != "not_private":
             lost = watch.restore()
-            kept = names if user_code else lost
+            # (restore: slots put back exactly, none a parameter, are the user's scratch state by their choice)
+            restoring = (self.buffer_updates == "restore" and not lost
+                         and not any(watch.kind(n) == "parameter" for n in names))
+            kept = lost if restoring or not user_code else names
             if kept:
                 trainer.not_private_buffers[:] = sorted({*trainer.not_private_buffers, *kept})
                 trainer.ledger.private = trainer.private
-            check_buffers(names, self.buffer_updates, watch.kinds)
+            if restoring:
+                return names
+            check_buffers(names, "refuse", watch.kinds)
         trainer.not_private_buffers[:] = sorted({*trainer.not_private_buffers, *names})
         trainer.ledger.private = trainer.private
         return names
