@@ -136,8 +136,8 @@ class LoopGradSampler:
                 loss = self.loss_fn(call_model(self.model, take(x, idx)), y[i : i + 1]).reshape(())
                 parts = torch.autograd.grad(loss, list(params.values()), allow_unused=True)
             for (name, _), g in zip(params.items(), parts, strict=True):
-                if g is not None:
-                    grads[name][i] = g
+                if g is not None:  # (an Embedding(sparse=True)'s gradient is sparse: the same values, dense here)
+                    grads[name][i] = g.to_dense() if g.is_sparse else g
             losses.append(loss.detach())
         return PerExampleGrads(grads), torch.stack(losses) if losses else y.new_zeros(0, dtype=torch.float32)
 

@@ -1,0 +1,192 @@
+"""Stock torch.nn layers and model patterns as users write them (issue 30, the plain-torch side): each exact against
+single-example backward passes through make_private and make_private_loop, or refused in one line naming the layer and
+the way out. docs/python_api.md lists what was tried."""
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.utils import parametrizations, parametrize
+
+from dptrain.engine.api import make_private
+from dptrain.engine.private_loop import make_private_loop
+from dptrain.errors import ModelError
+from dptrain.stages.per_example import LayerwiseGradSampler, trainable_parameters
+
+N, V, T = 6, 5, 6
+
+
+def _loss(out, y):
+    return F.cross_entropy(out, y, reduction="none")
+
+
+def _alone(model, x, y) -> dict[str, torch.Tensor]:
+    """name -> [N, ...]: each example's gradient from a backward pass on it alone."""
+    params = trainable_parameters(model)
+    rows = []
+    for i in range(len(y)):
+        grads = torch.autograd.grad(_loss(model(x[i : i + 1]), y[i : i + 1]).sum(), list(params.values()))
+        rows.append([g.to_dense() if g.is_sparse else g for g in grads])
+    return {n: torch.stack([r[k] for r in rows]) for k, n in enumerate(params)}
+
+
+def _assert_exact(got: dict, want: dict) -> None:
+    for name, w in want.items():
+        for i in range(len(w)):
+            err = float((got[name][i].reshape(w[i].shape) - w[i]).norm())
+            assert err <= 1e-4 * float(w[i].norm()) + 1e-7, (name, i, err)
+
+
+def _private(model, x, y, loop=False):
+    """make_private (or make_private_loop) on the whole data as one batch, no noise, no clipping to speak of."""
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1.0)
+    make = make_private_loop if loop else make_private
+    return make(model, opt, (x, y), noise_multiplier=0.0, non_private=True, max_grad_norm=1e6, sampling="full",
+                batch_size=len(y), loss_fn=_loss)
+
+
+class OwnParameters(nn.Module):
+    """Parameters of the model itself, read in its forward outside any layer: a 0-dim scale (a temperature, ReZero's
+    alpha, CLIP's logit scale) and a learned token added to every position (a CLS token, a position embedding)."""
+
+    def __init__(self):
+        super().__init__()
+        self.token = nn.Parameter(torch.randn(4))
+        self.lin = nn.Linear(4, 3)
+        self.scale = nn.Parameter(torch.tensor(1.3))
+
+    def forward(self, x):  # x: [B, T, 4]
+        return self.lin(torch.tanh(x + self.token).mean(1)) * self.scale
+
+
+def test_parameters_of_the_model_itself_are_exact_in_make_private_and_in_your_own_loop():
+    """Before: the step raised IndexError (a 0-dim parameter's per-example gradients are [B]: flatten(1) of the
+    squared norms), and the loop refused the model (its own hooks ran inside torch.func's pass over the model)."""
+    torch.manual_seed(0)
+    x, y = torch.randn(N, T, 4), torch.randint(0, 3, (N,))
+    model = OwnParameters()
+    want = _alone(model, x, y)
+    mean = {n: g.mean(0) for n, g in want.items()}
+    trainer = _private(model, x, y)
+    _assert_exact(trainer.grad_sampler(x, y)[0].materialize(), want)
+    before = {n: p.detach().clone() for n, p in trainable_parameters(model).items()}
+    trainer.step()  # (SGD, lr 1: the update is the mean gradient)
+    _assert_exact({n: (before[n] - p.detach())[None] for n, p in trainable_parameters(model).items()},
+                  {n: g[None] for n, g in mean.items()})
+    model = OwnParameters()
+    model.load_state_dict({n: b for n, b in before.items()})
+    loop = _private(model, x, y, loop=True)
+    for inputs, labels in loop.batches(steps=1):
+        loop.backward(_loss(model(inputs), labels))
+        _assert_exact({n: p.grad[None] for n, p in trainable_parameters(model).items()},
+                      {n: g[None] for n, g in mean.items()})
+        loop.optimizer.step()
+    loop.close()
+
+
+class Bag(nn.Module):
+    def __init__(self, **embedding):
+        super().__init__()
+        self.emb = nn.Embedding(V, 4, **embedding)
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, ids):
+        return self.head(self.emb(ids).mean(1))
+
+
+@pytest.mark.parametrize("embedding", [{"scale_grad_by_freq": True}, {"sparse": True},
+                                       {"scale_grad_by_freq": True, "padding_idx": 0}])
+def test_embedding_rule_is_exact_with_repeated_ids_and_sparse_gradients(embedding):
+    """scale_grad_by_freq divides a row's gradient by its id's count in the batch: for an example alone, in the
+    example (before: the rule ignored it, 1/count off wherever an id repeats, caught only if the probe's examples
+    repeated one). sparse=True only changes torch's gradient format (before: no rule, and a raw RuntimeError)."""
+    torch.manual_seed(0)
+    ids = torch.randint(0, V, (N, T))  # (5 ids in 6 positions: every example repeats one)
+    y = torch.randint(0, 3, (N,))
+    model = Bag(**embedding)
+    sampler = LayerwiseGradSampler(model, _loss, fallback=False)
+    _assert_exact(sampler(ids, y)[0].materialize(), _alone(model, ids, y))
+    sampler.close()
+    trainer = _private(model, ids, y)
+    assert trainer.grad_sampler.name == "layerwise"  # (the rule, not moved to torch.func by the check)
+    trainer.step()
+
+
+def _hooked(hook):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        return nn.Sequential(hook(nn.Linear(4, 4)), nn.Tanh(), nn.Linear(4, 3))
+
+
+class Script(nn.Module):
+    def __init__(self):
+        super().__init__()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            self.body = torch.jit.script(nn.Linear(4, 3))
+
+    def forward(self, x):
+        return self.body(x)
+
+
+class Complex(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4, 3, dtype=torch.complex128))
+
+    def forward(self, x):
+        return (x.to(torch.complex128) @ self.w).abs().float()
+
+
+def _renormed_bag():
+    """max_norm with every row already within it: the first forward writes nothing a probe can see, a later one
+    (after an update) renormalizes the rows the batch looks up."""
+    model = Bag(max_norm=1.0)
+    with torch.no_grad():
+        model.emb.weight.mul_(0.1)
+    return model
+
+
+REFUSED = {
+    "embedding_max_norm": (_renormed_bag, r"layer .emb. \(Embedding\) has max_norm=1: .*pass max_norm=None"),
+    "spectral_norm": (lambda: _hooked(parametrizations.spectral_norm),
+                      r"'0.parametrizations.weight.0' \(torch.nn.utils.parametrizations.spectral_norm\) writes its "
+                      "power-iteration buffers.*torch.linalg.matrix_norm"),
+    "old_weight_norm": (lambda: _hooked(nn.utils.weight_norm),
+                        "deprecated torch.nn.utils.weight_norm.*use torch.nn.utils.parametrizations.weight_norm"),
+    "old_spectral_norm": (lambda: _hooked(nn.utils.spectral_norm),
+                          "deprecated torch.nn.utils.spectral_norm.*matrix_norm"),
+    "torchscript": (Script, "layer 'body' is a TorchScript module .*pass the module before scripting"),
+    "complex": (Complex, r"parameter 'w' is complex .*torch.view_as_real"),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSED))
+def test_layers_that_cannot_be_private_are_refused_in_one_line_naming_the_way_out(case):
+    """Before: max_norm trained until a step renormalized a row (then refused mid-run), spectral_norm and the old
+    hooks were refused as an anonymous buffer or attribute write with no way out, TorchScript raised AttributeError,
+    a complex128 parameter passed the checks and crashed the step (fixed, its noise would be sigma / sqrt(2) per real
+    coordinate: torch's complex normal)."""
+    build, message = REFUSED[case]
+    torch.manual_seed(0)
+    x = torch.randint(1, V, (N, T)) if case == "embedding_max_norm" else torch.randn(N, 4)
+    y = torch.randint(0, 3, (N,))
+    for loop in (False, True):
+        with pytest.raises(ModelError, match=message) as e:
+            _private(build(), x, y, loop=loop)
+        assert "\n" not in str(e.value)
+
+
+def test_the_stateless_spectral_norm_the_refusal_names_is_exact():
+    class ExactSpectralNorm(nn.Module):
+        def forward(self, w):
+            return w / torch.linalg.matrix_norm(w.flatten(1), 2)
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(2, 3, 3), nn.Tanh(), nn.Flatten(), nn.Linear(12, 3))
+    parametrize.register_parametrization(model[0], "weight", ExactSpectralNorm())
+    x, y = torch.randn(N, 2, 4, 4), torch.randint(0, 3, (N,))
+    trainer = _private(model, x, y)
+    _assert_exact(trainer.grad_sampler(x, y)[0].materialize(), _alone(model, x, y))
