@@ -190,3 +190,47 @@ def test_the_stateless_spectral_norm_the_refusal_names_is_exact():
     x, y = torch.randn(N, 2, 4, 4), torch.randint(0, 3, (N,))
     trainer = _private(model, x, y)
     _assert_exact(trainer.grad_sampler(x, y)[0].materialize(), _alone(model, x, y))
+
+
+class Encoder(nn.Module):
+    """torch's TransformerEncoder as users build it (dropout 0.1 inside its MultiheadAttention and around it), with a
+    padding mask, and an attention of one's own whose parameter has no rule (the model's), with dropout in
+    scaled_dot_product_attention and F.dropout."""
+
+    def __init__(self):
+        super().__init__()
+        layer = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.1, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, 1, enable_nested_tensor=False)
+        self.qkv = nn.Parameter(0.3 * torch.randn(8, 24))
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x, mask):
+        h = self.encoder(x, src_key_padding_mask=mask)
+        q, k, v = (h @ self.qkv).chunk(3, -1)
+        h = F.scaled_dot_product_attention(q[:, None], k[:, None], v[:, None], dropout_p=0.2, is_causal=True)[:, 0]
+        return self.head(F.dropout(h, 0.3, self.training).mean(1))
+
+
+def test_dropout_inside_modules_without_a_rule_is_replayed_exactly_in_your_own_loop():
+    """Each example's gradient, from the chunk's forward pass with dropout on, against the gradient of its own loss in
+    that same forward pass (the masks the batch drew). Before: the loop refused the model at its first backward
+    ("vmap: called random operation"), and make_private left the layerwise backend for torch.func on the whole model."""
+    torch.manual_seed(0)
+    x, y = torch.randn(N, T, 8), torch.randint(0, 3, (N,))
+    mask = torch.arange(T)[None] >= torch.tensor([T - i % 3 for i in range(N)])[:, None]
+    model = Encoder()
+    loop = make_private_loop(model, torch.optim.SGD(model.parameters(), lr=0.1), ((x, mask), y), noise_multiplier=0.0,
+                             non_private=True, max_grad_norm=1e6, sampling="full", batch_size=N, loss_fn=_loss)
+    params = trainable_parameters(model)
+    sampler = loop.trainer.grad_sampler
+    for _ in range(2):  # (a second draw of the masks)
+        with sampler.recording(N), torch.enable_grad():
+            losses = _loss(model(x, mask), y)
+        want = [torch.autograd.grad(losses[i], list(params.values()), retain_graph=True) for i in range(N)]
+        _assert_exact(sampler.from_losses(losses).materialize(),
+                      {n: torch.stack([w[k] for w in want]) for k, n in enumerate(params)})
+    assert sampler.name == "layerwise+func"
+    for inputs, labels in loop.batches(steps=1):  # (and the loop's own step)
+        loop.backward(_loss(model(*inputs), labels))
+        loop.optimizer.step()
+    loop.close()
