@@ -20,10 +20,11 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from dptrain.errors import ModelError
+from dptrain.errors import ModelError, one_line
 from dptrain.stages.batch_layout import ROWS, SHARED, CallLayout, rows_per_example, tensors, view_rows
 from dptrain.stages.dropout_replay import Replayer, ReplayError
 from dptrain.stages.precision import LOW, upcast
+from dptrain.stages.recurrent import RecurrentError, recurrent_gradients
 
 
 class FallbackError(ModelError):
@@ -64,6 +65,8 @@ def separated(output, copy: bool = False):
     consumer that modifies them in place)."""
 
     def view(t):
+        if type(t) in (tuple, list):  # (nested: an LSTM's (output, (h_n, c_n)))
+            return type(t)(view(o) for o in t)
         if not (torch.is_tensor(t) and t.requires_grad):
             return t
         return t.clone() if copy else t.view_as(t)
@@ -71,7 +74,7 @@ def separated(output, copy: bool = False):
     if torch.is_tensor(output):
         output = view(output)
     elif type(output) in (tuple, list):
-        output = type(output)(view(o) for o in output)
+        output = view(output)
     elif type(output) is dict:
         output = {k: view(v) for k, v in output.items()}
     elif isinstance(output, dict) and dataclasses.is_dataclass(output):  # (transformers' ModelOutput)
@@ -122,6 +125,11 @@ def per_module_gradients(
     reach the loss), laid out as ``layout`` says for a chunk of ``batch`` examples (None: tensors whose first
     dimension is the outputs' are split by example, the others passed whole). ``masks``: the masks of the dropouts
     the call drew, in order (:mod:`dptrain.stages.dropout_replay`), replayed example by example."""
+    if isinstance(m, nn.RNNBase):  # (torch.func cannot: the recurrence run again by kind)
+        try:
+            return recurrent_gradients(m, args, kwargs, gos, recorded, batch or len(recorded[0]))
+        except (RecurrentError, RuntimeError, ValueError) as e:
+            raise FallbackError(f"per-example gradients of {type(m).__name__}: {one_line(e, 160)}") from None
     params = {n: p.detach() for n, p in m.named_parameters() if p.requires_grad}
     buffers = dict(m.named_buffers())
     leaves, spec = tree_flatten((tuple(args), dict(kwargs)))

@@ -66,6 +66,7 @@ from dptrain.stages.gradient_factors import (
 from dptrain.stages.layer_rules import _layerwise_rule, layerwise_supported
 from dptrain.stages.module_func import FallbackError, call_with, per_module_gradients, separated
 from dptrain.stages.precision import LOW, upcast
+from dptrain.stages.recurrent import refusal as recurrent_refusal
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 GRAD_SAMPLERS = ("auto", "func", "layerwise", "loop")
@@ -221,6 +222,8 @@ class LayerwiseGradSampler:
             else:
                 self._fallback[m] = prefix
                 covered.update(id(sub) for sub in m.modules())
+        #: fallback modules refused by their configuration (a recurrent layer's dropout between layers), and why
+        self._refused = {m: why for m in self._fallback if isinstance(m, nn.RNNBase) and (why := recurrent_refusal(m))}
         # a module with a rule inside a fallback subtree is covered by the fallback
         self._layers = {m: v for m, v in self._layers.items() if not any(m in f.modules() for f in self._fallback)}
         self._records: dict[nn.Module, list] | None = None
@@ -448,7 +451,10 @@ class LayerwiseGradSampler:
             if not separable and sum(g is not None for g in gos) > 1:
                 raise FallbackError(f"{type(m).__name__} returns several tensors in a container that cannot be rebuilt "
                                     "to tell their gradients apart")
-            layout = self._fallback_layout(m, args, kwargs, fouts, layout)
+            if m in self._refused:
+                raise FallbackError(f"per-example gradients of {type(m).__name__}: {self._refused[m]}")
+            # (a recurrent layer's layout is its kind's: batch_first or not, h_n's examples along dimension 1)
+            layout = None if isinstance(m, nn.RNNBase) else self._fallback_layout(m, args, kwargs, fouts, layout)
             gos = [None if g is None else g.detach() for g in gos]
             for pname, g in per_module_gradients(m, args, kwargs, gos, fouts, layout, n, masks).items():
                 add(m, pname, g)
@@ -548,6 +554,8 @@ class AutoGradSampler:
                     self.model, self.loss_fn, to_func=frozenset(owners | backend._to_func)
                 )
                 return True
+            self.reason = (f"the gradient of {names[0]!r} from its module differentiated on its own did not match a "
+                           "backward pass on the example alone")  # (what a loop of the caller's own is told)
         self._next()
         return True
 
@@ -565,6 +573,8 @@ class AutoGradSampler:
             inside = [m for m, ids in backend._covers.items() if id(p) in ids]
             a = nearest_called_ancestor(self.model, n, called, inside)
             if a is None or a is self.model:
+                self.reason = (f"parameter {n!r} is used outside every module that can be differentiated on its own "
+                               "(e.g. returned inside a nested container)")
                 self._next()
                 return True
             wider.add(a)
