@@ -357,3 +357,24 @@ def test_dropout_between_recurrent_layers_trains_by_single_examples_and_your_loo
     assert _private(model, x, y).grad_sampler.name == "loop"  # (exact: each example its own masks)
     with pytest.raises(ModelError, match="dropout between layers .*stack single-layer LSTMs with nn.Dropout"):
         _private(Stacked(), x, y, loop=True)
+
+
+def test_sequence_first_attention_trains_in_make_private_and_your_loop_is_told_batch_first():
+    """nn.MultiheadAttention's default layout [T, B, E] has the examples along dimension 1: make_private takes it by
+    torch.func on the whole model, and your own loop's refusal names the way out (before: not how to fix it)."""
+
+    class SequenceFirst(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attn, self.head = nn.MultiheadAttention(4, 2), nn.Linear(4, 3)
+
+        def forward(self, x):
+            h = x.transpose(0, 1)
+            return self.head(self.attn(h, h, h)[0].mean(0))
+
+    torch.manual_seed(0)
+    x, y = torch.randn(N, T, 4), torch.randint(0, 3, (N,))
+    model = SequenceFirst()
+    _assert_exact(_private(model, x, y).grad_sampler(x, y)[0].materialize(), _alone(model, x, y))
+    with pytest.raises(ModelError, match="MultiheadAttention: .*build it with batch_first=True"):
+        _private(SequenceFirst(), x, y, loop=True)

@@ -139,7 +139,10 @@ def per_module_gradients(
         layout = _by_size(leaves, recorded)
         batch = int(recorded[0].shape[0]) if recorded and recorded[0].dim() else 0
     if len(layout.inputs) != len(leaves) or len(layout.outputs) != len(recorded) or not layout.consistent:
-        raise FallbackError(f"{type(m).__name__}: its inputs are not laid out by example (see dptrain.stages.batch_layout)")
+        first = (" (batch_first=False: examples along dimension 1; build it with batch_first=True for the layerwise "
+                 "backend and your own loop)") if getattr(m, "batch_first", None) is False else ""
+        raise FallbackError(f"{type(m).__name__}: its inputs are not laid out by example{first} (see "
+                            "dptrain.stages.batch_layout)")
     whole = [j for j, k in enumerate(layout.outputs) if k == SHARED and gos[j] is not None]
     if whole and batch != 1:
         raise FallbackError(
