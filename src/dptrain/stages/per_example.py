@@ -520,7 +520,10 @@ class AutoGradSampler:
     def _next(self) -> None:
         """The next backend of the ladder: layerwise -> torch.func for the whole model -> a loop of single examples."""
         self.backend.close()
-        nxt = FuncGradSampler if isinstance(self.backend, LayerwiseGradSampler) else LoopGradSampler
+        # (torch.func has no batching rule for torch's fused recurrent kernels, and running them under functional_call
+        # rewrites their flat-weight bookkeeping, which the state watch would take for a release: straight to the loop)
+        recurrent = any(isinstance(m, nn.RNNBase) for m in self.model.modules())
+        nxt = FuncGradSampler if isinstance(self.backend, LayerwiseGradSampler) and not recurrent else LoopGradSampler
         self.backend = nxt(self.model, self.loss_fn)
 
     def recording(self, batch: int):
