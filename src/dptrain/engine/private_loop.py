@@ -121,6 +121,10 @@ class PrivateLoop:
         self._chunk: _Chunk | None = None
         self._held: contextlib.ExitStack | None = None  # signals held from a release to its optimizer step
         self._foreign = False  # a backward pass of the user's own accumulated into the parameters' .grad
+        #: True while the backend forms a chunk's per-example gradients: a module without a rule (the model itself when
+        #: it owns a parameter) is then called again by torch.func, example by example, and the loop's hooks must not
+        #: take those calls for the loop body's
+        self._forming = False
         self._closed = False
         model = self.model
         self._handles = [
@@ -187,7 +191,11 @@ class PrivateLoop:
                 summed, stats, _ = clipped_sum([], self.trainer.clipping, self.trainer.params)
             else:
                 self._check_per_example(chunk, losses)
-                grads = self.trainer.grad_sampler.from_losses(losses)
+                self._forming = True
+                try:
+                    grads = self.trainer.grad_sampler.from_losses(losses)
+                finally:
+                    self._forming = False
                 # (state the chunk's passes or your code wrote: refused and labelled not private, or labelled only)
                 wrote = self.trainer.sentinel.written(chunk.watch, user_code=True)
                 if extra is not None:  # (after the chunk's backward: the check writes the chunk's tensors, then restores)
@@ -406,7 +414,7 @@ class PrivateLoop:
     # -- checks ---------------------------------------------------------------------------------------------------
     def _model_called(self, module, args, kwargs):
         chunk = self._chunk
-        if chunk is None or chunk.done:
+        if chunk is None or chunk.done or self._forming:
             return None
         if not torch.is_grad_enabled():  # (the layerwise recording would hold outputs that have no gradient)
             self._refuse(
@@ -435,12 +443,12 @@ class PrivateLoop:
 
     def _model_returned(self, module, args, output):
         chunk = self._chunk
-        if chunk is not None and not chunk.done:
+        if chunk is not None and not chunk.done and not self._forming:
             chunk.outputs += [t for t in tensors_of(output) if t.requires_grad]
 
     def _layer_returned(self, module, args, output):
         chunk = self._chunk
-        if chunk is not None and not chunk.done:
+        if chunk is not None and not chunk.done and not self._forming:
             chunk.layer_outputs += [t for t in tensors_of(output) if t.requires_grad]
 
     def _accumulated(self, param) -> None:

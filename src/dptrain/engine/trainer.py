@@ -340,6 +340,11 @@ class PrivateTrainer(Checkpointing, PrivacySide):
             raise ConfigError(
                 f"the optimizer does not hold these trainable parameters of the model: {missing[:3]}"
             )
+        if isinstance(self.optimizer, torch.optim.SparseAdam):
+            raise ConfigError(
+                "torch.optim.SparseAdam takes sparse gradients only, and the private gradient is dense (the noise reaches "
+                "every coordinate, every row of an Embedding(sparse=True)): use torch.optim.Adam or SGD"
+            )
 
     # -- the run's numbers --------------------------------------------------------------------------------
     @property

@@ -37,6 +37,7 @@ __all__ = [
     "MODEL_NAMES",
     "build_model",
     "check_private_compatible",
+    "find_self_writing_layer",
     "convert_batchnorm_to_groupnorm",
     "count_parameters",
     "find_batch_mixing_layers",
@@ -425,6 +426,61 @@ def find_batch_mixing_layers(model: nn.Module) -> list[str]:
     return [name for name, module in model.named_modules() if isinstance(module, BATCH_MIXING_TYPES)]
 
 
+#: The way out for a layer whose spectral norm keeps power-iteration state: the same normalization without state.
+_STATELESS_SPECTRAL = (
+    "normalize by the exact norm instead, without state (a parametrization of your own returning "
+    "W / torch.linalg.matrix_norm(W.flatten(1), 2), registered with torch.nn.utils.parametrize."
+    "register_parametrization: differentiated exactly per example)"
+)
+
+
+def find_self_writing_layer(model: nn.Module) -> str | None:
+    """The refusal of the first stock layer whose training-mode forward writes the model's state by design, naming it
+    and the way out, or None. The model checks refuse any such write when they see one (a release: it is saved with
+    the model unnoised); these are refused by kind before any example is read, whatever the values (a write that
+    happens to put back what was there passes a probe, and the next step's does not):
+
+    - ``Embedding`` / ``EmbeddingBag`` with ``max_norm``: renormalizes, in place, the rows of its weight that the
+      batch looks up (which rows, and by how much, are the batch's ids);
+    - ``torch.nn.utils.parametrizations.spectral_norm`` in training mode: one power iteration per forward pass
+      written to its ``_u``/``_v`` buffers (as many as the step's chunks, whose number follows the secret batch size);
+    - torch's deprecated hooks ``torch.nn.utils.weight_norm`` / ``spectral_norm``: set ``weight`` as a plain
+      attribute on every call (and spectral_norm its ``weight_u``)."""
+    from torch.nn.utils.spectral_norm import SpectralNorm
+    from torch.nn.utils.weight_norm import WeightNorm
+
+    for name, m in model.named_modules():
+        where = _describe(model, name)
+        if isinstance(m, nn.Embedding | nn.EmbeddingBag) and m.max_norm is not None:
+            return (
+                f"model layer {where} has max_norm={m.max_norm:g}: its forward renormalizes, in place, the rows of its "
+                "weight that the batch looks up (which rows is the batch's ids, released unnoised with the weight); "
+                "pass max_norm=None (to bound the rows, renormalize every row after each optimizer step: "
+                "post-processing of the private update)"
+            )
+        if type(m).__name__ == "_SpectralNorm" and m.training:
+            return (
+                f"model layer {name!r} (torch.nn.utils.parametrizations.spectral_norm) writes its power-iteration "
+                "buffers _u and _v on every training-mode forward pass, as many times as a step has chunks (a count "
+                f"that follows the secret batch size), released unnoised with the model; {_STATELESS_SPECTRAL}, or "
+                "use torch.nn.utils.parametrizations.weight_norm"
+            )
+        hooks = list(m._forward_pre_hooks.values())
+        if any(isinstance(h, WeightNorm) for h in hooks):
+            return (
+                f"model layer {where} uses the deprecated torch.nn.utils.weight_norm, whose forward pre-hook sets its "
+                "weight as a new plain attribute on every call (state the model checks cannot tell from a release); "
+                "use torch.nn.utils.parametrizations.weight_norm (the same function, differentiated exactly per example)"
+            )
+        if any(isinstance(h, SpectralNorm) for h in hooks):
+            return (
+                f"model layer {where} uses the deprecated torch.nn.utils.spectral_norm, whose forward pre-hook sets its "
+                "weight as a plain attribute and writes its power-iteration buffer weight_u on every training-mode call "
+                f"(as many as a step has chunks: a count that follows the secret batch size); {_STATELESS_SPECTRAL}"
+            )
+    return None
+
+
 def _describe(model: nn.Module, name: str) -> str:
     kind = type(model.get_submodule(name)).__name__
     return f"'{name}' ({kind})" if name else f"the model itself ({kind})"
@@ -433,10 +489,22 @@ def _describe(model: nn.Module, name: str) -> str:
 def check_private_compatible(model: nn.Module) -> None:
     """Raise ``ModelError`` if ``model`` cannot be trained with per-example privacy.
 
-    Rejected: BatchNorm-family layers (they mix examples across a batch), and normalization layers that
+    Rejected: TorchScript modules (their forward passes cannot be recorded or differentiated per example), BatchNorm-family
+    layers (they mix examples across a batch), and normalization layers that
     track running statistics of the data (e.g. ``InstanceNorm2d(track_running_stats=True)``): those
     buffers are computed from the private data without noise and would be released with the model.
     """
+    for name, module in model.named_modules():
+        if isinstance(module, torch.jit.ScriptModule):  # (frozen too: the checks hook every module's forward)
+            where = f"model layer {name!r}" if name else "the model"
+            raise ModelError(
+                f"{where} is a TorchScript module ({type(module).__name__}, from torch.jit.script or torch.jit.trace): "
+                "per-example gradients read the eager modules' forward passes (hooks and torch.func), which TorchScript "
+                "hides; pass the module before scripting it (script or trace the trained model afterwards)"
+            )
+    writer = find_self_writing_layer(model)
+    if writer is not None:
+        raise ModelError(writer)
     names = find_batch_mixing_layers(model)
     if names:
         shown = ", ".join(_describe(model, n) for n in names[:3])

@@ -58,10 +58,21 @@ def eager(model: nn.Module) -> nn.Module:
 
 
 def check_trainable(params: dict[str, torch.Tensor]) -> None:
+    """The model has trainable parameters, and each is real: a complex parameter's coordinates are pairs of reals, and
+    clipping, the noise (torch draws a complex normal with half the variance in each part: sigma / sqrt(2) per real
+    coordinate) and the gradient check (which compares real parts) are defined on real tensors."""
     if not params:
         raise ModelError(
             "the model has no trainable parameters (none with requires_grad=True): there is nothing to train"
         )
+    for name, p in params.items():
+        if p.is_complex():
+            raise ModelError(
+                f"parameter {name!r} is complex ({str(p.dtype).removeprefix('torch.')}): per-example clipping and the "
+                "noise are defined on real coordinates; keep it as a real parameter of its real and imaginary parts "
+                "and view it as complex in forward (nn.Parameter(torch.view_as_real(w)), then torch.view_as_complex("
+                "self.w)): the same model, noised exactly"
+            )
 
 
 def auto_physical_batch_size(params: dict[str, torch.Tensor], factored: dict[str, int] | None = None) -> int:

@@ -21,21 +21,15 @@ from __future__ import annotations
 import contextlib
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_map
 
 from dptrain.preflight.buffers import restored
+from dptrain.stages.dropout_replay import DROPOUTS
+from dptrain.stages.dropout_replay import SDPA as _SDPA
 
-#: The functions whose randomness is dropout (their first argument passes through when it is off).
-DROPOUTS = frozenset(
-    {
-        F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, F.alpha_dropout, F.feature_alpha_dropout,
-        torch.dropout, torch.alpha_dropout, torch.feature_dropout, torch.feature_alpha_dropout,
-    }
-)
-_SDPA = (F.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention)
+# DROPOUTS: the functions whose randomness is dropout (their first argument passes through when it is off).
 _SDPA_DROPOUT = 4  # (its position among scaled_dot_product_attention's arguments)
 
 

@@ -115,7 +115,8 @@ def _alone(model, loss_fn, x, y, params, i: int, autocast):
     with torch.enable_grad(), autocast, _one_example(model, take(x, idx)):
         loss = loss_fn(call_model(model, take(x, idx)), y[i : i + 1]).reshape(())
         grads = torch.autograd.grad(loss, list(params.values()), allow_unused=True)
-    out = {n: torch.zeros_like(p) if g is None else g.detach() for (n, p), g in zip(params.items(), grads, strict=True)}
+    out = {n: torch.zeros_like(p) if g is None else g.detach().to_dense() if g.is_sparse else g.detach()
+           for (n, p), g in zip(params.items(), grads, strict=True)}  # (an Embedding(sparse=True)'s: sparse)
     return out, loss.detach(), {n for n, g in zip(params, grads, strict=True) if g is None}
 
 

@@ -77,13 +77,14 @@ class CallLayout:
 
 
 def tensors(out) -> list[torch.Tensor]:
-    """The tensors of a module's output (a tensor, or a tuple/list/dict holding some), as the sampler records them."""
+    """The tensors of a module's output (a tensor, or tuples/lists/dicts holding some, nested: an LSTM's (output,
+    (h_n, c_n))), in order, as the sampler records them."""
     if torch.is_tensor(out):
         return [out]
     if isinstance(out, dict):
         out = list(out.values())
     if isinstance(out, tuple | list):
-        return [o for o in out if torch.is_tensor(o)]
+        return [t for o in out for t in tensors(o)]
     return []
 
 

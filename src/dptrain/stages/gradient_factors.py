@@ -177,7 +177,7 @@ def _inner(p, q) -> torch.Tensor:
     if isinstance(p, _EmbeddingFactors):  # against a dense [B, V, D]: sum_t G[id_t] . g_t
         rows = q.gather(1, p.ids[..., None].expand(-1, -1, q.shape[-1]))
         return (rows * p.delta).sum((1, 2))
-    return (p * q).flatten(1).sum(1)
+    return _rows(p * q).sum(1)
 
 
 def _zero_rows(t: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
@@ -187,8 +187,15 @@ def _zero_rows(t: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
 
 def _row_sq_norms(t: torch.Tensor) -> torch.Tensor:
     """[B, ...] -> [B]: each row's squared L2 norm. vector_norm makes no [B, ...] temporary (vecdot and pow do: on
-    the CPU a step's large temporaries cost page faults) and is the fastest of the three here."""
-    return torch.linalg.vector_norm(t.flatten(1), dim=1).square()
+    the CPU a step's large temporaries cost page faults) and is the fastest of the three here. A 0-dim parameter's
+    gradients are [B] (:func:`_rows`)."""
+    return torch.linalg.vector_norm(_rows(t), dim=1).square()
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """[B, ...] -> [B, elements]: each example's gradient as a row (a 0-dim parameter's [B] as [B, 1]: flatten(1)
+    needs a second dimension, and reshape(B, -1) fails for a chunk of no example)."""
+    return t.flatten(1) if t.dim() > 1 else t[:, None]
 
 
 def _sq_norms(part) -> torch.Tensor:

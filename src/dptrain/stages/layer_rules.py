@@ -102,10 +102,18 @@ def _linear(m: nn.Linear, a: torch.Tensor, go: torch.Tensor) -> dict[str, torch.
 
 
 def _embedding(m: nn.Embedding, ids: torch.Tensor, go: torch.Tensor) -> dict[str, _EmbeddingFactors]:
+    """An Embedding's per-example weight gradients: each example's output gradients added to the rows of its ids.
+    With ``scale_grad_by_freq`` torch divides each looked-up row's gradient by the number of times its id occurs in
+    the batch it was called on: an example alone counts its own ids, so each position's output gradient is divided by
+    its id's count in the example. ``sparse`` only changes the format of torch's batch gradient, not its value (the
+    released gradient is dense anyway: the noise reaches every row)."""
     b = ids.shape[0]
     ids, go = ids.reshape(b, -1), go.reshape(b, -1, go.shape[-1])
     if m.padding_idx is not None:  # torch leaves the padding row's gradient at zero
         go = go * (ids != m.padding_idx)[..., None]
+    if m.scale_grad_by_freq:
+        counts = (ids[:, :, None] == ids[:, None, :]).sum(2)  # [B, T]: how often each position's id occurs in its example
+        go = go / counts[..., None].to(go.dtype)
     return {"weight": _EmbeddingFactors(ids, go, m.num_embeddings)}
 
 
@@ -185,8 +193,8 @@ def _layerwise_rule(m: nn.Module):
         return _group_norm
     if type(m) is nn.LayerNorm and m.elementwise_affine:
         return _layer_norm
-    if type(m) is nn.Embedding and m.max_norm is None and not m.sparse:
-        return _embedding  # (padding_idx: its row's output gradient is zero already, the rule needs no mask)
+    if type(m) is nn.Embedding and m.max_norm is None:
+        return _embedding  # (max_norm renormalizes the weight in place: a write the model checks refuse)
     if type(m) is nn.Conv1d and m.padding_mode == "zeros" and not isinstance(m.padding, str):
         return _conv1d
     if type(m) is nn.RMSNorm and m.elementwise_affine:

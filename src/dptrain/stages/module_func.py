@@ -20,9 +20,11 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from dptrain.errors import ModelError
+from dptrain.errors import ModelError, one_line
 from dptrain.stages.batch_layout import ROWS, SHARED, CallLayout, rows_per_example, tensors, view_rows
+from dptrain.stages.dropout_replay import Replayer, ReplayError
 from dptrain.stages.precision import LOW, upcast
+from dptrain.stages.recurrent import RecurrentError, recurrent_gradients
 
 
 class FallbackError(ModelError):
@@ -63,6 +65,8 @@ def separated(output, copy: bool = False):
     consumer that modifies them in place)."""
 
     def view(t):
+        if type(t) in (tuple, list):  # (nested: an LSTM's (output, (h_n, c_n)))
+            return type(t)(view(o) for o in t)
         if not (torch.is_tensor(t) and t.requires_grad):
             return t
         return t.clone() if copy else t.view_as(t)
@@ -70,7 +74,7 @@ def separated(output, copy: bool = False):
     if torch.is_tensor(output):
         output = view(output)
     elif type(output) in (tuple, list):
-        output = type(output)(view(o) for o in output)
+        output = view(output)
     elif type(output) is dict:
         output = {k: view(v) for k, v in output.items()}
     elif isinstance(output, dict) and dataclasses.is_dataclass(output):  # (transformers' ModelOutput)
@@ -114,12 +118,18 @@ def _one_example(leaves: list, recorded: list) -> CallLayout:
 
 def per_module_gradients(
     m: nn.Module, args: tuple, kwargs: dict, gos: list, recorded: list, layout: CallLayout | None = None,
-    batch: int | None = None,
+    batch: int | None = None, masks: list | None = None,
 ) -> dict[str, torch.Tensor]:
     """Per-example gradients [B, ...] of every trainable parameter of ``m`` (and its submodules) for one recorded call
     ``m(*args, **kwargs)`` -> ``recorded`` (its output tensors), ``gos`` their gradients (None: the output does not
     reach the loss), laid out as ``layout`` says for a chunk of ``batch`` examples (None: tensors whose first
-    dimension is the outputs' are split by example, the others passed whole)."""
+    dimension is the outputs' are split by example, the others passed whole). ``masks``: the masks of the dropouts
+    the call drew, in order (:mod:`dptrain.stages.dropout_replay`), replayed example by example."""
+    if isinstance(m, nn.RNNBase):  # (torch.func cannot: the recurrence run again by kind)
+        try:
+            return recurrent_gradients(m, args, kwargs, gos, recorded, batch or len(recorded[0]))
+        except (RecurrentError, RuntimeError, ValueError) as e:
+            raise FallbackError(f"per-example gradients of {type(m).__name__}: {one_line(e, 160)}") from None
     params = {n: p.detach() for n, p in m.named_parameters() if p.requires_grad}
     buffers = dict(m.named_buffers())
     leaves, spec = tree_flatten((tuple(args), dict(kwargs)))
@@ -129,7 +139,10 @@ def per_module_gradients(
         layout = _by_size(leaves, recorded)
         batch = int(recorded[0].shape[0]) if recorded and recorded[0].dim() else 0
     if len(layout.inputs) != len(leaves) or len(layout.outputs) != len(recorded) or not layout.consistent:
-        raise FallbackError(f"{type(m).__name__}: its inputs are not laid out by example (see dptrain.stages.batch_layout)")
+        first = (" (batch_first=False: examples along dimension 1; build it with batch_first=True for the layerwise "
+                 "backend and your own loop)") if getattr(m, "batch_first", None) is False else ""
+        raise FallbackError(f"{type(m).__name__}: its inputs are not laid out by example{first} (see "
+                            "dptrain.stages.batch_layout)")
     whole = [j for j, k in enumerate(layout.outputs) if k == SHARED and gos[j] is not None]
     if whole and batch != 1:
         raise FallbackError(
@@ -142,7 +155,11 @@ def per_module_gradients(
         rows_per_example(recorded[j], batch) is None for j in rows
     ):
         raise FallbackError(f"{type(m).__name__}: a tensor's rows are not a multiple of the chunk's examples")
+    masks = list(masks or [])
+    if masks and (not split or any(rows_per_example(k, batch) is None for k in masks)):
+        raise FallbackError(f"{type(m).__name__} draws dropout masks that are not laid out by example")
     inputs = [view_rows(leaves[i], batch) for i in split]
+    drops = [view_rows(k, batch) for k in masks]
     out_grads = [view_rows(torch.zeros_like(recorded[j]) if gos[j] is None else gos[j], batch) for j in rows]
     # A module whose output is laid out by example but none of whose inputs is (Perceiver's latents expanded to the
     # batch size it is given, a learned query repeated to the batch): it is called on the same inputs for each example,
@@ -151,12 +168,15 @@ def per_module_gradients(
     index = torch.arange(batch if expanding else 0, device=next((t.device for t in recorded), None))
 
     def per_example(leaves, inputs, out_grads, gos):
-        def inner(params, tensors_i, gos_i, i):
+        def inner(params, tensors_i, gos_i, i, drops_i):
             full = list(leaves)
             for k, t in zip(split, tensors_i, strict=True):
                 full[k] = t
             a, kw = tree_unflatten(full, spec)
-            outs = tensors(call_with(m, {**params, **buffers}, tuple(a), kw))
+            with Replayer(drops_i) as replay:  # (the batch's dropout masks, this example's rows)
+                outs = tensors(call_with(m, {**params, **buffers}, tuple(a), kw))
+            if replay.used != len(drops_i):
+                raise ReplayError(f"{replay.used} dropouts example by example, {len(drops_i)} for the batch")
             if len(outs) != len(recorded):
                 raise ValueError(f"{len(outs)} output tensors example by example, {len(recorded)} for the batch")
             picked = [view_rows(outs[j], batch).index_select(0, i.reshape(1))[0] if expanding else outs[j]
@@ -167,8 +187,8 @@ def per_module_gradients(
 
         with warnings.catch_warnings():  # torch.func has no batching rule for some fused kernels (CPU attention)
             warnings.filterwarnings("ignore", message="There is a performance drop because we have not yet")
-            return vmap(grad(inner, has_aux=True), in_dims=(None, 0, 0, 0 if expanding else None),
-                        randomness="error")(params, inputs, out_grads, index if expanding else None)
+            return vmap(grad(inner, has_aux=True), in_dims=(None, 0, 0, 0 if expanding else None, 0),
+                        randomness="error")(params, inputs, out_grads, index if expanding else None, drops)
 
     try:
         try:

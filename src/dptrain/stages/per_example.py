@@ -58,6 +58,7 @@ from dptrain.stages.batch_layout import (
 )
 from dptrain.stages.batch_layout import tensors as _tensors
 from dptrain.stages.coverage import Call, check_coverage, input_nodes, nearest_called_ancestor
+from dptrain.stages.dropout_replay import Recorder
 from dptrain.stages.gradient_factors import (
     PerExampleGrads,
     shared,
@@ -65,6 +66,7 @@ from dptrain.stages.gradient_factors import (
 from dptrain.stages.layer_rules import _layerwise_rule, layerwise_supported
 from dptrain.stages.module_func import FallbackError, call_with, per_module_gradients, separated
 from dptrain.stages.precision import LOW, upcast
+from dptrain.stages.recurrent import refusal as recurrent_refusal
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 GRAD_SAMPLERS = ("auto", "func", "layerwise", "loop")
@@ -136,8 +138,8 @@ class LoopGradSampler:
                 loss = self.loss_fn(call_model(self.model, take(x, idx)), y[i : i + 1]).reshape(())
                 parts = torch.autograd.grad(loss, list(params.values()), allow_unused=True)
             for (name, _), g in zip(params.items(), parts, strict=True):
-                if g is not None:
-                    grads[name][i] = g
+                if g is not None:  # (an Embedding(sparse=True)'s gradient is sparse: the same values, dense here)
+                    grads[name][i] = g.to_dense() if g.is_sparse else g
             losses.append(loss.detach())
         return PerExampleGrads(grads), torch.stack(losses) if losses else y.new_zeros(0, dtype=torch.float32)
 
@@ -220,6 +222,8 @@ class LayerwiseGradSampler:
             else:
                 self._fallback[m] = prefix
                 covered.update(id(sub) for sub in m.modules())
+        #: fallback modules refused by their configuration (a recurrent layer's dropout between layers), and why
+        self._refused = {m: why for m in self._fallback if isinstance(m, nn.RNNBase) and (why := recurrent_refusal(m))}
         # a module with a rule inside a fallback subtree is covered by the fallback
         self._layers = {m: v for m, v in self._layers.items() if not any(m in f.modules() for f in self._fallback)}
         self._records: dict[nn.Module, list] | None = None
@@ -250,6 +254,10 @@ class LayerwiseGradSampler:
         record, record_call = torch.compiler.disable(self._record), torch.compiler.disable(self._record_call)
         self._handles += [m.register_forward_hook(record) for m in self._layers]
         self._handles += [m.register_forward_hook(record_call, with_kwargs=True) for m in self._fallback]
+        #: the dropout recorders of the fallback modules running on the batch now (:mod:`dptrain.stages.dropout_replay`)
+        self._recorders: list[tuple[nn.Module, Recorder]] = []
+        self._handles += [m.register_forward_pre_hook(torch.compiler.disable(self._enter_fallback))
+                          for m in self._fallback]
 
     def _before_forward(self, module, args, kwargs):
         """A forward pass of the model begins (the first one recorded on two examples or more measures the layout of
@@ -282,7 +290,24 @@ class LayerwiseGradSampler:
         self._calls.append(Call(module, [output], input_nodes(inputs[0])))
         return output.clone() if module in self._copied else None
 
+    def _enter_fallback(self, module, args):
+        """A fallback module starts on the batch being recorded: its dropouts' masks are kept from here to its end, for
+        its calls example by example to replay (:mod:`dptrain.stages.dropout_replay`)."""
+        if self._records is not None and not self._layout_of.probing:
+            recorder = Recorder()
+            recorder.__enter__()
+            self._recorders.append((module, recorder))
+
+    def _leave_fallback(self, module) -> list[torch.Tensor]:
+        """The masks of the dropouts ``module`` drew on the batch (its recorder ended), or none."""
+        if not (self._recorders and self._recorders[-1][0] is module):
+            return []
+        _, recorder = self._recorders.pop()
+        recorder.__exit__(None, None, None)
+        return recorder.masks
+
     def _record_call(self, module, args, kwargs, output):
+        masks = self._leave_fallback(module)
         if self._layout_of.probing:
             return self._layout_of.probe_record(module, tree_flatten((tuple(args), dict(kwargs)))[0], output)
         if self._records is not None and not torch.is_grad_enabled() and module not in self._without_autograd:
@@ -301,7 +326,7 @@ class LayerwiseGradSampler:
             output, outs = separated(output)  # (each output's own gradient, not also another's flowing into it)
             recorded = _tensors(output) if outs is None else outs
             versions = [t._version for t in recorded]
-            record = (args, dict(kwargs), recorded, layout, outs is not None, versions)
+            record = (args, dict(kwargs), recorded, layout, outs is not None, versions, masks)
             self._records.setdefault(module, []).append(record)
             self._calls.append(Call(module, _tensors(output), nodes))
             if module in self._copied and outs is not None:  # (the model gets copies; the records keep their values)
@@ -337,6 +362,8 @@ class LayerwiseGradSampler:
         try:
             yield
         finally:
+            while self._recorders:  # (a fallback module's forward raised: its recorder is still on torch's mode stack)
+                self._recorders.pop()[1].__exit__(None, None, None)
             self._recorded, self._records = self._records, None
             self._recorded_calls = (self._calls, self._without_autograd)
             self._calls, self._without_autograd = [], []
@@ -404,7 +431,7 @@ class LayerwiseGradSampler:
         if n == 0:  # (an empty Poisson batch: no example, no gradient)
             calls, fallbacks = [], []
         outs = [out for _, _, out, _, _ in calls]
-        fb_outs = [o for _, _, _, fouts, _, _, _ in fallbacks for o in fouts if o.requires_grad]
+        fb_outs = [o for _, _, _, fouts, _, _, _, _ in fallbacks for o in fouts if o.requires_grad]
         everything = outs + fb_outs
         grads_all = torch.autograd.grad(losses.sum(), everything, allow_unused=True) if everything else []
         grads_out, fb_grads = list(grads_all[: len(outs)]), dict(zip(map(id, fb_outs), grads_all[len(outs) :], strict=True))
@@ -417,16 +444,19 @@ class LayerwiseGradSampler:
                 g = upcast(g)  # (a bfloat16 model's per-example gradients are formed and clipped in float32)
                 per_example[key] = shared(per_example[key], g) if key in per_example else g
 
-        for m, args, kwargs, fouts, layout, separable, _ in fallbacks:
+        for m, args, kwargs, fouts, layout, separable, _, masks in fallbacks:
             gos = [fb_grads.get(id(o)) for o in fouts]
             if all(g is None for g in gos):
                 continue  # (an output that does not reach the loss: no gradient, whatever its layout)
             if not separable and sum(g is not None for g in gos) > 1:
                 raise FallbackError(f"{type(m).__name__} returns several tensors in a container that cannot be rebuilt "
                                     "to tell their gradients apart")
-            layout = self._fallback_layout(m, args, kwargs, fouts, layout)
+            if m in self._refused:
+                raise FallbackError(f"per-example gradients of {type(m).__name__}: {self._refused[m]}")
+            # (a recurrent layer's layout is its kind's: batch_first or not, h_n's examples along dimension 1)
+            layout = None if isinstance(m, nn.RNNBase) else self._fallback_layout(m, args, kwargs, fouts, layout)
             gos = [None if g is None else g.detach() for g in gos]
-            for pname, g in per_module_gradients(m, args, kwargs, gos, fouts, layout, n).items():
+            for pname, g in per_module_gradients(m, args, kwargs, gos, fouts, layout, n, masks).items():
                 add(m, pname, g)
         for (m, a, out, _, layout), go in zip(calls, grads_out, strict=True):
             if go is None:
@@ -490,7 +520,10 @@ class AutoGradSampler:
     def _next(self) -> None:
         """The next backend of the ladder: layerwise -> torch.func for the whole model -> a loop of single examples."""
         self.backend.close()
-        nxt = FuncGradSampler if isinstance(self.backend, LayerwiseGradSampler) else LoopGradSampler
+        # (torch.func has no batching rule for torch's fused recurrent kernels, and running them under functional_call
+        # rewrites their flat-weight bookkeeping, which the state watch would take for a release: straight to the loop)
+        recurrent = any(isinstance(m, nn.RNNBase) for m in self.model.modules())
+        nxt = FuncGradSampler if isinstance(self.backend, LayerwiseGradSampler) and not recurrent else LoopGradSampler
         self.backend = nxt(self.model, self.loss_fn)
 
     def recording(self, batch: int):
@@ -524,6 +557,8 @@ class AutoGradSampler:
                     self.model, self.loss_fn, to_func=frozenset(owners | backend._to_func)
                 )
                 return True
+            self.reason = (f"the gradient of {names[0]!r} from its module differentiated on its own did not match a "
+                           "backward pass on the example alone")  # (what a loop of the caller's own is told)
         self._next()
         return True
 
@@ -541,6 +576,8 @@ class AutoGradSampler:
             inside = [m for m, ids in backend._covers.items() if id(p) in ids]
             a = nearest_called_ancestor(self.model, n, called, inside)
             if a is None or a is self.model:
+                self.reason = (f"parameter {n!r} is used outside every module that can be differentiated on its own "
+                               "(e.g. returned inside a nested container)")
                 self._next()
                 return True
             wider.add(a)
