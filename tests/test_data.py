@@ -543,7 +543,7 @@ def test_npz_class_count_is_public_metadata_not_read_from_labels(tmp_path):
     with pytest.raises(DataError, match=r"integer class labels in \[0, num_classes = 3\)") as info:
         load_npz(path, num_classes=3)
     assert "1000000000" not in str(info.value)  # (the rule, not the label)
-    np.savez(path, x=np.zeros((4, 2)), y=np.array([0, 1, 0, 1]))
+    np.savez(path, x=np.arange(40.0).reshape(20, 2), y=np.arange(20) % 2)  # (distinct examples: both parts hold some)
     assert load_npz(path, num_classes=7, test_fraction=0.5).train.num_classes == 7
 
 
@@ -650,7 +650,7 @@ def test_load_dataset_dispatch(tmp_path):
     assert load_dataset("mnist", str(tmp_path / "mnist")).train.name == "mnist"
     write_tiny_cifar(tmp_path / "cifar")
     assert load_dataset("cifar10", str(tmp_path / "cifar")).train.input_shape == (3, 32, 32)
-    np.savez(tmp_path / "d.npz", x=np.zeros((10, 2)), y=np.arange(10) % 2)
+    np.savez(tmp_path / "d.npz", x=np.arange(20.0).reshape(10, 2), y=np.arange(10) % 2)  # (distinct examples)
     assert load_dataset("npz", str(tmp_path / "d.npz"), test_fraction=0.4, num_classes=2).train.num_classes == 2
     with pytest.raises(DataError, match="needs a path"):
         load_dataset("npz")

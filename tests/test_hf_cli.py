@@ -3,6 +3,7 @@ built from a config table or a local directory (with a tokenizer built offline h
 (and a classification head) trainable, JSON lines and CSV text tokenized or pre-tokenized, padded with an attention
 mask and -100 labels, one-line errors that never show the private text, and `dptrain train` on the shipped config."""
 
+import itertools
 import json
 import subprocess
 import sys
@@ -170,13 +171,16 @@ def test_jsonl_and_csv_text_tokenized_padded_and_masked(tmp_path):
 
 
 def test_pre_tokenized_ids_in_jsonl_and_csv(tmp_path):
-    jsonl = write_jsonl(tmp_path / "ids.jsonl", [{"input_ids": [5, 6, 7]}, {"input_ids": []}, {"input_ids": [9]}])
-    csv_file = write_csv(tmp_path / "ids.csv", ["input_ids"], [["5 6 7"], [""], ["[9]"]])
+    more = [[a, b] for a in range(2, 6) for b in range(2, 6)]  # (distinct examples, so that both parts hold some)
+    jsonl = write_jsonl(tmp_path / "ids.jsonl", [{"input_ids": [5, 6, 7]}, {"input_ids": []}, {"input_ids": [9]}]
+                        + [{"input_ids": m} for m in more])
+    csv_file = write_csv(tmp_path / "ids.csv", ["input_ids"], [["5 6 7"], [""], ["[9]"]] + [[" ".join(map(str, m))]
+                                                                                          for m in more])
     for path in (jsonl, csv_file):
         data = load_dataset("text_files", str(path), vocab_size=10, pad_token_id=1, max_length=4, test_fraction=0.34)
-        assert not data.separate_test and len(data.train) + len(data.test) == 3
+        assert not data.separate_test and len(data.train) + len(data.test) == 19
         both = torch.cat([data.train.x["input_ids"], data.test.x["input_ids"]])
-        assert sorted(both.tolist()) == sorted([[5, 6, 7, 1], [1, 1, 1, 1], [9, 1, 1, 1]])
+        assert sorted(both.tolist()) == sorted([[5, 6, 7, 1], [1, 1, 1, 1], [9, 1, 1, 1]] + [m + [1, 1] for m in more])
         labels = torch.cat([data.train.y, data.test.y])
         assert ((labels == -100) == (torch.cat([data.train.x["attention_mask"], data.test.x["attention_mask"]]) == 0)).all()
 
@@ -343,7 +347,8 @@ def test_text_files_for_a_saved_model_are_tokenized_by_its_own_tokenizer(tmp_pat
     config = transformers.GPT2Config(**{k: v for k, v in GPT2.items() if k != "model_type"}, pad_token_id=0)
     transformers.GPT2LMHeadModel(config).save_pretrained(tmp_path / "m")
     tokenizer_dir(tmp_path / "m")
-    rows = [{"text": " ".join(["red", "cat", "sees", "a", "dog"][: 2 + i % 4])} for i in range(40)]
+    orders = itertools.permutations(["red", "cat", "sees", "a", "dog"])  # (distinct examples: each has its own part)
+    rows = [{"text": " ".join(words[: 2 + i % 4])} for i, words in zip(range(40), orders, strict=False)]
     write_jsonl(tmp_path / "train.jsonl", rows)
     cfg = tmp_path / "c.toml"
     cfg.write_text(

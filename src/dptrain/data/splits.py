@@ -25,8 +25,8 @@ import numpy as np
 
 
 def _unit(key: bytes, content: bytes) -> float:
-    digest = hashlib.blake2b(content, digest_size=8, key=key, person=b"dptrain-split").digest()
-    return int.from_bytes(digest, "big") / 2.0**64
+    h = hashlib.blake2b(content, key=key, person=b"dptrain-split")
+    return int.from_bytes(h.digest()[:8], "big") / 2.0**64
 
 
 def split_key(seed: int) -> bytes:
