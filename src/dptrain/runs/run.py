@@ -155,6 +155,7 @@ def _start(
     data = load_data(cfg, progress and main) if hooks.data is None else hooks.data
     job = hooks.ready(build_job(cfg, run_randomness(cfg), data=data))
     job.data_sha256, job.part_of = fingerprint(data), hooks.part_of
+    _agree(job)
     if plan is not None and int(plan.get("dataset_size", -1)) != len(job.data.train):
         raise ConfigError(
             f"the plan was made for a data set of {plan.get('dataset_size')} examples, but the training set has "
@@ -212,8 +213,22 @@ def _resume(rd: RunDirectory, progress: bool, stop_after: int | None, main: bool
         check_step_change(job.trainer, changed)
         job.frozen_config = state["config"]  # (the config the run started with stays the reference)
         job.trainer.load_state_dict(state)
+        _agree(job)
         rd.truncate_metrics(job.trainer.steps)
         return _train(job, rd, progress, stop_after, elapsed=float(state.get("elapsed_s", 0.0)), start=start)
+
+
+def _agree(job: Job) -> None:
+    """A data-parallel run's ranks hold the same run, or it is refused on every rank (:func:`distributed.agree`): the
+    config it started with, the data, and the whole trainer state but the global torch generators (which draw nothing
+    private, and which dropout on a rank's own chunks advances)."""
+    if job.trainer.group is None:
+        return
+    state = job.trainer.state_dict()
+    state.pop("torch_rng"), state.pop("cuda_rng", None)
+    distributed.agree(job.trainer.group, {
+        "config": job.frozen_config, "data": job.data_sha256, "released statistics": job.released, **state,
+    })
 
 
 def _check_owner(rd: RunDirectory, state: dict, hooks: RunHooks) -> None:
