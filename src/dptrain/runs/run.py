@@ -48,6 +48,7 @@ from dptrain.runs.progress import step_bar
 from dptrain.runs.resume import (
     RESUME_MAY_CHANGE,
     check_data,
+    check_records,
     check_step_change,
     finished_summary,
     frozen,
@@ -213,6 +214,7 @@ def _resume(rd: RunDirectory, progress: bool, stop_after: int | None, main: bool
         check_step_change(job.trainer, changed)
         job.frozen_config = state["config"]  # (the config the run started with stays the reference)
         job.trainer.load_state_dict(state)
+        check_records(rd, job.trainer)
         _agree(job)
         rd.truncate_metrics(job.trainer.steps)
         return _train(job, rd, progress, stop_after, elapsed=float(state.get("elapsed_s", 0.0)), start=start)
