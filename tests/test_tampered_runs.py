@@ -5,6 +5,7 @@ run's records (restored from a backup) is refused, never resumed into releasing 
 import json
 import shutil
 
+import pytest
 import torch
 
 from dptrain.cli import main
@@ -74,3 +75,25 @@ def test_a_checkpoint_older_than_the_run_is_refused_even_without_its_ledger_copy
     code, err = _resume(out, capsys)
     assert code == 2 and "records step 5, beyond the checkpoint's step 2 by more than one evaluation" in err
     assert torch.load(checkpoint, weights_only=True)["steps"] == 2  # (nothing written)
+
+
+EDITS = {  # (an edit of the checkpoint's first ledger entry, what the refusal names)
+    "noise raised": (lambda e: e["event"]["event"].update(noise_multiplier=5.0), "noise multiplier 5.0, this run has 1.0"),
+    "rate lowered": (lambda e: (e["event"].update(sampling_probability=0.01), e["facts"].update(sampling_rate=0.01)),
+                     "sampling_rate 0.01, this run has 0.125"),
+    "n changed": (lambda e: e["facts"].update(dataset_size=10**4), "dataset_size 10000, this run has 240"),
+}
+
+
+@pytest.mark.parametrize("edit", list(EDITS))
+def test_a_checkpoints_ledger_is_every_step_this_run_records(edit, tmp_path, capsys):
+    """Before, a ledger edited in the checkpoint and its copy alike was resumed and certified: noise 1 -> 5 took
+    epsilon 6.35 to 0.62, a rate 0.2 -> 0.01 to 5.48 (a resumed run read its sigma from that ledger)."""
+    out, checkpoint = _stopped(tmp_path, capsys)
+    state = torch.load(checkpoint, weights_only=True)
+    change, said = EDITS[edit]
+    change(state["ledger"]["entries"][0])
+    torch.save(state, checkpoint)
+    (out / LEDGER).write_text(json.dumps(state["ledger"]))
+    code, err = _resume(out, capsys)
+    assert code == 2 and f"checkpoint's ledger records at step 1 {said} (edited" in err
