@@ -108,7 +108,8 @@ class TensorSource:
         for name, leaves in (("inputs", tree_flatten(inputs)[0]), ("labels", [labels])):
             if any(torch.is_tensor(t) and (t.is_floating_point() or t.is_complex()) and bool(torch.isnan(t).any())
                    for t in leaves):
-                raise DataError(f"the training {name} hold NaN: clean or drop those examples before training")
+                raise DataError(f"the data's {name} hold NaN (an example with NaN can be neither trained on nor evaluated): "
+                                "clean or drop those examples")
         self.inputs, self.labels = inputs, labels
 
     def __len__(self) -> int:
