@@ -83,15 +83,16 @@ def from_environment(device: str = "auto") -> Group | None:
 
 
 def shared_entropy(group: Group | None, seed: int | None) -> int | None:
-    """The run's entropy, the same on every rank: the seed, or 128 secret bits drawn by rank 0 and broadcast (they
-    never leave the job's processes)."""
-    if group is None or seed is not None:
+    """The run's entropy, the same on every rank: the seed (None is returned), or 128 secret bits drawn by rank 0 and
+    broadcast (they never leave the job's processes). Broadcast whatever the seed: a rank launched with a seed and one
+    without would otherwise wait in different collectives, for ever, before :func:`agree` could refuse them."""
+    if group is None:
         return None
     import torch.distributed as dist
 
     box = [secrets.randbits(128) if group.main else None]
     dist.broadcast_object_list(box, src=0)
-    return int(box[0])
+    return None if seed is not None else int(box[0])
 
 
 def gather(group: Group, local: list) -> list:
