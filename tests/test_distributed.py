@@ -225,8 +225,8 @@ def trainer_of(model):
 
 trainer = trainer_of(Mixer())
 trainer.step()
-digests = distributed.gather(group, [distributed.digest(trainer.model.state_dict())])
-seen.append(f"b={'same' if len(set(digests)) == 1 else 'differ'}")
+hashes = distributed.gather(group, [distributed.state_hash(trainer.model.state_dict())])
+seen.append(f"b={'same' if len(set(hashes)) == 1 else 'differ'}")
 model = Mixer()
 trainer = trainer_of(model)
 model.armed = True  # (after the probe: the sentinel compares each process's first chunk with its examples alone)

@@ -16,9 +16,9 @@ How a step is shared (and why the privacy argument is the one-process argument):
 - The chunk sums exchanged by the all-gather are clipped but not yet noised: they stay inside the job's processes
   (the trust boundary of one process's memory; with several machines, the network between them must be as trusted
   as that memory) and are never written.
-- Every rank must hold the same run: before the first step of a start or a resume, the ranks compare digests of their
-  frozen config, their data's fingerprint and their whole trainer state (model, optimizer, secret streams, ledger,
-  labels) and refuse, on every rank, a run whose ranks differ (:func:`agree`): a rank launched with another config or
+- Every rank must hold the same run: before the first step of a start or a resume, the ranks compare SHA-256 hashes of
+  their frozen config, their data's fingerprint and their whole trainer state (model, optimizer, secret streams,
+  ledger, labels) and refuse, on every rank, a run whose ranks differ (:func:`agree`): a rank launched with another config or
   data file, or reading a file changed between the ranks' reads, would add to the release what the ledger does not
   describe.
 - Rank 0 alone writes the run directory (ledger, metrics, checkpoints, summary); the other ranks read the
@@ -110,9 +110,9 @@ def gather(group: Group, local: list) -> list:
     return [item for part in parts for item in part]
 
 
-def digest(value) -> str:
+def state_hash(value) -> str:
     """SHA-256 of a nested value (tensors, arrays, dicts, lists, tuples, numbers, strings, None): equal values, equal
-    digests, whatever the process that computed them."""
+    hashes, whatever the process that computed them."""
     h = hashlib.sha256()
     _feed(h, value)
     return h.hexdigest()
@@ -144,10 +144,10 @@ def agree(group: Group | None, parts: dict[str, object]) -> None:
     needs every rank to clip the same examples of the same data at the same clip norm, with the same model, and to
     draw the same noise: a rank launched with another config, another data file (or the file changed between the
     ranks' reads) or another checkpoint would add to the release what the ledger does not describe. One all-gather of
-    digests (they stay inside the job's processes)."""
+    hashes (they stay inside the job's processes)."""
     if group is None:
         return
-    mine = {name: digest(value) for name, value in parts.items()}
+    mine = {name: state_hash(value) for name, value in parts.items()}
     everyone = gather(group, [mine])
     differ = [name for name in parts if len({d[name] for d in everyone}) > 1]
     if differ:
@@ -189,5 +189,6 @@ class FollowerDirectory:
 
 
 __all__ = [
-    "FollowerDirectory", "Group", "agree", "barrier", "current", "digest", "from_environment", "gather", "shared_entropy",
+    "FollowerDirectory", "Group", "agree", "barrier", "current", "from_environment", "gather", "shared_entropy",
+    "state_hash",
 ]
