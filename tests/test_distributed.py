@@ -187,7 +187,8 @@ def test_a_two_process_run_killed_and_resumed_equals_the_one_process_run(first, 
 
 
 #: run by torchrun on 2 ranks: (a) rank 1 launched with another clip norm; (b) make_private with secret randomness;
-#: (c) a model that mixes examples on rank 1's chunks only. Each rank writes what it saw.
+#: (c) a model that mixes examples on rank 1's chunks only; (d) make_private on data that differ on rank 1. Each rank
+#: writes what it saw.
 RANKS_SCRIPT = """
 import os, sys, torch
 from torch import nn
@@ -235,6 +236,13 @@ try:
     seen.append("c=stepped")
 except DPTrainError as e:
     seen.append(f"c={type(e).__name__}:private={trainer.private}:steps={trainer.steps}")
+x[7, 1] += float(rank)  # (make_private on rank 1's own copy of the data, one value changed)
+trainer = trainer_of(Mixer())
+try:
+    trainer.step()
+    seen.append("d=stepped")
+except ConfigError as e:
+    seen.append("d=refused:" + str(e).split(":")[1].split("(")[0].strip() + f":steps={trainer.steps}")
 open(f"{tmp}/rank{rank}.txt", "w").write(" ".join(seen))
 """
 
@@ -244,7 +252,8 @@ def test_ranks_that_differ_are_refused_and_a_refusal_on_one_rank_stops_every_ran
     """The release is the one the ledger describes on every rank, or the run stops on every rank: a rank launched with
     another config (another clip norm, no seed) is refused before anything is written; make_private's secret randomness is rank 0's on every
     rank (the same batch and noise); the sentinel's stop on rank 1's chunks stops rank 0 too, its run labelled not
-    private (before: rank 0 lost its peer, its run unlabelled)."""
+    private (before: rank 0 lost its peer, its run unlabelled); make_private on data that differ by one value on rank 1
+    is refused before its first step (before: it trained on both)."""
     base = CONFIG.replace("steps = 40", "steps = 2")
     (tmp_path / "c0.toml").write_text(base)  # (seeded; rank 1 not: before, the ranks waited in different collectives)
     (tmp_path / "c1.toml").write_text(
@@ -257,6 +266,7 @@ def test_ranks_that_differ_are_refused_and_a_refusal_on_one_rank_stops_every_ran
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script)]
     done = subprocess.run([*cmd, str(tmp_path)], env=env, capture_output=True, text=True, timeout=120)
     seen = [(tmp_path / f"rank{r}.txt").read_text() if (tmp_path / f"rank{r}.txt").exists() else None for r in (0, 1)]
-    expected = "a=refused:config, model, randomness, ledger b=same c=SentinelError:private=False:steps=0"
+    expected = ("a=refused:config b=same c=SentinelError:private=False:steps=0 "
+                "d=refused:training examples:steps=0")
     assert seen == [expected] * 2, done.stderr[-3000:]
     assert not (tmp_path / "run" / "private" / "checkpoint.pt").exists()

@@ -70,6 +70,7 @@ class Checkpointing:
         ledger.private = self.private and ledger.private  # (a ledger recorded not private stays so)
         self.ledger, self.steps = ledger, steps
         self._allowed_steps = None
+        self.agreed = False  # (a data-parallel run's ranks compare the state they continue from)
         if self.bandmf is not None:  # its noise history (the groups came back with the sampler's state)
             self.bandmf.load_state_dict(state.get("bandmf"))
         part = self.non_finite_part()

@@ -18,7 +18,7 @@ How a step is shared (and why the privacy argument is the one-process argument):
   as that memory) and are never written.
 - Every rank must hold the same run: before the first step of a start or a resume, the ranks compare SHA-256 hashes of
   their frozen config, their data's fingerprint and their whole trainer state (model, optimizer, secret streams,
-  ledger, labels) and refuse, on every rank, a run whose ranks differ (:func:`agree`): a rank launched with another config or
+  ledger, labels) and refuse, on every rank, a run whose ranks differ (:func:`agree`, :func:`agree_on`): a rank launched with another config or
   data file, or reading a file changed between the ranks' reads, would add to the release what the ledger does not
   describe.
 - Rank 0 alone writes the run directory (ledger, metrics, checkpoints, summary); the other ranks read the
@@ -159,6 +159,26 @@ def agree(group: Group | None, parts: dict[str, object]) -> None:
         )
 
 
+def agree_on(trainer) -> None:
+    """Before a trainer's first step in this process, and its first after loading a checkpoint, the ranks of its
+    data-parallel run compare what the step's arithmetic reads (:func:`agree`), on every path (``dptrain train``,
+    ``make_private`` under torchrun): the whole state but torch's global generators (model, optimizer and its
+    hyperparameters, secret streams, ledger, labels), the release it records (noise multiplier, sampling rate, data
+    set size, clip norm), how a batch is cut into chunks and their per-example gradients computed, and the training
+    examples themselves where they are tensors in memory."""
+    if trainer.group is None or trainer.agreed:
+        return
+    state = trainer.state_dict()
+    state.pop("torch_rng"), state.pop("cuda_rng", None)
+    data = trainer.data
+    examples = (data.inputs, data.labels) if hasattr(data, "inputs") else len(data)
+    agree(trainer.group, {
+        **state, "release": trainer.release_event(), "chunks": trainer.max_physical_batch_size,
+        "per-example gradients": trainer.grad_sampler.name, "training examples": examples,
+    })
+    trainer.agreed = True
+
+
 def barrier(group: Group | None) -> None:
     if group is not None:
         import torch.distributed as dist
@@ -189,6 +209,6 @@ class FollowerDirectory:
 
 
 __all__ = [
-    "FollowerDirectory", "Group", "agree", "barrier", "current", "from_environment", "gather", "shared_entropy",
+    "FollowerDirectory", "Group", "agree", "agree_on", "barrier", "current", "from_environment", "gather", "shared_entropy",
     "state_hash",
 ]

@@ -259,6 +259,7 @@ class PrivateTrainer(Checkpointing, PrivacySide):
             self._tensor_chunks
         )
         self._chunk_offset = 0  # (the index in its step of the chunk a data-parallel rank computes)
+        self.agreed = False  # (whether the ranks of a data-parallel run compared their state: distributed.agree_on)
         if release not in RELEASES:
             raise ConfigError(f"release must be one of {', '.join(RELEASES)}, got {release!r}")
         #: every_iterate (DP-SGD: every model after a step is a release) or last_iterate (only the final model is;
@@ -441,6 +442,7 @@ class PrivateTrainer(Checkpointing, PrivacySide):
         left as it is."""
         self.check_allowed()
         self.check_parameters()
+        distributed.agree_on(self)
         with deferred_signals(), self._rolled_back_on_error():
             if not self.model.training:  # (evaluate() left it in eval mode)
                 self.model.train()

@@ -221,16 +221,13 @@ def _resume(rd: RunDirectory, progress: bool, stop_after: int | None, main: bool
 
 
 def _agree(job: Job) -> None:
-    """A data-parallel run's ranks hold the same run, or it is refused on every rank (:func:`distributed.agree`): the
-    config it started with, the data, and the whole trainer state but the global torch generators (which draw nothing
-    private, and which dropout on a rank's own chunks advances)."""
-    if job.trainer.group is None:
-        return
-    state = job.trainer.state_dict()
-    state.pop("torch_rng"), state.pop("cuda_rng", None)
-    distributed.agree(job.trainer.group, {
-        "config": job.frozen_config, "data": job.data_sha256, "released statistics": job.released, **state,
-    })
+    """A data-parallel run's ranks hold the same config, data and released statistics, or it is refused on every rank
+    before anything is written (:func:`distributed.agree`; their trainers' states are compared before their first
+    step: :func:`distributed.agree_on`)."""
+    if job.trainer.group is not None:
+        distributed.agree(job.trainer.group, {
+            "config": job.frozen_config, "data": job.data_sha256, "released statistics": job.released,
+        })
 
 
 def _check_owner(rd: RunDirectory, state: dict, hooks: RunHooks) -> None:
