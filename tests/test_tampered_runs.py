@@ -54,13 +54,20 @@ def test_an_edited_checkpoint_does_not_lift_a_seeded_runs_label(tmp_path, capsys
     assert summary["private"] is False and summary["certified"] is False  # (before: true, "operating-system entropy")
 
 
-def test_a_label_a_metrics_row_records_is_never_lifted_by_the_checkpoint(tmp_path, capsys):
+@pytest.mark.parametrize("record", [METRICS, "summary.json"])
+def test_a_label_a_record_holds_is_never_lifted_by_the_checkpoint(record, tmp_path, capsys):
+    """(The run was labelled at step 1, or by the end of its first invocation, and its checkpoint's label removed.)"""
     out, _ = _stopped(tmp_path, capsys)
-    rows = [json.loads(line) for line in (out / METRICS).read_text().splitlines()]
-    rows[0]["private"] = False  # (the run was labelled at step 1; its checkpoint's label removed)
-    (out / METRICS).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    if record == METRICS:
+        rows = [json.loads(line) for line in (out / METRICS).read_text().splitlines()]
+        rows[0]["private"] = False
+        (out / METRICS).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    else:
+        summary = json.loads((out / record).read_text())
+        (out / record).write_text(json.dumps({**summary, "private": False}))
     code, err = _resume(out, capsys)
-    assert code == 2 and "records this run not private at step 1, but its checkpoint says private" in err
+    step = 1 if record == METRICS else 2
+    assert code == 2 and f"{record} records this run not private at step {step}, but its checkpoint says private" in err
 
 
 def test_a_checkpoint_older_than_the_run_is_refused_even_without_its_ledger_copy(tmp_path, capsys):

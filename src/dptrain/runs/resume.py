@@ -124,17 +124,22 @@ def finished_summary(rd: RunDirectory, state: dict) -> dict | None:
 
 
 def check_records(rd: RunDirectory, trainer) -> None:
-    """The checkpoint a run resumes from against the shareable records the run wrote from it (``metrics.jsonl``; its
-    ledger copy is :meth:`RunDirectory.check_ledger_copy`'s): a label "not private" a row records at a step the
-    checkpoint has reached is never lifted, and rows of more than one evaluation beyond the checkpoint's step mean
+    """The checkpoint a run resumes from against the shareable records the run wrote from it (``metrics.jsonl``,
+    ``summary.json``; its ledger copy is :meth:`RunDirectory.check_ledger_copy`'s): a label "not private" a row records
+    at a step the checkpoint has reached, or the summary of an earlier invocation, is never lifted, and rows of more than one evaluation beyond the checkpoint's step mean
     an older (restored) or edited checkpoint, whose resume would release those steps again, unaccounted (a kill between
     an evaluation's row and its checkpoint leaves one row ahead). Refused in one line, naming the files."""
     rows = rd.metrics_rows()
-    labelled = [r.get("step") for r in rows if r.get("private") is False and r.get("step", 0) <= trainer.steps]
+    labelled = [(METRICS, f"at step {r.get('step')}") for r in rows
+                if r.get("private") is False and r.get("step", 0) <= trainer.steps]
+    summary = rd.read_json(SUMMARY)
+    if isinstance(summary, dict) and summary.get("private") is False:
+        labelled.append((SUMMARY, f"at step {summary.get('steps')}"))
     if labelled and trainer.private:
+        name, where = labelled[0]
         raise DataError(
-            f"{rd / METRICS} records this run not private at step {labelled[0]}, but its checkpoint says private "
-            "(edited, or from another run): a label is never lifted; restore the run's checkpoint"
+            f"{rd / name} records this run not private {where}, but its checkpoint says private (edited, or from "
+            "another run): a label is never lifted; restore the run's checkpoint"
         )
     ahead = [r.get("step") for r in rows if r.get("step", 0) > trainer.steps]
     if len(ahead) > 1:
