@@ -184,3 +184,89 @@ def test_a_two_process_run_killed_and_resumed_equals_the_one_process_run(first, 
     assert (out / "metrics.jsonl").read_text() == (one / "metrics.jsonl").read_text()
     _same(*(torch.load(d / "private" / "checkpoint.pt", weights_only=True) for d in (one, out)))
     assert log.count("privacy ") == 1  # one report, from rank 0
+
+
+#: run by torchrun on 2 ranks: (a) rank 1 launched with another clip norm; (b) make_private with secret randomness;
+#: (c) a model that mixes examples on rank 1's chunks only; (d) make_private on data that differ on rank 1. Each rank
+#: writes what it saw.
+RANKS_SCRIPT = """
+import os, sys, torch
+from torch import nn
+from dptrain.engine import distributed
+from dptrain.engine.api import make_private
+from dptrain.errors import ConfigError, DPTrainError
+from dptrain.runs.run import run_training
+from dptrain.config import load_config
+import datetime
+import torch.distributed as dist
+rank, tmp = os.environ["RANK"], sys.argv[1]
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))  # (a rank left waiting ends, not hangs)
+group = distributed.from_environment("cpu")
+seen = []
+try:
+    run_training(load_config(f"{tmp}/c{rank}.toml"), f"{tmp}/run", progress=False)
+    seen.append("a=trained")
+except ConfigError as e:
+    seen.append("a=refused:" + str(e).split(":")[1].split("(")[0].strip())
+
+class Mixer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin, self.armed = nn.Linear(4, 2), False
+    def forward(self, x):
+        out = self.lin(x)
+        return out + out.mean(0, keepdim=True) if self.armed and rank == "1" else out
+
+torch.manual_seed(0)
+x = torch.randn(200, 4)
+y = (x[:, 0] > 0).long()
+def trainer_of(model):
+    return make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), (x, y), noise_multiplier=1.0,
+                        batch_size=64, max_physical_batch_size=8)
+
+trainer = trainer_of(Mixer())
+trainer.step()
+hashes = distributed.gather(group, [distributed.state_hash(trainer.model.state_dict())])
+seen.append(f"b={'same' if len(set(hashes)) == 1 else 'differ'}")
+model = Mixer()
+trainer = trainer_of(model)
+model.armed = True  # (after the probe: the sentinel compares each process's first chunk with its examples alone)
+try:
+    trainer.step()
+    seen.append("c=stepped")
+except DPTrainError as e:
+    seen.append(f"c={type(e).__name__}:private={trainer.private}:steps={trainer.steps}")
+x[7, 1] += float(rank)  # (make_private on rank 1's own copy of the data, one value changed)
+trainer = trainer_of(Mixer())
+try:
+    trainer.step()
+    seen.append("d=stepped")
+except ConfigError as e:
+    seen.append("d=refused:" + str(e).split(":")[1].split("(")[0].strip() + f":steps={trainer.steps}")
+open(f"{tmp}/rank{rank}.txt", "w").write(" ".join(seen))
+"""
+
+
+@pytest.mark.slow
+def test_ranks_that_differ_are_refused_and_a_refusal_on_one_rank_stops_every_rank(tmp_path):
+    """The release is the one the ledger describes on every rank, or the run stops on every rank: a rank launched with
+    another config (another clip norm, no seed) is refused before anything is written; make_private's secret randomness is rank 0's on every
+    rank (the same batch and noise); the sentinel's stop on rank 1's chunks stops rank 0 too, its run labelled not
+    private (before: rank 0 lost its peer, its run unlabelled); make_private on data that differ by one value on rank 1
+    is refused before its first step (before: it trained on both)."""
+    base = CONFIG.replace("steps = 40", "steps = 2")
+    (tmp_path / "c0.toml").write_text(base)  # (seeded; rank 1 not: before, the ranks waited in different collectives)
+    (tmp_path / "c1.toml").write_text(
+        base.replace("seed = 5\n", "").replace("noise_multiplier = 1.0", "noise_multiplier = 1.0\nmax_grad_norm = 50.0")
+    )
+    script = tmp_path / "ranks.py"
+    script.write_text(RANKS_SCRIPT)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("PYTEST_XDIST_WORKER", None)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script)]
+    done = subprocess.run([*cmd, str(tmp_path)], env=env, capture_output=True, text=True, timeout=120)
+    seen = [(tmp_path / f"rank{r}.txt").read_text() if (tmp_path / f"rank{r}.txt").exists() else None for r in (0, 1)]
+    expected = ("a=refused:config b=same c=SentinelError:private=False:steps=0 "
+                "d=refused:training examples:steps=0")
+    assert seen == [expected] * 2, done.stderr[-3000:]
+    assert not (tmp_path / "run" / "private" / "checkpoint.pt").exists()

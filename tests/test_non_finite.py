@@ -157,3 +157,27 @@ def test_a_run_stopped_by_its_data_after_a_release_is_labelled_not_private(tmp_p
     ledger = json.loads((tmp_path / "r" / "ledger.json").read_text())
     assert summary["private"] is False and "stopped at step 3" in summary["not_private_because"][0]
     assert ledger["private"] is False and summary["steps"] == 2
+
+
+def test_nan_in_the_data_is_refused_before_the_first_step_on_every_loader(tmp_path):
+    """NaN in one example is refused when the trainer is made (and a memory-mapped npz's inputs, train and test, when
+    loaded), never met at the late step that first samples it: that moment depends on the data (before, make_private
+    ran 4 steps and stopped, the run labelled not private; a mapped x_test with a NaN gave a test accuracy)."""
+    import numpy as np
+
+    from dptrain.data.memmap import load_npz_mapped
+    from dptrain.errors import DataError
+
+    x, y = _data()
+    x[41, 2] = float("nan")
+    model = nn.Linear(5, 3)
+    with pytest.raises(DataError, match="the data's inputs hold NaN"):
+        make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), (x, y), noise_multiplier=1.0, batch_size=8)
+    a = np.random.default_rng(0).normal(size=(40, 3)).astype(np.float64)
+    labels = np.zeros(40, dtype=np.int64)
+    for where, bad in (("x", np.inf), ("x_test", np.nan), ("x", 1e39)):  # (1e39: inf in float32, as training reads it)
+        arrays = {"x": a.copy(), "y": labels, "x_test": a[:10].copy(), "y_test": labels[:10]}
+        arrays[where][7, 1] = bad
+        np.savez(tmp_path / "d.npz", **arrays)
+        with pytest.raises(DataError, match=f"'{where}' must hold finite numbers"):
+            load_npz_mapped(tmp_path / "d.npz", 2)

@@ -175,7 +175,7 @@ def test_resume_refuses_a_checkpoint_whose_steps_used_other_noise(tmp_path):
         sampling="full",
         noise_schedule=schedule_shape("step", 8, factor=0.5, period=2),  # another shape
     )
-    with pytest.raises(DataError, match="noise multiplier at step 3"):
+    with pytest.raises(DataError, match="at step 3 noise multiplier 4.0, this run has 2.0"):
         trainer.load_state_dict(state)
 
 

@@ -108,6 +108,13 @@ class TensorSource:
             raise DataError(
                 f"training data must hold one label per example: {n} examples, labels of shape {list(labels.shape)}"
             )
+        # NaN is never data (an infinity may be: an additive attention mask): refused before the first step, not at the
+        # step that first samples its example (a moment that depends on the data: the run would be labelled not private)
+        for name, leaves in (("inputs", tree_flatten(inputs)[0]), ("labels", [labels])):
+            if any(torch.is_tensor(t) and (t.is_floating_point() or t.is_complex()) and bool(torch.isnan(t).any())
+                   for t in leaves):
+                raise DataError(f"the data's {name} hold NaN (an example with NaN can be neither trained on nor evaluated): "
+                                "clean or drop those examples")
         self.inputs, self.labels = inputs, labels
 
     def __len__(self) -> int:

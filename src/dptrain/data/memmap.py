@@ -101,12 +101,31 @@ def load_npz_mapped(path: str | os.PathLike, num_classes: int):
             raise DataError(f"{path}: '{name}' must hold integer class labels in [0, num_classes = {num_classes})")
     if x.ndim < 2 or x.shape[1:] != xt.shape[1:] or x.dtype.kind not in "fiu":
         raise DataError(f"{path}: 'x' and 'x_test' must be numeric arrays (N, ...) of the same example shape")
+    for name, inputs in (("x", x), ("x_test", xt)):
+        _check_finite(path, name, inputs)
     train = MappedArrays(x, y, num_classes, "npz")
     test = ArrayDataset(
         torch.from_numpy(np.array(xt, dtype=np.float32)), torch.from_numpy(np.array(yt, dtype=np.int64)), num_classes,
         "npz",
     )
     return DataSplit(train, test, f"npz file {path} ({len(train)} train, memory-mapped / {len(test)} test)")
+
+
+#: Bytes of a mapped array read at a time by :func:`_check_finite`.
+CHECK_BYTES = 64 * 2**20
+
+
+def _check_finite(path: Path, name: str, inputs: np.ndarray) -> None:
+    """Refuse inputs with a NaN or an infinity as training reads them (float32: a float64 beyond 3.4e38 is inf there),
+    block by block, before the first step: a non-finite row met at a late step would stop the run at a moment that
+    depends on the data (and label it not private), and one in the test set would make its accuracy meaningless.
+    One read of the file, like its fingerprint's."""
+    if inputs.dtype.kind != "f":
+        return
+    rows = max(1, CHECK_BYTES // max(1, inputs[:1].nbytes))
+    for start in range(0, len(inputs), rows):
+        if not np.isfinite(np.asarray(inputs[start : start + rows], dtype=np.float32)).all():
+            raise DataError(f"{path}: '{name}' must hold finite numbers (no NaN or infinity)")
 
 
 def memmap_npz_member(path: str | os.PathLike, key: str) -> np.memmap:

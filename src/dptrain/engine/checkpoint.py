@@ -8,13 +8,10 @@ run would have used (with adaptive noise: under this run's privacy filter, withi
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from dptrain.accounting import Ledger
 from dptrain.accounting.ledger import (
-    NOISE_SCALE_FACT,
     TRAINING_MECHANISMS,
     event_noise_multiplier,
     training_steps,
@@ -73,6 +70,7 @@ class Checkpointing:
         ledger.private = self.private and ledger.private  # (a ledger recorded not private stays so)
         self.ledger, self.steps = ledger, steps
         self._allowed_steps = None
+        self.agreed = False  # (a data-parallel run's ranks compare the state they continue from)
         if self.bandmf is not None:  # its noise history (the groups came back with the sampler's state)
             self.bandmf.load_state_dict(state.get("bandmf"))
         part = self.non_finite_part()
@@ -83,8 +81,9 @@ class Checkpointing:
             )
 
     def _check_ledger_noise(self, ledger: Ledger) -> None:
-        """Every training step of a checkpoint's ledger used the noise multiplier this run would use at that step (with
-        adaptive noise: was made under this run's privacy filter, within its budget)."""
+        """Every training step of a checkpoint's ledger is the release this run records at that step: its noise
+        multiplier, sampling and facts (with adaptive noise: made under this run's privacy filter, within its budget).
+        A ledger edited to record more noise, a lower rate, another data set size or clip norm is refused."""
         controller = self.noise_controller
         if controller is not None:
             from dptrain.accounting.filters import ledger_filter
@@ -94,20 +93,28 @@ class Checkpointing:
             if controller.filter.spent(ledger) > controller.filter.budget:
                 raise DataError("checkpoint's ledger spends more than its privacy filter allows")
             return
-        step = 0
-        for entry in ledger.entries:
-            if entry.facts.get("mechanism") not in TRAINING_MECHANISMS:
-                continue
-            recorded = event_noise_multiplier(entry, ledger.neighboring)
-            scale = entry.facts.get(NOISE_SCALE_FACT)
-            if scale is not None and scale != self._noise_multiplier:
-                raise DataError(
-                    f"checkpoint's ledger records a noise schedule of scale {scale}, this run has {self._noise_multiplier}"
-                )
-            for t in (range(step, step + entry.count) if self.noise_schedule is not None else (step,)):
-                beyond = self.noise_schedule is not None and t >= len(self.noise_schedule)
-                expected = math.nan if beyond else self.noise_multiplier_at(t)
-                if recorded != expected:
-                    what = "noise multiplier" if self.noise_schedule is None else f"noise multiplier at step {t + 1}"
-                    raise DataError(f"checkpoint's ledger records {what} {recorded}, this run has {expected}")
-            step += entry.count
+        # Every training step, as this run records it (the same cuts and merges as ledger_after): the event (its
+        # noise multiplier, sampling rate) and the facts (data set size, clip norm, mechanism, ...), step for step.
+        recorded = [e for e in ledger.entries if e.facts.get("mechanism") in TRAINING_MECHANISMS]
+        steps = sum(e.count for e in recorded)
+        if self.noise_schedule is not None and steps > len(self.noise_schedule):
+            raise DataError(f"checkpoint's ledger records {steps} steps, beyond this run's noise schedule's "
+                            f"{len(self.noise_schedule)}")
+        expected = Ledger([], ledger.neighboring)
+        for a, b in self._runs(0, steps):
+            expected.record(*self.release_event(a), count=b - a)
+        step, i, j, left_i, left_j = 0, 0, 0, 0, 0  # (walked in runs of steps alike on both sides)
+        while step < steps:
+            got, want = recorded[i], expected.entries[j]
+            left_i, left_j = left_i or got.count, left_j or want.count
+            if (got.event, got.facts) != (want.event, want.facts):
+                have = event_noise_multiplier(got, ledger.neighboring)
+                run = event_noise_multiplier(want, ledger.neighboring)
+                keys = sorted(k for k in {*got.facts, *want.facts} if got.facts.get(k) != want.facts.get(k))
+                what = (f"noise multiplier {have}, this run has {run}" if have != run else
+                        ", ".join(f"{k} {got.facts.get(k)}, this run has {want.facts.get(k)}" for k in keys) or
+                        "another batch sampling than this run's")
+                raise DataError(f"checkpoint's ledger records at step {step + 1} {what} (edited, or from another run)")
+            alike = min(left_i, left_j)
+            step, left_i, left_j = step + alike, left_i - alike, left_j - alike
+            i, j = i + (left_i == 0), j + (left_j == 0)

@@ -39,7 +39,14 @@ from dptrain.engine.evaluation import accuracy, evaluation_source
 from dptrain.engine.interrupts import deferred_signals
 from dptrain.engine.privacy_side import PrivacySide
 from dptrain.engine.weight_averaging import WeightAverage, check_decay
-from dptrain.errors import AccountingError, BudgetExhausted, ConfigError, ModelError, NonFiniteError
+from dptrain.errors import (
+    AccountingError,
+    BudgetExhausted,
+    ConfigError,
+    DPTrainError,
+    ModelError,
+    NonFiniteError,
+)
 from dptrain.models.builders import check_private_compatible
 from dptrain.models.decoder_inputs import with_decoder_inputs
 from dptrain.models.losses import default_loss
@@ -231,7 +238,10 @@ class PrivateTrainer(Checkpointing, PrivacySide):
         )
         if self.augment is not None:  # (the backend sees K rows per example: the chunk's memory is for its views)
             self.max_physical_batch_size = self.augment.examples_per_chunk(self.max_physical_batch_size)
-        self.randomness = randomness if randomness is not None else Randomness(seed, secure=secure_noise)
+        if randomness is None:  # (a data-parallel run's ranks draw the same batches and noise: rank 0's entropy)
+            entropy = distributed.shared_entropy(self.group, seed)
+            randomness = Randomness(seed, secure=secure_noise, entropy=entropy)
+        self.randomness = randomness
         #: the probe's checks on the chunks of training: buffers written, batch sizes not yet checked, secret random
         #: chunks compared with each example alone (:mod:`dptrain.preflight.sentinel`)
         self.sentinel = preflight.sentinel_for(self, probed, self.independence_checked,
@@ -248,6 +258,8 @@ class PrivateTrainer(Checkpointing, PrivacySide):
         self.per_example: Callable[[torch.Tensor], Iterator[tuple[PerExampleGrads, torch.Tensor]]] = (
             self._tensor_chunks
         )
+        self._chunk_offset = 0  # (the index in its step of the chunk a data-parallel rank computes)
+        self.agreed = False  # (whether the ranks of a data-parallel run compared their state: distributed.agree_on)
         if release not in RELEASES:
             raise ConfigError(f"release must be one of {', '.join(RELEASES)}, got {release!r}")
         #: every_iterate (DP-SGD: every model after a step is a release) or last_iterate (only the final model is;
@@ -435,6 +447,7 @@ class PrivateTrainer(Checkpointing, PrivacySide):
         left as it is."""
         self.check_allowed()
         self.check_parameters()
+        distributed.agree_on(self)
         with deferred_signals(), self._rolled_back_on_error():
             if not self.model.training:  # (evaluate() left it in eval mode)
                 self.model.train()
@@ -577,7 +590,8 @@ class PrivateTrainer(Checkpointing, PrivacySide):
                 def sampled(rows, row_labels, k=k, watch=watch):
                     got = self.grad_sampler(rows, row_labels)
                     self.sentinel.written(watch)  # a buffer the passes wrote: refused, or the run not private
-                    self.sentinel.check(self.steps, k, rows, row_labels)  # the rows the model saw (K views each)
+                    # (the rows the model saw, K views each; a data-parallel rank's chunk at its place in the batch)
+                    self.sentinel.check(self.steps, k + self._chunk_offset, rows, row_labels)
                     return got
 
                 yield sampled(inputs, labels) if self.augment is None else self.augment(sampled, inputs, labels, chunk)
@@ -587,16 +601,35 @@ class PrivateTrainer(Checkpointing, PrivacySide):
             return clipped_sum(self.per_example(idx), self.clipping, self.params, self.report_not_private)
         # Data parallel (dptrain.engine.distributed): rank r clips the chunks r, r + N, ...; every rank adds all the chunk
         # sums in chunk order, the additions one process makes.
+        # A refusal on one rank's chunks (the sentinel, a buffer written, a loss error) and the labels its chunks put on
+        # the run travel with the sums: every rank stops, and labels the run, as the one process would.
         g = self.group
         chunks = list(idx.split(self.max_physical_batch_size)) if len(idx) else []
-        mine = []
-        for c in range(g.rank, len(chunks), g.world):
-            s, stats, loss = clipped_sum(self.per_example(chunks[c]), self.clipping, self.params, self.report_not_private)
-            mine.append((c, {n: t.cpu() for n, t in s.items()}, stats, loss))
+        mine, failed = [], None
+        try:
+            for c in range(g.rank, len(chunks), g.world):
+                self._chunk_offset = c  # (the sentinel's secret places are those of the one-process run's chunks)
+                s, stats, loss = clipped_sum(self.per_example(chunks[c]), self.clipping, self.params,
+                                             self.report_not_private)
+                mine.append((c, {n: t.cpu() for n, t in s.items()}, stats, loss))
+        except DPTrainError as e:
+            failed = e
+        finally:
+            self._chunk_offset = 0
+        ranks = distributed.gather(g, [(mine, failed, self.sentinel.stopped, list(self.not_private_buffers))])
+        for _, _, stopped, buffers in ranks:
+            if stopped is not None:
+                self.sentinel.stop(stopped)
+            self.not_private_buffers[:] = sorted({*self.not_private_buffers, *buffers})
+        self.ledger.private = self.ledger.private and self.private
+        failure = next((f for _, f, _, _ in ranks if f is not None), None)
+        if failure is not None:
+            raise failure
+        mine = [item for part, _, _, _ in ranks for item in part]
         summed = {n: torch.zeros_like(p, dtype=sum_dtype(p), memory_format=torch.contiguous_format)
                   for n, p in self.params.items()}
         stats, loss_sum = ClipStats(0, 0, 0.0), 0.0
-        for _, s, chunk_stats, loss in sorted(distributed.gather(g, mine), key=lambda item: item[0]):
+        for _, s, chunk_stats, loss in sorted(mine, key=lambda item: item[0]):
             for n in summed:
                 summed[n] += s[n].to(summed[n].device)
             stats, loss_sum = stats.merge(chunk_stats), loss_sum + loss

@@ -207,7 +207,8 @@ class Randomness:
                 f"{str(bool(state.get('secure'))).lower()}; a run cannot change it when resumed"
             )
         self._entropy = int(state["entropy"], 16)
-        self.seeded = bool(state["seeded"])
+        # (a label is never lifted: streams made from a seed stay seeded, whatever a checkpoint says)
+        self.seeded = self.seeded or bool(state["seeded"])
         self._streams = {}
         for purpose, stream_state in state["streams"].items():
             self.stream(purpose).set_state(stream_state)

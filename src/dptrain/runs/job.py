@@ -275,7 +275,7 @@ def build_dpsgd_job(
             budget, sigma = None, controller.sigma
         else:
             budget = None if p.target_epsilon is None else Budget(p.target_epsilon, p.delta)
-            if resuming:
+            if resuming and p.noise_multiplier is None:  # (calibrated when the run started: its ledger keeps it)
                 sigma = ledger_noise_multiplier(ledger)
             elif p.noise_multiplier is None and draft.noise_scale is not None:
                 sigma = draft.noise_scale(common["noise_schedule"])

@@ -18,7 +18,7 @@ from typing import Any
 
 from dptrain.config import RunConfig, changed_keys, config_from_toml, load_config
 from dptrain.errors import ConfigError, DataError
-from dptrain.runs.rundir import CONFIG, SUMMARY, RunDirectory
+from dptrain.runs.rundir import CONFIG, METRICS, SUMMARY, RunDirectory
 
 
 def config_hash(text: str) -> str:
@@ -123,6 +123,33 @@ def finished_summary(rd: RunDirectory, state: dict) -> dict | None:
     return kept
 
 
+def check_records(rd: RunDirectory, trainer) -> None:
+    """The checkpoint a run resumes from against the shareable records the run wrote from it (``metrics.jsonl``,
+    ``summary.json``; its ledger copy is :meth:`RunDirectory.check_ledger_copy`'s): a label "not private" a row records
+    at a step the checkpoint has reached, or the summary of an earlier invocation, is never lifted, and rows of more than one evaluation beyond the checkpoint's step mean
+    an older (restored) or edited checkpoint, whose resume would release those steps again, unaccounted (a kill between
+    an evaluation's row and its checkpoint leaves one row ahead). Refused in one line, naming the files."""
+    rows = rd.metrics_rows()
+    labelled = [(METRICS, f"at step {r.get('step')}") for r in rows
+                if r.get("private") is False and r.get("step", 0) <= trainer.steps]
+    summary = rd.read_json(SUMMARY)
+    if isinstance(summary, dict) and summary.get("private") is False:
+        labelled.append((SUMMARY, f"at step {summary.get('steps')}"))
+    if labelled and trainer.private:
+        name, where = labelled[0]
+        raise DataError(
+            f"{rd / name} records this run not private {where}, but its checkpoint says private (edited, or from "
+            "another run): a label is never lifted; restore the run's checkpoint"
+        )
+    ahead = [r.get("step") for r in rows if r.get("step", 0) > trainer.steps]
+    if len(ahead) > 1:
+        raise DataError(
+            f"{rd / METRICS} records step {ahead[-1]}, beyond the checkpoint's step {trainer.steps} by more than one "
+            "evaluation: the checkpoint is older than the run (restored, or edited), and resuming it would release "
+            "those steps again unaccounted; restore the run's last checkpoint"
+        )
+
+
 def refuse_given_config(cfg, what: str = "run") -> None:
     """A resume takes no config (the Python API's ``cfg`` with ``resume=True``): it goes on with the one it started
     with, kept in its checkpoint; a config given with it was ignored without a word."""
@@ -169,6 +196,7 @@ __all__ = [
     "RESUME_MAY_CHANGE",
     "SEARCH_MAY_CHANGE",
     "check_data",
+    "check_records",
     "check_step_change",
     "refuse_given_config",
     "config_hash",

@@ -48,6 +48,7 @@ from dptrain.runs.progress import step_bar
 from dptrain.runs.resume import (
     RESUME_MAY_CHANGE,
     check_data,
+    check_records,
     check_step_change,
     finished_summary,
     frozen,
@@ -155,6 +156,7 @@ def _start(
     data = load_data(cfg, progress and main) if hooks.data is None else hooks.data
     job = hooks.ready(build_job(cfg, run_randomness(cfg), data=data))
     job.data_sha256, job.part_of = fingerprint(data), hooks.part_of
+    _agree(job)
     if plan is not None and int(plan.get("dataset_size", -1)) != len(job.data.train):
         raise ConfigError(
             f"the plan was made for a data set of {plan.get('dataset_size')} examples, but the training set has "
@@ -212,8 +214,20 @@ def _resume(rd: RunDirectory, progress: bool, stop_after: int | None, main: bool
         check_step_change(job.trainer, changed)
         job.frozen_config = state["config"]  # (the config the run started with stays the reference)
         job.trainer.load_state_dict(state)
+        check_records(rd, job.trainer)
+        _agree(job)
         rd.truncate_metrics(job.trainer.steps)
         return _train(job, rd, progress, stop_after, elapsed=float(state.get("elapsed_s", 0.0)), start=start)
+
+
+def _agree(job: Job) -> None:
+    """A data-parallel run's ranks hold the same config, data and released statistics, or it is refused on every rank
+    before anything is written (:func:`distributed.agree`; their trainers' states are compared before their first
+    step: :func:`distributed.agree_on`)."""
+    if job.trainer.group is not None:
+        distributed.agree(job.trainer.group, {
+            "config": job.frozen_config, "data": job.data_sha256, "released statistics": job.released,
+        })
 
 
 def _check_owner(rd: RunDirectory, state: dict, hooks: RunHooks) -> None:

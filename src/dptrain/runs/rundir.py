@@ -316,10 +316,16 @@ class RunDirectory:
             copy = Ledger.load(path)
         except DataError:
             copy = None
+        if copy is not None and copy.releases > authoritative.releases and authoritative.is_prefix_of(copy):
+            raise DataError(
+                f"{path} records {copy.releases} releases, the run's checkpoint {authoritative.releases}: the checkpoint "
+                "is older than the run (restored, or edited), and resuming it would release those steps again "
+                "unaccounted; restore the run's last checkpoint"
+            )
         if copy is None or not copy.is_prefix_of(authoritative):
             raise DataError(
                 f"{path} does not match the run's checkpoint (edited, or from another run); the checkpoint's ledger "
-                f"is authoritative: restore or delete {LEDGER} to resume"
+                f"is authoritative: restore {LEDGER} to resume"
             )
 
     def read_json(self, name: str) -> dict | None:
@@ -343,6 +349,10 @@ class RunDirectory:
             except ValueError:
                 raise DataError(f"{path} holds a line that is not a metrics row (edited?): restore or delete it") from None
         return lines
+
+    def metrics_rows(self) -> list[dict]:
+        """The complete rows of ``metrics.jsonl``, parsed (none if there is no such file)."""
+        return [json.loads(line) for line in self._metrics_rows()]
 
     def append_metrics(self, row: dict) -> None:
         """One row per step: a row for the step of the last one is not written again (a run killed after its final
