@@ -79,3 +79,23 @@ def test_every_commands_json_says_whether_it_is_private(name, tmp_path, capsys):
     assert out["private"] is private
     if not private:
         assert out["not_private_because"], out
+
+
+def test_only_train_runs_under_torchrun(tmp_path, capsys, monkeypatch):
+    """Every command but train launched by torchrun (WORLD_SIZE > 1) is refused before it reads anything: each rank
+    would draw its own secrets (a search's number of trials, an audit's canaries) and write its own outputs. Before, a
+    search under torchrun ran its trials once per rank, unshared."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    names = [n for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction) for n in a.choices]
+    assert "train" in names and len(names) > len(RUNS)
+    for name in names:
+        if name == "train":
+            cli._one_process_unless_train(name)
+            continue
+        with pytest.raises(cli.ConfigError, match=f"dptrain {name} runs in one process"):
+            cli._one_process_unless_train(name)
+    (tmp_path / "s.toml").write_text(CONFIG.replace("noise_multiplier = 2.0", "target_epsilon = 8.0"))
+    code = cli.main(["tune", "--config", str(tmp_path / "s.toml"), "--out", str(tmp_path / "tune"), "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "WORLD_SIZE is 2" in err
+    assert not (tmp_path / "tune").exists()

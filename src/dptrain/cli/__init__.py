@@ -67,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     141 when stdout's reader closed the pipe, 1 when an audit's lower bound exceeds the certificate."""
     try:
         args = build_parser().parse_args(argv)
+        _one_process_unless_train(args.command)
         return {c.NAME: c for c in COMMANDS}[args.command].run(args)
     except DPTrainError as e:
         print(f"dptrain: error: {e}", file=sys.stderr)
@@ -84,6 +85,18 @@ def main(argv: list[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # Python's flush at exit would hit the closed pipe again
         return 141  # 128 + SIGPIPE, the shell's code for a command stopped by a closed pipe
+
+
+def _one_process_unless_train(command: str) -> None:
+    """Only ``dptrain train`` runs data parallel (its ranks agree on the config, the data, the secret streams and
+    every release: :mod:`dptrain.engine.distributed`). Any other command launched by torchrun would run once per rank,
+    each with its own secret draws (a search's number of trials, an audit's canaries) and its own outputs: refused."""
+    world = os.environ.get("WORLD_SIZE", "1").strip() or "1"
+    if command != "train" and world != "1":
+        raise ConfigError(
+            f"dptrain {command} runs in one process (WORLD_SIZE is {world}: launched by torchrun); only dptrain train "
+            "runs data parallel: run this command without torchrun"
+        )
 
 
 #: The one line for a command that asked for more memory than the machine has (a model, a chunk, a step).
