@@ -99,3 +99,7 @@ def test_only_train_runs_under_torchrun(tmp_path, capsys, monkeypatch):
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1 and "WORLD_SIZE is 2" in err
     assert not (tmp_path / "tune").exists()
+    from dptrain.tuning.search import run_search  # (the Python API's search too)
+
+    with pytest.raises(cli.ConfigError, match="a search runs in one process"):
+        run_search(None, tmp_path / "api")

@@ -88,15 +88,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _one_process_unless_train(command: str) -> None:
-    """Only ``dptrain train`` runs data parallel (its ranks agree on the config, the data, the secret streams and
-    every release: :mod:`dptrain.engine.distributed`). Any other command launched by torchrun would run once per rank,
-    each with its own secret draws (a search's number of trials, an audit's canaries) and its own outputs: refused."""
-    world = os.environ.get("WORLD_SIZE", "1").strip() or "1"
-    if command != "train" and world != "1":
-        raise ConfigError(
-            f"dptrain {command} runs in one process (WORLD_SIZE is {world}: launched by torchrun); only dptrain train "
-            "runs data parallel: run this command without torchrun"
-        )
+    """Only ``dptrain train`` runs data parallel (:func:`dptrain.engine.distributed.one_process`: torch is imported only
+    under torchrun)."""
+    if command != "train" and (os.environ.get("WORLD_SIZE", "1").strip() or "1") != "1":
+        from dptrain.engine.distributed import one_process
+
+        one_process(f"dptrain {command}")
 
 
 #: The one line for a command that asked for more memory than the machine has (a model, a chunk, a step).

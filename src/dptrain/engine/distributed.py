@@ -48,6 +48,18 @@ from dptrain.errors import ConfigError, RankLost
 _CURRENT: Group | None = None
 
 
+def one_process(what: str) -> None:
+    """Refuse ``what`` (a command, a search) launched by torchrun (WORLD_SIZE > 1): only training runs data parallel,
+    its ranks agreeing on everything they release; anything else would run once per rank, each with its own secret
+    draws (a search's number of trials, an audit's canaries) and its own outputs."""
+    world = os.environ.get("WORLD_SIZE", "1").strip() or "1"
+    if world != "1":
+        raise ConfigError(
+            f"{what} runs in one process (WORLD_SIZE is {world}: launched by torchrun); only dptrain train runs data "
+            "parallel: run it without torchrun"
+        )
+
+
 def current() -> Group | None:
     """The group this process joined with :func:`from_environment` (None: a one-process run)."""
     return _CURRENT

@@ -61,6 +61,7 @@ from dptrain.accounting.tuning import (
 )
 from dptrain.config import RunConfig, changed_keys, config_to_toml
 from dptrain.data.datasets import fingerprint
+from dptrain.engine.distributed import one_process
 from dptrain.engine.evaluation import example_scores
 from dptrain.engine.interrupts import Terminated
 from dptrain.errors import ConfigError, DPTrainError, RunDirectoryError
@@ -302,6 +303,7 @@ def run_search(cfg: RunConfig | None, out: str | Path, *, resume: bool = False, 
                keep_trials: bool = False) -> dict:
     """Run (or resume) the search of ``cfg`` in ``out``; returns its summary (module docstring), with K and every
     trial under ``not_private`` only if ``keep_trials``."""
+    one_process("a search")  # (each rank would draw its own number of trials)
     rd = RunDirectory(out)
     with rd.locked(create=not resume):
         if resume:
