@@ -522,6 +522,22 @@ def test_adding_an_example_to_a_file_moves_no_other_example_between_the_parts(tm
     assert ids[1] - {(9, 9, 9, 9)} == ids[0]
 
 
+def test_a_file_of_many_duplicate_rows_is_split_at_about_test_fraction_and_stays_neighbouring(tmp_path):
+    """Duplicates used to share one coin (the hash of their content): a file of a few distinct rows, each repeated
+    (categorical features, repeated short texts), sent whole groups to one part, so the test part held 0, a half or
+    every row and was refused as too small. Copy k of a content has its own coin (the content's hash with k): the
+    parts are about test_fraction of the rows, and a file with one more copy has a training part with at most that
+    copy more (copies are interchangeable: only how many of each go to each part matters)."""
+    x, y = np.repeat(np.array([[0.0, 1.0], [1.0, 0.0]]), 100, axis=0), np.repeat(np.array([0, 1]), 100)
+    np.savez(tmp_path / "0.npz", x=x, y=y)
+    np.savez(tmp_path / "1.npz", x=np.concatenate([x[:50], x[150:151], x[50:]]), y=np.concatenate([y[:50], [1], y[50:]]))
+    small, big = (load_npz(tmp_path / f"{i}.npz", num_classes=2, seed=0) for i in (0, 1))
+    assert 20 <= len(small.test) <= 60 and set(small.test.y.tolist()) == {0, 1}  # (each copy's own coin: sd 6)
+    counts = [[int((part.y == c).sum()) for c in (0, 1)] for part in (small.train, big.train, small.test, big.test)]
+    assert counts[1][0] == counts[0][0] and counts[3][0] == counts[2][0]  # (no copy of the other row moved)
+    assert (counts[1][1] - counts[0][1], counts[3][1] - counts[2][1]) in ((1, 0), (0, 1))
+
+
 def test_load_npz_with_test_set(tmp_path):
     path = tmp_path / "data.npz"
     x = np.zeros((6, 2, 4, 4), np.uint8)

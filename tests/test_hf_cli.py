@@ -191,9 +191,8 @@ def test_the_split_is_seeded_and_only_a_separate_test_file_is_public(tmp_path):
     a = load_dataset("text_files", path, vocab_size=10, max_length=3, seed=1)
     b = load_dataset("text_files", path, vocab_size=10, max_length=3, seed=1)
     assert torch.equal(a.test.x["input_ids"], b.test.x["input_ids"]) and len(a.train) + len(a.test) == 50
-    # (each example's part is its own: the 7 distinct rows, repeated, never straddle the parts)
-    parts = [{tuple(r) for r in d.x["input_ids"].tolist()} for d in (a.train, a.test)]
-    assert parts[0] and parts[1] and not parts[0] & parts[1]
+    # (each copy of the 7 distinct rows has its own coin: dptrain.data.splits)
+    assert 3 <= len(a.test) <= 20
     other = str(write_jsonl(tmp_path / "other.jsonl", rows[:3]))
     assert not a.separate_test and load_dataset("text_files", path, vocab_size=10, test_path=other).separate_test
     # the training file itself, or a copy of it, is no public test set (a search would select on the private examples)

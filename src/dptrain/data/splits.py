@@ -12,8 +12,14 @@ gave training parts that differ in many, and the certificate covered the trainin
 decision per example, adding or removing an example changes nothing but that example's own place: the training part
 of the neighbouring file is a neighbouring training part (or the same one, when the example goes to the test part).
 The split is public (whoever holds an example and the seed knows its part), as before; it is not privacy randomness.
-The parts' sizes are those of independent coins (about ``test_fraction`` of the examples, not exactly); duplicates of
-one example land together.
+The parts' sizes are those of independent coins (about ``test_fraction`` of the examples, not exactly).
+
+Copies of one example (a file of categorical rows, repeated short texts) each have their own coin: copy k (k = 0, 1,
+..., in file order) is decided by the hash of the content with k (the first copy by the content's hash alone). One
+coin for all the copies sent whole groups to one part (a file of a few distinct rows had a test part of none, half or
+all of its rows, and was refused). It keeps the neighbouring property: copies are interchangeable, so the parts are
+fixed by how many copies of each content go to each, and adding (removing) a copy of a content adds (removes) its
+last k, moving nothing else.
 """
 
 from __future__ import annotations
@@ -24,9 +30,8 @@ from collections.abc import Iterable
 import numpy as np
 
 
-def _unit(key: bytes, content: bytes) -> float:
-    h = hashlib.blake2b(content, key=key, person=b"dptrain-split")
-    return int.from_bytes(h.digest()[:8], "big") / 2.0**64
+def _hash(key: bytes, content: bytes) -> bytes:
+    return hashlib.blake2b(content, key=key, person=b"dptrain-split").digest()
 
 
 def split_key(seed: int) -> bytes:
@@ -35,9 +40,18 @@ def split_key(seed: int) -> bytes:
 
 def example_split(contents: Iterable[bytes], test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Indices (train, test), each sorted: example i (``contents[i]``, its bytes) goes to the test part when its keyed
-    hash, read in [0, 1), is below ``test_fraction``."""
+    hash, read in [0, 1), is below ``test_fraction``; the k-th earlier copy of the same content is hashed with k."""
     key = split_key(seed)
-    test = np.fromiter((_unit(key, c) < test_fraction for c in contents), dtype=bool)
+    copies: dict[bytes, int] = {}  # (by 128 bits of the content's keyed hash: the number of copies seen so far)
+    test = []
+    for c in contents:
+        h = _hash(key, c)
+        k = copies.get(h[:16], 0)
+        copies[h[:16]] = k + 1
+        if k:
+            h = _hash(key, h + k.to_bytes(8, "big"))
+        test.append(int.from_bytes(h[:8], "big") / 2.0**64 < test_fraction)
+    test = np.array(test, dtype=bool)
     return np.flatnonzero(~test), np.flatnonzero(test)
 
 
