@@ -114,7 +114,8 @@ class TensorSource:
             if any(torch.is_tensor(t) and (t.is_floating_point() or t.is_complex()) and bool(torch.isnan(t).any())
                    for t in leaves):
                 raise DataError(f"the data's {name} hold NaN (an example with NaN can be neither trained on nor evaluated): "
-                                "clean or drop those examples")
+                                "clean or drop those examples (NaN marking missing values: fill them with a finite "
+                                "value and pass a mask of them as an input the model reads)")
         self.inputs, self.labels = inputs, labels
 
     def __len__(self) -> int:
