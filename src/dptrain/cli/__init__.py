@@ -4,7 +4,8 @@ One module per command (:data:`COMMANDS`), each with the same small interface:
 
 - ``NAME``: the command's name; ``HELP``: its one line in ``dptrain --help``; optionally ``DESCRIPTION``;
 - ``add_arguments(parser)``: its flags (those several commands share come from :mod:`dptrain.cli.common`);
-- ``run(args) -> int``: the command itself, returning the exit code.
+- ``run(args) -> int``: the command itself, returning the exit code;
+- optionally ``READS_DATA = False``: a calculator, computing from the numbers given only (no data, no secret draw).
 
 Building the parser imports no torch, dp_accounting or scipy: a command that needs them imports them inside ``run``.
 
@@ -67,8 +68,9 @@ def main(argv: list[str] | None = None) -> int:
     141 when stdout's reader closed the pipe, 1 when an audit's lower bound exceeds the certificate."""
     try:
         args = build_parser().parse_args(argv)
-        _one_process_unless_train(args.command)
-        return {c.NAME: c for c in COMMANDS}[args.command].run(args)
+        command = {c.NAME: c for c in COMMANDS}[args.command]
+        _one_process_unless_train(command)
+        return command.run(args)
     except DPTrainError as e:
         print(f"dptrain: error: {e}", file=sys.stderr)
         return 2
@@ -87,13 +89,15 @@ def main(argv: list[str] | None = None) -> int:
         return 141  # 128 + SIGPIPE, the shell's code for a command stopped by a closed pipe
 
 
-def _one_process_unless_train(command: str) -> None:
-    """Only ``dptrain train`` runs data parallel (:func:`dptrain.engine.distributed.one_process`: torch is imported only
-    under torchrun)."""
-    if command != "train" and (os.environ.get("WORLD_SIZE", "1").strip() or "1") != "1":
+def _one_process_unless_train(command: ModuleType) -> None:
+    """Only ``dptrain train`` runs data parallel, and a calculator (``READS_DATA = False``) may run on every rank; any
+    other command is refused under torchrun (:func:`dptrain.engine.distributed.one_process`: torch is imported only
+    there)."""
+    if (command.NAME != "train" and getattr(command, "READS_DATA", True)
+            and (os.environ.get("WORLD_SIZE", "1").strip() or "1") != "1"):
         from dptrain.engine.distributed import one_process
 
-        one_process(f"dptrain {command}")
+        one_process(f"dptrain {command.NAME}")
 
 
 #: The one line for a command that asked for more memory than the machine has (a model, a chunk, a step).

@@ -15,6 +15,8 @@ from dptrain.errors import ConfigError
 # dp_accounting and scipy (dptrain.accounting) are imported when the command runs: building the parser stays light.
 
 NAME = "account"
+#: A calculator: it reads no data and draws no secret (its JSON is private; torchrun may run it on every rank).
+READS_DATA = False
 #: Why ``--accountant last_iterate`` gives no membership-inference bound.
 LAST_ITERATE_NO_PROFILE = (
     "the last_iterate accountant certifies epsilon at one delta for the last iterate; the pld accountant's privacy "
@@ -116,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
     extra = {} if bands is None or best is None else bands.json(best.epsilon, args.delta)
     if args.json:
         if len(names) == 1:
-            common.print_json({**reports[0].to_dict(), **extra, "membership_inference": _attacker_json(attacker)}, reads_data=False)
+            common.print_json({**reports[0].to_dict(), **extra, "membership_inference": _attacker_json(attacker)}, reads_data=READS_DATA)
         else:
             common.print_json(
                 {
@@ -128,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
                     **extra,
                     "membership_inference": _attacker_json(attacker),
                 },
-                reads_data=False,
+                reads_data=READS_DATA,
             )
         return 0
     for r in reports:
@@ -265,7 +267,7 @@ def _search(args: argparse.Namespace, trial, trials, bands=None) -> int:
         out["refused"] = refusals
     attacker = _attacker(args, search)
     if args.json:
-        common.print_json({**out, "membership_inference": _attacker_json(attacker)}, reads_data=False)
+        common.print_json({**out, "membership_inference": _attacker_json(attacker)}, reads_data=READS_DATA)
         return 0
     print(
         f"{'search':>12}: epsilon = {best.epsilon:.6g} at delta = {args.delta:g}  ({best.accountant}; the best of a "
@@ -335,7 +337,7 @@ def _last_iterate(args: argparse.Namespace) -> int:
         out.update(rdp_order=args.rdp_order, rdp=at.rdp, rdp_composition=at.composition)
     attacker = _attacker(args, None, LAST_ITERATE_NO_PROFILE)
     if args.json:
-        common.print_json({**out, "membership_inference": _attacker_json(attacker)}, reads_data=False)
+        common.print_json({**out, "membership_inference": _attacker_json(attacker)}, reads_data=READS_DATA)
         return 0
     burn = (
         "none (decaying steps keep growing)"

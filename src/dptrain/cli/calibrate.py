@@ -16,6 +16,8 @@ from dptrain.errors import ConfigError
 # dp_accounting and scipy (dptrain.accounting) are imported when the command runs: building the parser stays light.
 
 NAME = "calibrate"
+#: A calculator: it reads no data and draws no secret (its JSON is private; torchrun may run it on every rank).
+READS_DATA = False
 HELP = "smallest noise multiplier meeting an (epsilon, delta) budget"
 
 
@@ -63,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     spent = epsilon(ledger(sigma), args.delta, cal.accountant)
     extra = {} if bands is None else bands.json(args.epsilon, args.delta)
     if args.json:
-        common.print_json({**_result(args, numbers, cal, spent), **extra}, reads_data=False)
+        common.print_json({**_result(args, numbers, cal, spent), **extra}, reads_data=READS_DATA)
     else:
         print(
             f"noise multiplier = {sigma:.6f}  ({numbers.steps} steps at sampling rate {numbers.sampling_rate:g}: "
@@ -108,7 +110,7 @@ def _search(args: argparse.Namespace, numbers, trial, trials, bands=None) -> int
     extra = {} if bands is None else bands.json(single.epsilon, args.delta)
     out.update(extra)
     if args.json:
-        common.print_json(out, reads_data=False)
+        common.print_json(out, reads_data=READS_DATA)
         return 0
     print(
         f"noise multiplier = {sigma:.6f} per trial  (a search of a {trials.name} number of trials, mean "
@@ -155,7 +157,7 @@ def _gaussian(args: argparse.Namespace) -> int:
         "calibration": "analytic Gaussian mechanism (Balle & Wang 2018, Thm 8)",
     }
     if args.json:
-        common.print_json(out, reads_data=False)
+        common.print_json(out, reads_data=READS_DATA)
     else:
         extra = (
             f"; the classical sqrt(2 ln(1.25/delta))/eps gives {classical:.4f}" if args.epsilon < 1 else ""

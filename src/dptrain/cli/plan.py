@@ -14,6 +14,8 @@ from dptrain.errors import ConfigError
 PLAN_ACCOUNTANTS = ("proactive", "rdp", "pld", "gdp")
 
 NAME = "plan"
+#: A calculator: it reads no data and draws no secret (its JSON is private; torchrun may run it on every rank).
+READS_DATA = False
 HELP = "choose noise, batch size and rounds before training (Proactive DP)"
 
 
@@ -57,12 +59,12 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.json:
         if len(names) == 1:
-            common.print_json(result["plans"][0], reads_data=False)
+            common.print_json(result["plans"][0], reads_data=READS_DATA)
         else:
             best = next((p for p in result["plans"] if p["accountant"] == result["tightest"]), {})
             common.print_json(
                 {**best, "tightest": result["tightest"], "plans": result["plans"], "refused": result["refused"]},
-                reads_data=False,
+                reads_data=READS_DATA,
             )
         return 0
     print(
@@ -99,7 +101,7 @@ def _from_sigma(args: argparse.Namespace) -> int:
         args.from_sigma, args.dataset_size, args.epochs, args.theta, args.gamma.replace("-", "_")
     )
     if args.json:
-        common.print_json({**r, "accountant": "proactive"}, reads_data=False)
+        common.print_json({**r, "accountant": "proactive"}, reads_data=READS_DATA)
         return 0
 
     def verdict(rep):

@@ -17,6 +17,8 @@ from dptrain.schedules.names import ACCOUNTANTS, KIND_PARAMS, KINDS
 # command: building the parser stays light.
 
 NAME = "schedule"
+#: A calculator: it reads no data and draws no secret (its JSON is private; torchrun may run it on every rank).
+READS_DATA = False
 HELP = "noise schedule sigma_1..sigma_T calibrated to a budget, or the optimal T (Dynamic Noise Influence)"
 DESCRIPTION = (
     "Print a noise schedule sigma_t = c * s_t, t = 1..T, of one kind (its shape s_t), with the one scale c "
@@ -148,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
             zcdp = calibrate_schedule(kind, args.steps, accountant="zcdp", **options)
         plot = _plot(Path(args.plot), schedule, zcdp)
     if args.json:
-        common.print_json({**schedule.to_json(), **({"plot": str(plot)} if plot else {})}, reads_data=False)
+        common.print_json({**schedule.to_json(), **({"plot": str(plot)} if plot else {})}, reads_data=READS_DATA)
         return 0
     print(_summary(schedule, args))
     if plot is not None:
@@ -268,7 +270,7 @@ def _bound(args: argparse.Namespace) -> int:
         raise ConfigError(f"--bound needs --kappa K and --alpha A, got no {missing[0]}")
     summary = bound_summary(args.kappa, args.alpha)
     if args.json:
-        common.print_json(summary, reads_data=False)
+        common.print_json(summary, reads_data=READS_DATA)
         return 0
     s = summary
     print(
