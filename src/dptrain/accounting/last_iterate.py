@@ -26,7 +26,7 @@ from scipy import integrate, optimize
 
 from dptrain.accounting.base import PrivacyReport, check_delta, register_accountant
 from dptrain.accounting.ledger import Ledger
-from dptrain.accounting.standard import quiet_absl, refuse_search
+from dptrain.accounting.standard import _check_sigma, quiet_absl, refuse_search
 from dptrain.errors import AccountingError
 
 BATCHINGS = ("random", "cyclic", "full")
@@ -247,6 +247,17 @@ class Setting:
         if self.strong_convexity > 0 and self.smoothness is None:
             raise AccountingError(
                 "strong convexity needs the smoothness M too (c = max|1 - eta m|, |1 - eta M|)"
+            )
+        # The numbers the bound computes with, each within the range its arithmetic holds: the per-step Gaussian's
+        # multiplier b sigma / Delta under the rule every accountant applies (below 7.07e-4 one step's loss is above
+        # 1e6; a tiny sigma underflowed to a division by zero), and the shift scale eta_t sigma / D of the
+        # amplification-by-iteration terms (their alpha D^2 / (2 eta_t^2 sigma^2) underflowed the same way).
+        _check_sigma(self.b * self.noise_std / self.delta_sens, "last_iterate")
+        shift = self.learning_rate * float(self.steps) ** (-self.lr_power) * self.noise_std / self.diameter
+        if not shift >= 1e-100:
+            raise AccountingError(
+                f"eta_T sigma / D = {shift:.3g} is below 1e-100: the last-iterate bound's shift terms "
+                "alpha D^2/(2 eta^2 sigma^2) overflow; use a composition accountant (rdp or pld)"
             )
 
     @property
