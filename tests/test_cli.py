@@ -460,17 +460,6 @@ def test_shared_flags_are_the_same_flag_everywhere():
         assert type(flag(command, "--json")).__name__ == "_StoreTrueAction"
 
 
-def test_building_the_parser_imports_no_torch_no_dp_accounting_no_scipy():
-    """`dptrain --help` and a bad flag answer without the heavy imports (dp_accounting and scipy took 1.9 s here)."""
-    heavy = ("torch", "dp_accounting", "scipy", "matplotlib")
-    code = (
-        "import sys, dptrain.cli; dptrain.cli.build_parser(); "
-        f"print(sorted(m for m in sys.modules if m.split('.')[0] in {heavy!r}))"
-    )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0 and proc.stdout.strip() == "[]", (proc.stdout[:300], proc.stderr)
-
-
 def test_the_parsers_names_are_the_registries():
     """The names the parser offers without importing the accountants are theirs."""
     from dptrain.accounting import AUTO, accountant_names
