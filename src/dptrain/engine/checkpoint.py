@@ -52,7 +52,7 @@ class Checkpointing:
                 f"checkpoint is inconsistent: {steps} steps but its ledger records {training_steps(ledger)}"
             )
         if not self.non_private:
-            self._check_ledger_noise(ledger)
+            self._check_ledger_releases(ledger)
         if self.weight_average is not None:
             self.weight_average.load_state_dict(state.get("weight_average"))
         self.model.load_state_dict(state["model"])
@@ -80,7 +80,7 @@ class Checkpointing:
                 "state; start a fresh run"
             )
 
-    def _check_ledger_noise(self, ledger: Ledger) -> None:
+    def _check_ledger_releases(self, ledger: Ledger) -> None:
         """Every training step of a checkpoint's ledger is the release this run records at that step: its noise
         multiplier, sampling and facts (with adaptive noise: made under this run's privacy filter, within its budget).
         A ledger edited to record more noise, a lower rate, another data set size or clip norm is refused."""

@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import torch
 
-from dptrain.preflight.buffers import BufferWatch, _leaves, _leaves_same, state_slots
+from dptrain.preflight.buffers import BufferWatch, same_record, state_slots, value_record
 
 
 class OptimizerWatch:
     """The optimizer's state at one point: every entry of ``optimizer.state`` (per parameter: a momentum buffer, Adam's
     moments and step) by the fingerprint the model watch keeps of a module's attribute
-    (:func:`~dptrain.preflight.buffers._leaves`: a tensor by its object, version counter, storage and checksum, so a
+    (:func:`~dptrain.preflight.buffers.value_record`: a tensor by its object, version counter, storage and checksum, so a
     write through ``.data`` too; a number by its value; a list of tensors item by item). :meth:`written` names the
     entries changed, added or removed since (``<parameter name>.<key>``)."""
 
@@ -42,13 +42,13 @@ class OptimizerWatch:
             for i, p in enumerate(group["params"]):
                 name = self.names.get(id(p), f"param_groups[{g}][{i}]")
                 for key, value in self.optimizer.state.get(p, {}).items():
-                    out[f"{name}.{key}"] = _leaves(value, 0)
+                    out[f"{name}.{key}"] = value_record(value)
         return out
 
     def written(self) -> list[str]:
         now = self._now()
         return sorted(n for n in set(now) | set(self.records) if n not in now or n not in self.records
-                      or not _leaves_same(self.records[n], now[n]))
+                      or not same_record(self.records[n], now[n]))
 
 
 def changed_optimizer_state(trainer, watch: OptimizerWatch) -> str | None:

@@ -234,6 +234,18 @@ def _leaves(value, max_bytes, path: str = "", out: dict | None = None, budget: l
     return out
 
 
+def value_record(value) -> dict:
+    """The fingerprint of any value a watch keeps (a tensor by its object, version counter, storage and checksum; a
+    number by its value; containers item by item): what :class:`BufferWatch` keeps of a module attribute, for other
+    watches (the optimizer's state: :class:`dptrain.engine.loop_state.OptimizerWatch`)."""
+    return _leaves(value, 0)
+
+
+def same_record(before: dict, now: dict) -> bool:
+    """Whether two :func:`value_record` fingerprints describe the same, unwritten value."""
+    return _leaves_same(before, now)
+
+
 def _leaves_same(before: dict, now: dict, tensors_only: bool = False) -> bool:
     if tensors_only:  # (the tensors and arrays an attribute holds, whatever else changed around them)
         before = {k: v for k, v in before.items() if v[0] in _DATA}
@@ -447,5 +459,7 @@ __all__ = [
     "BufferWatch",
     "check_buffer_updates",
     "check_buffers",
+    "same_record",
+    "value_record",
     "restored",
 ]
