@@ -10,6 +10,7 @@ is an edge to the submodule ``p.y`` when ``y`` is one, else to ``p``; ``import d
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "src" / "dptrain"
@@ -78,6 +79,12 @@ def _targets(module: str, is_package: bool, node: ast.Import | ast.ImportFrom, m
 
 
 def import_graph() -> dict[str, set[str]]:
+    """module -> the dptrain modules it imports (a fresh copy: callers may add edges to test the rules)."""
+    return {module: set(targets) for module, targets in _parsed_graph().items()}
+
+
+@functools.cache
+def _parsed_graph() -> dict[str, set[str]]:  # the sources do not change during a test session
     modules = _modules()
     graph = {}
     for module, (path, is_package) in modules.items():
