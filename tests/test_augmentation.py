@@ -258,6 +258,9 @@ def test_bad_augment_settings_are_refused():
         _trainer({"multiplicity": 2, "crop_padding": 8})
     with pytest.raises(ConfigError, match="multiplicity must be an integer >= 1"):
         _trainer({"multiplicity": 0})
+    for key in ("multiplicity", "crop_padding"):  # (Python's integers: 10^30 was a ValueError in the first step)
+        with pytest.raises(ConfigError, match=f"{key} must be an integer >= [01] that fits in 64 bits, got 10000"):
+            Augmentation(**{key: 10**30})
     with pytest.raises(ConfigError, match="unknown key 'training.augment.rotate'"):
         _trainer({"rotate": 10})
     with pytest.raises(ConfigError, match="mirrors the images of mnist"):

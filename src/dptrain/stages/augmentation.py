@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from dptrain.errors import ConfigError, DataError
+from dptrain.numbers import number_problem
 from dptrain.stages.gradient_factors import (
     PerExampleGrads,
     _EmbeddingFactors,
@@ -69,8 +70,8 @@ class Augmentation:
     def __post_init__(self) -> None:
         for key, minimum in (("multiplicity", 1), ("crop_padding", 0)):
             v = getattr(self, key)
-            if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-                raise ConfigError(f"training.augment.{key} must be an integer >= {minimum}, got {v!r}")
+            if isinstance(v, bool) or not isinstance(v, int) or v < minimum or number_problem(v) is not None:
+                raise ConfigError(f"training.augment.{key} must be an integer >= {minimum} that fits in 64 bits, got {v!r}")
         if not isinstance(self.flip, bool):
             raise ConfigError(f"training.augment.flip must be true or false, got {self.flip!r}")
 
