@@ -32,6 +32,7 @@ from dptrain.accounting.membership import (
 from dptrain.accounting.tuning import TrialCount
 from dptrain.cli import main
 from dptrain.errors import NoFiniteEpsilon
+from dptrain.runs.report import attacker_text
 
 FPR_GRID = np.array([0.001, 0.01, 0.05, 0.1, 0.3, 0.6])
 DEFAULT_RUN = (0.5869, 256 / 60000, 234)  # the default job: z, q, steps (delta 1e-5)
@@ -221,6 +222,12 @@ def test_a_seeded_run_is_not_certified():
     ledger.private = False
     result = membership_inference(ledger, 1e-5)
     assert result["certified"] is False and "not private" in result["note"]
+    # the short form a summary.json and account --json print says so too, and so do the lines (before: bare rates)
+    short = compact(result)
+    assert short["certified"] is False and short["note"] == result["note"]
+    assert "NOT private" in summary_line(result) and "NOT private" in attacker_text(short)
+    secret = compact(membership_inference(dpsgd_ledger(1.0, 1.0, 1, sampling="full"), 1e-5))
+    assert "certified" not in secret and "NOT private" not in attacker_text(secret)
 
 
 # --- the command line ----------------------------------------------------------------------------------------------

@@ -240,7 +240,10 @@ def membership_inference(ledger: Ledger, delta: float, *, curve: bool = False) -
         "certified": ledger.private,
     }
     if not ledger.private:
-        out["note"] = "this run is not private (its randomness was seeded): the bound is what it would be unseeded"
+        out["note"] = (
+            "this run is not private (seeded randomness, or something released outside its ledger): the bound is "
+            "what the mechanism its ledger records would give with secret randomness, not a bound on this run"
+        )
     if curve:
         n = len(FPRS)
         out["curve"] = {
@@ -262,10 +265,15 @@ def no_profile(reason: str, delta: float | None = None) -> dict[str, Any]:
 
 
 def compact(result: dict[str, Any]) -> dict[str, Any]:
-    """The short form of ``result`` (:func:`membership_inference`) that ``dptrain account --json`` prints: the two
-    rates, the accountant and mu_gdp, and ``no_profile`` where there is no bound."""
+    """The short form of ``result`` (:func:`membership_inference`) that ``dptrain account --json`` and a run's
+    ``summary.json`` print: the two rates, the accountant and mu_gdp, ``no_profile`` where there is no bound, and
+    ``certified`` (false) with its ``note`` where the ledger's run is not private: the rates are then what the run
+    would have with secret randomness, not a bound on what it released."""
     keys = (*FPRS, "accountant", "mu_gdp", "tightened_by", "no_profile")
-    return {k: result[k] for k in keys if k in result and (k != "no_profile" or result[k])}
+    out = {k: result[k] for k in keys if k in result and (k != "no_profile" or result[k])}
+    if result.get("certified") is False:
+        out.update(certified=False, note=result["note"])
+    return out
 
 
 def _at(tpr: np.ndarray) -> dict[str, float]:
@@ -294,4 +302,5 @@ def summary_line(result: dict[str, Any]) -> str:
     return (
         f"a membership-inference attacker: TPR <= {_pct(result['tpr_at_fpr_1pct'])} at FPR 1%, <= "
         f"{_pct(result['tpr_at_fpr_10pct'])} at FPR 10% ({how}, both orderings; {alone})"
+        + ("; NOT private: " + result["note"] if result.get("certified") is False else "")
     )
