@@ -267,6 +267,12 @@ def test_bad_augment_settings_are_refused():
         load_config(None, ["privacy.target_epsilon=3", 'data.name="mnist"', "training.augment.flip=true"])
     with pytest.raises(ConfigError, match="stages of DP-SGD"):
         load_config(None, ['training.algorithm="projected_noisy_sgd"', "privacy.target_epsilon=1", "training.ema=0.9"])
+    # DPSGD-F's preprocessing (or its normalization alone) makes flat feature rows of the images before training:
+    # refused by the config, before any private statistic (before: the trainer's 'got [1, 64]' after the private mean)
+    for pre in (['preprocessing.kind="private_mean"', "preprocessing.eps_f=0.05"], []):
+        with pytest.raises(ConfigError, match=r"training.augment views images, and \[preprocessing\] turns them"):
+            load_config(None, ["privacy.noise_multiplier=1", 'model.name="logistic"', "preprocessing.feature_norm=1",
+                               *pre, "training.augment.multiplicity=2"])
 
 
 def test_the_cli_refuses_a_bad_augment_key_in_one_line(tmp_path, capsys):
