@@ -267,6 +267,9 @@ def test_bad_augment_settings_are_refused():
         load_config(None, ["privacy.target_epsilon=3", 'data.name="mnist"', "training.augment.flip=true"])
     with pytest.raises(ConfigError, match="stages of DP-SGD"):
         load_config(None, ['training.algorithm="projected_noisy_sgd"', "privacy.target_epsilon=1", "training.ema=0.9"])
+    with pytest.raises(ConfigError, match="data.features = 'scatternet' trains on feature maps"):  # (before: after
+        load_config(None, ["privacy.target_epsilon=3", 'data.features="scatternet"',  # the features were computed)
+                           'model.name="scatternet_linear"', "training.augment.multiplicity=2"])
     # DPSGD-F's preprocessing (or its normalization alone) makes flat feature rows of the images before training:
     # refused by the config, before any private statistic (before: the trainer's 'got [1, 64]' after the private mean)
     for pre in (['preprocessing.kind="private_mean"', "preprocessing.eps_f=0.05"], []):
