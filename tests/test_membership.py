@@ -24,6 +24,7 @@ from dptrain.accounting.membership import (
     compact,
     gdp_tpr,
     membership_inference,
+    no_profile,
     profile_deltas,
     profile_tpr,
     summary_line,
@@ -33,6 +34,7 @@ from dptrain.accounting.tuning import TrialCount
 from dptrain.cli import main
 from dptrain.errors import NoFiniteEpsilon
 from dptrain.runs.report import attacker_text
+from dptrain.runs.run import attacker_bound
 
 FPR_GRID = np.array([0.001, 0.01, 0.05, 0.1, 0.3, 0.6])
 DEFAULT_RUN = (0.5869, 256 / 60000, 234)  # the default job: z, q, steps (delta 1e-5)
@@ -256,6 +258,11 @@ def test_no_profile_is_no_number():
         assert result["tpr_at_fpr_1pct"] is None and result["tpr_at_fpr_10pct"] is None
         assert result["accountant"] is None and why in result["no_profile"] and result["mu_gdp"] is None
         assert "no bound" in summary_line(result)
+        # the same keys as a bound's, and as every other answer without one (account's last_iterate, a run's refusal)
+        assert set(compact(result)) == {*FPRS, "accountant", "mu_gdp", "no_profile"} == set(compact(no_profile("x")))
+        ledger.private = False  # (a seeded run without a profile: no number to label)
+        assert set(compact(membership_inference(ledger, 1e-5))) == set(compact(result))
+    assert set(attacker_bound(step, 2.0)) == set(compact(result))  # (a refusal of the bound itself: delta 2)
 
 
 def test_a_seeded_run_is_not_certified():

@@ -216,7 +216,7 @@ def membership_inference(ledger: Ledger, delta: float, *, curve: bool = False) -
         tpr, eps, used = pld_tpr, pld_epsilon, "pld"
     else:
         out = no_profile(pld_part["refused"], delta)
-        out.update(mu_gdp=None, mu_gdp_reason=mu_reason, certified=ledger.private)
+        out.update(mu_gdp_reason=mu_reason, certified=ledger.private)
         return out
     tightened = None
     certificate = _tightest_certificate(ledger, delta)
@@ -255,10 +255,12 @@ def membership_inference(ledger: Ledger, delta: float, *, curve: bool = False) -
 
 
 def no_profile(reason: str, delta: float | None = None) -> dict[str, Any]:
-    """The answer where no privacy profile bounds the attacker (``reason`` says why): no number."""
+    """The answer where no privacy profile bounds the attacker (``reason`` says why): no number (the keys of every
+    answer, null)."""
     return {
         **dict.fromkeys(FPRS),
         "accountant": None,
+        "mu_gdp": None,
         "no_profile": reason,
         **({} if delta is None else {"delta": delta}),
     }
@@ -271,7 +273,7 @@ def compact(result: dict[str, Any]) -> dict[str, Any]:
     would have with secret randomness, not a bound on what it released."""
     keys = (*FPRS, "accountant", "mu_gdp", "tightened_by", "no_profile")
     out = {k: result[k] for k in keys if k in result and (k != "no_profile" or result[k])}
-    if result.get("certified") is False:
+    if result.get("certified") is False and out[next(iter(FPRS))] is not None:  # (no number: nothing to label)
         out.update(certified=False, note=result["note"])
     return out
 
