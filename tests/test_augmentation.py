@@ -258,12 +258,24 @@ def test_bad_augment_settings_are_refused():
         _trainer({"multiplicity": 2, "crop_padding": 8})
     with pytest.raises(ConfigError, match="multiplicity must be an integer >= 1"):
         _trainer({"multiplicity": 0})
+    for key in ("multiplicity", "crop_padding"):  # (Python's integers: 10^30 was a ValueError in the first step)
+        with pytest.raises(ConfigError, match=f"{key} must be an integer >= [01] that fits in 64 bits, got 10000"):
+            Augmentation(**{key: 10**30})
     with pytest.raises(ConfigError, match="unknown key 'training.augment.rotate'"):
         _trainer({"rotate": 10})
     with pytest.raises(ConfigError, match="mirrors the images of mnist"):
         load_config(None, ["privacy.target_epsilon=3", 'data.name="mnist"', "training.augment.flip=true"])
     with pytest.raises(ConfigError, match="stages of DP-SGD"):
         load_config(None, ['training.algorithm="projected_noisy_sgd"', "privacy.target_epsilon=1", "training.ema=0.9"])
+    with pytest.raises(ConfigError, match="data.features = 'scatternet' trains on feature maps"):  # (before: after
+        load_config(None, ["privacy.target_epsilon=3", 'data.features="scatternet"',  # the features were computed)
+                           'model.name="scatternet_linear"', "training.augment.multiplicity=2"])
+    # DPSGD-F's preprocessing (or its normalization alone) makes flat feature rows of the images before training:
+    # refused by the config, before any private statistic (before: the trainer's 'got [1, 64]' after the private mean)
+    for pre in (['preprocessing.kind="private_mean"', "preprocessing.eps_f=0.05"], []):
+        with pytest.raises(ConfigError, match=r"training.augment views images, and \[preprocessing\] turns them"):
+            load_config(None, ["privacy.noise_multiplier=1", 'model.name="logistic"', "preprocessing.feature_norm=1",
+                               *pre, "training.augment.multiplicity=2"])
 
 
 def test_the_cli_refuses_a_bad_augment_key_in_one_line(tmp_path, capsys):
@@ -312,3 +324,5 @@ def test_a_run_with_augmentation_trains_images_from_a_config(tmp_path):
     ])
     summary = run_training(cfg, tmp_path / "run", progress=False)
     assert summary["steps"] == 4 and summary["test_accuracy"] is not None
+    # seeded: the attacker bound is labelled as the certificate is (not a bound on this run)
+    assert summary["private"] is False and summary["membership_inference"]["certified"] is False

@@ -24,6 +24,7 @@ from dptrain.accounting.membership import (
     compact,
     gdp_tpr,
     membership_inference,
+    no_profile,
     profile_deltas,
     profile_tpr,
     summary_line,
@@ -32,6 +33,8 @@ from dptrain.accounting.membership import (
 from dptrain.accounting.tuning import TrialCount
 from dptrain.cli import main
 from dptrain.errors import NoFiniteEpsilon
+from dptrain.runs.report import attacker_text
+from dptrain.runs.run import attacker_bound
 
 FPR_GRID = np.array([0.001, 0.01, 0.05, 0.1, 0.3, 0.6])
 DEFAULT_RUN = (0.5869, 256 / 60000, 234)  # the default job: z, q, steps (delta 1e-5)
@@ -178,6 +181,40 @@ def test_poisson_subsampled_gaussian_bound_is_the_best_attack_in_either_directio
         assert result["epsilon_delta_reading"][key] >= result[key]
 
 
+def best_attacks_by_convolution(sigma, q, steps, fprs, h=2e-4, top=8.0, points=100_001):
+    """The most powerful tests of both orderings after ``steps`` Poisson-subsampled Gaussian steps, from the
+    distribution of the total privacy loss L = sum_t log dQ/dP(x_t) (P = N(0, s^2) out, Q = (1 - q) N(0, s^2) +
+    q N(1, s^2) in), under P and under Q, each the ``steps``-fold convolution of one step's, computed by FFT on a grid
+    of step ``h`` (rounded to the nearest point; losses above ``top`` kept as mass at +inf): member as the alternative
+    rejects "out" where L is large, member as the null rejects "in" where L is small (Neyman-Pearson)."""
+    x = np.linspace(-12 * sigma, 12 * sigma + 1, points)
+    out_pdf = stats.norm.pdf(x, scale=sigma)
+    in_pdf = (1 - q) * out_pdf + q * stats.norm.pdf(x, loc=1, scale=sigma)
+    loss = np.log1p(-q + q * np.exp((2 * x - 1) / (2 * sigma**2)))
+    low = math.log1p(-q)  # every step's loss is above it
+    size = int((top - steps * low) / h) + 1
+    idx = np.round((loss - low) / h).astype(np.int64)
+    n = 1 << (2 * size - 1).bit_length()
+    dists = []
+    for pdf in (out_pdf, in_pdf):
+        w, keep = pdf / pdf.sum(), idx < size
+        one = np.fft.rfft(np.bincount(idx[keep], weights=w[keep], minlength=size)[:size], n)
+        acc, t = None, steps
+        while t:  # repeated squaring, cut to the losses below top after each product
+            if t & 1:
+                acc = one if acc is None else np.fft.rfft(np.fft.irfft(acc * one, n)[:size], n)
+            t >>= 1
+            if t:
+                one = np.fft.rfft(np.fft.irfft(one * one, n)[:size], n)
+        dists.append(np.maximum(np.fft.irfft(acc, n)[:size], 0))
+    p_out, p_in = dists
+    above_out = (1 - p_out.sum()) + np.cumsum(p_out[::-1])  # P(L > c) from the top, with the mass at +inf
+    above_in = (1 - p_in.sum()) + np.cumsum(p_in[::-1])
+    alternative = np.interp(fprs, above_out, above_in)
+    null = np.interp(fprs, np.cumsum(p_in), np.cumsum(p_out))
+    return alternative, null
+
+
 @pytest.mark.filterwarnings("error::RuntimeWarning")
 def test_tiny_noise_is_a_bound_without_overflow():
     """sigma = 0.01: a participating example is all but certain to be seen, so the best attack's TPR at FPR a is the
@@ -195,7 +232,14 @@ def test_tiny_noise_is_a_bound_without_overflow():
 
 
 def test_default_run():
+    """configs/cnn28_quick.toml (234 steps, far beyond the two integrated above): at FPR 1% and 10% the bound is the
+    better of the two orderings' best attacks, computed independently of dp_accounting by convolution (never below
+    it; above by less than 1e-5, the grids' error); and its numbers, quoted in docs/privacy.md."""
     result = membership_inference(dpsgd_ledger(*DEFAULT_RUN), 1e-5)
+    alternative, null = best_attacks_by_convolution(*DEFAULT_RUN, np.array(list(FPRS.values())))
+    for i, key in enumerate(FPRS):
+        assert alternative[i] - null[i] > 0.005  # the orderings differ: one of them alone is not the bound
+        assert alternative[i] - 1e-6 <= result[key] <= alternative[i] + 1e-5, (key, result[key], alternative[i])
     assert result["tpr_at_fpr_1pct"] == pytest.approx(0.02530, abs=5e-5)
     assert result["tpr_at_fpr_10pct"] == pytest.approx(0.15798, abs=5e-5)
     assert result["epsilon"] == pytest.approx(3.0, abs=1e-3)
@@ -214,6 +258,11 @@ def test_no_profile_is_no_number():
         assert result["tpr_at_fpr_1pct"] is None and result["tpr_at_fpr_10pct"] is None
         assert result["accountant"] is None and why in result["no_profile"] and result["mu_gdp"] is None
         assert "no bound" in summary_line(result)
+        # the same keys as a bound's, and as every other answer without one (account's last_iterate, a run's refusal)
+        assert set(compact(result)) == {*FPRS, "accountant", "mu_gdp", "no_profile"} == set(compact(no_profile("x")))
+        ledger.private = False  # (a seeded run without a profile: no number to label)
+        assert set(compact(membership_inference(ledger, 1e-5))) == set(compact(result))
+    assert set(attacker_bound(step, 2.0)) == set(compact(result))  # (a refusal of the bound itself: delta 2)
 
 
 def test_a_seeded_run_is_not_certified():
@@ -221,6 +270,12 @@ def test_a_seeded_run_is_not_certified():
     ledger.private = False
     result = membership_inference(ledger, 1e-5)
     assert result["certified"] is False and "not private" in result["note"]
+    # the short form a summary.json and account --json print says so too, and so do the lines (before: bare rates)
+    short = compact(result)
+    assert short["certified"] is False and short["note"] == result["note"]
+    assert "NOT private" in summary_line(result) and "NOT private" in attacker_text(short)
+    secret = compact(membership_inference(dpsgd_ledger(1.0, 1.0, 1, sampling="full"), 1e-5))
+    assert "certified" not in secret and "NOT private" not in attacker_text(secret)
 
 
 # --- the command line ----------------------------------------------------------------------------------------------

@@ -41,6 +41,26 @@ def test_the_ema_is_the_bias_corrected_average_of_the_released_iterates():
     assert all(torch.equal(one.weight_average.averages[n], p) for n, p in one.params.items())
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_the_average_of_a_low_precision_model_moves(dtype):
+    """Iterates theta_t = 1 + t / 1000 in bfloat16 or float16, decay 0.99: the average keeps up with the float64 EMA of
+    the same iterates. Before, it was kept in the parameters' dtype and each step's move (about 1e-3) rounded away: it
+    stayed at theta_1 for ever, and the released average was the first iterate."""
+    from dptrain.engine.weight_averaging import WeightAverage
+
+    param = torch.zeros(3, dtype=dtype)
+    average = WeightAverage({"w": param}, 0.99)
+    num = den = 0.0
+    for t in range(1, 301):
+        param.fill_(1 + t / 1000)
+        average.update(t)
+        value = float(param[0])  # (the iterate as the model holds it)
+        num, den = 0.99 * num + 0.01 * value, 0.99 * den + 0.01
+    assert abs(float(average.averages["w"][0]) - num / den) < 1e-5 and num / den > 1.2
+    with average.applied():  # applied: rounded to the model's dtype once
+        assert param.dtype == dtype and torch.equal(param, average.averages["w"].to(dtype))
+
+
 def test_the_ema_is_post_processing_the_ledger_and_the_trajectory_are_unchanged():
     plain, averaged = _trainer(None), _trainer(0.9)
     plain.train(steps=5)

@@ -27,7 +27,7 @@ from dptrain.errors import ConfigError
 from dptrain.models.builders import MODEL_NAMES
 from dptrain.numbers import number_problem
 from dptrain.preflight.buffers import BUFFER_UPDATES
-from dptrain.stages.augmentation import check_flip_fits, make_augmentation
+from dptrain.stages.augmentation import check_fits, make_augmentation
 from dptrain.stages.batch_selection import SAMPLING_NAMES
 from dptrain.stages.clipping import CLIPPING_NAMES
 from dptrain.stages.per_example import GRAD_SAMPLERS
@@ -480,7 +480,7 @@ def _validate_dpsgd(cfg: RunConfig) -> None:
          t.mixed_precision)
     need(t.buffer_updates in BUFFER_UPDATES, "training.buffer_updates", f"one of {', '.join(BUFFER_UPDATES)}",
          t.buffer_updates)
-    check_flip_fits(make_augmentation(t.augment), cfg.data.name)
+    check_fits(make_augmentation(t.augment), cfg.data.name, cfg.data.features)
     if t.ema is not None:
         need(0 < t.ema < 1, "training.ema", "a decay in (0, 1), e.g. 0.999", t.ema)
 

@@ -216,7 +216,7 @@ def membership_inference(ledger: Ledger, delta: float, *, curve: bool = False) -
         tpr, eps, used = pld_tpr, pld_epsilon, "pld"
     else:
         out = no_profile(pld_part["refused"], delta)
-        out.update(mu_gdp=None, mu_gdp_reason=mu_reason, certified=ledger.private)
+        out.update(mu_gdp_reason=mu_reason, certified=ledger.private)
         return out
     tightened = None
     certificate = _tightest_certificate(ledger, delta)
@@ -240,7 +240,10 @@ def membership_inference(ledger: Ledger, delta: float, *, curve: bool = False) -
         "certified": ledger.private,
     }
     if not ledger.private:
-        out["note"] = "this run is not private (its randomness was seeded): the bound is what it would be unseeded"
+        out["note"] = (
+            "this run is not private (seeded randomness, or something released outside its ledger): the bound is "
+            "what the mechanism its ledger records would give with secret randomness, not a bound on this run"
+        )
     if curve:
         n = len(FPRS)
         out["curve"] = {
@@ -252,20 +255,27 @@ def membership_inference(ledger: Ledger, delta: float, *, curve: bool = False) -
 
 
 def no_profile(reason: str, delta: float | None = None) -> dict[str, Any]:
-    """The answer where no privacy profile bounds the attacker (``reason`` says why): no number."""
+    """The answer where no privacy profile bounds the attacker (``reason`` says why): no number (the keys of every
+    answer, null)."""
     return {
         **dict.fromkeys(FPRS),
         "accountant": None,
+        "mu_gdp": None,
         "no_profile": reason,
         **({} if delta is None else {"delta": delta}),
     }
 
 
 def compact(result: dict[str, Any]) -> dict[str, Any]:
-    """The short form of ``result`` (:func:`membership_inference`) that ``dptrain account --json`` prints: the two
-    rates, the accountant and mu_gdp, and ``no_profile`` where there is no bound."""
+    """The short form of ``result`` (:func:`membership_inference`) that ``dptrain account --json`` and a run's
+    ``summary.json`` print: the two rates, the accountant and mu_gdp, ``no_profile`` where there is no bound, and
+    ``certified`` (false) with its ``note`` where the ledger's run is not private: the rates are then what the run
+    would have with secret randomness, not a bound on what it released."""
     keys = (*FPRS, "accountant", "mu_gdp", "tightened_by", "no_profile")
-    return {k: result[k] for k in keys if k in result and (k != "no_profile" or result[k])}
+    out = {k: result[k] for k in keys if k in result and (k != "no_profile" or result[k])}
+    if result.get("certified") is False and out[next(iter(FPRS))] is not None:  # (no number: nothing to label)
+        out.update(certified=False, note=result["note"])
+    return out
 
 
 def _at(tpr: np.ndarray) -> dict[str, float]:
@@ -294,4 +304,5 @@ def summary_line(result: dict[str, Any]) -> str:
     return (
         f"a membership-inference attacker: TPR <= {_pct(result['tpr_at_fpr_1pct'])} at FPR 1%, <= "
         f"{_pct(result['tpr_at_fpr_10pct'])} at FPR 10% ({how}, both orderings; {alone})"
+        + ("; NOT private: " + result["note"] if result.get("certified") is False else "")
     )

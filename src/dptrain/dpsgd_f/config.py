@@ -44,6 +44,12 @@ def validate(cfg: RunConfig) -> None:
             "a finite number > 0 (C_F)",
             pre.feature_norm,
         )
+    if pre.active and cfg.training.augment:  # (refused before any private statistic: the trainer would see flat rows)
+        what = "normalized" if pre.kind == "none" else "normalized and privately centered"
+        raise ConfigError(
+            f"training.augment views images, and [preprocessing] turns them into flat, {what} feature vectors "
+            "before training: use one or the other"
+        )
     if pre.kind == "none":
         for key in ("eps_f", "quantile_tail"):
             if getattr(pre, key) is not None:

@@ -15,6 +15,12 @@ Privacy: every theta_s is a release of a run whose every iterate is released (DP
 post-processing: it spends nothing and writes nothing in the ledger. A run releasing only its last iterate (projected
 noisy SGD) is refused: its intermediate iterates are not releases.
 
+Precision: the average is kept in at least float32 (``torch.promote_types(dtype, float32)``: float64 parameters in
+float64), whatever the parameters' dtype. In a bfloat16 or float16 model each step moves the average by w_t (theta_t -
+ema), about (1 - beta) times the distance the model travels in 1 / (1 - beta) steps, far below half a unit in the last
+place of bfloat16 (2^-9 of the value): rounded to the parameter's dtype every step, the average would stay at the first
+iterate. It is rounded to the parameters' dtype only where it is applied (evaluated or saved).
+
 Buffers are not averaged: the averaged model uses the current model's buffers (and frozen parameters). A buffer is not
 trained by the gradient: in a private run it is constant (a buffer a training-mode forward writes from the batch is
 refused, :mod:`dptrain.preflight.buffers`), so averaging it would change nothing, and where the user kept one
@@ -39,14 +45,20 @@ def check_decay(decay) -> float:
     return float(decay)
 
 
+def average_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the average of parameters of ``dtype`` is kept in: at least float32 (bfloat16, float16 -> float32)."""
+    return torch.promote_types(dtype, torch.float32)
+
+
 class WeightAverage:
     """The EMA of a model's trainable parameters ``params`` (name -> parameter), updated after each released step."""
 
     def __init__(self, params: dict[str, torch.Tensor], decay: float):
         self.decay = check_decay(decay)
         self.params = params
-        # (ema_0 = theta_0: its weight in ema_t is 0 by the correction; a copy keeps the shapes, dtypes and devices)
-        self.averages = {n: p.detach().clone() for n, p in params.items()}
+        # (ema_0 = theta_0: its weight in ema_t is 0 by the correction; a copy keeps the shapes and devices, in at
+        # least float32: :func:`average_dtype`)
+        self.averages = {n: p.detach().to(average_dtype(p.dtype), copy=True) for n, p in params.items()}
 
     def weight(self, step: int) -> float:
         """w_t = (1 - beta) / (1 - beta^t) for step t >= 1 (computed in float64; 1 at t = 1)."""
@@ -57,7 +69,8 @@ class WeightAverage:
         """Fold in the iterate the step ``step`` (from 1) released: ema += w_t (theta_t - ema)."""
         w = 1.0 if step == 1 else self.weight(step)
         names = list(self.averages)
-        torch._foreach_lerp_([self.averages[n] for n in names], [self.params[n].detach() for n in names], w)
+        iterates = [self.params[n].detach().to(self.averages[n].dtype) for n in names]  # (no copy when the dtypes agree)
+        torch._foreach_lerp_([self.averages[n] for n in names], iterates, w)
 
     @contextlib.contextmanager
     def applied(self):
@@ -88,4 +101,4 @@ class WeightAverage:
             self.averages[n].copy_(t)
 
 
-__all__ = ["WeightAverage", "check_decay"]
+__all__ = ["WeightAverage", "average_dtype", "check_decay"]

@@ -59,6 +59,8 @@ def attacker_text(bound: dict) -> str:
     how = f"mu-GDP, mu = {bound['mu_gdp']:.3g}" if bound.get("mu_gdp") is not None else bound["accountant"]
     if bound.get("tightened_by"):
         how += f", or {bound['tightened_by']['accountant']}'s epsilon {bound['tightened_by']['epsilon']:.4g} where lower"
+    if bound.get("certified") is False:  # (a run that is not private: what its ledger's mechanism would give)
+        how += "; NOT private: not a bound on this run, what it would be with secret randomness"
     return (
         f"membership inference: TPR <= {100 * bound['tpr_at_fpr_1pct']:.3g}% at FPR 1%, "
         f"<= {100 * bound['tpr_at_fpr_10pct']:.3g}% at FPR 10% ({how})"

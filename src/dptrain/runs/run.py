@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dptrain.accounting import AUTO, Ledger, all_reports
-from dptrain.accounting.membership import compact, membership_inference
+from dptrain.accounting.membership import compact, membership_inference, no_profile
 from dptrain.config import (
     RunConfig,
     load_config,
@@ -392,8 +392,8 @@ def attacker_bound(ledger: Ledger, delta: float) -> dict:
     highest true-positive rate at a false-positive rate of 1% and 10%, or why there is none."""
     try:
         return compact(membership_inference(ledger, delta))
-    except AccountingError as e:  # e.g. a ledger with no release yet
-        return {"tpr_at_fpr_1pct": None, "tpr_at_fpr_10pct": None, "no_profile": str(e)}
+    except AccountingError as e:  # (membership_inference's own refusals name no profile: its delta, for one)
+        return compact(no_profile(str(e)))
 
 
 def _summary(job: Job, rd: RunDirectory, final: dict | None, wall: float, finished: bool) -> dict:

@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from dptrain.errors import ConfigError, DataError
+from dptrain.numbers import number_problem
 from dptrain.stages.gradient_factors import (
     PerExampleGrads,
     _EmbeddingFactors,
@@ -69,8 +70,8 @@ class Augmentation:
     def __post_init__(self) -> None:
         for key, minimum in (("multiplicity", 1), ("crop_padding", 0)):
             v = getattr(self, key)
-            if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-                raise ConfigError(f"training.augment.{key} must be an integer >= {minimum}, got {v!r}")
+            if isinstance(v, bool) or not isinstance(v, int) or v < minimum or number_problem(v) is not None:
+                raise ConfigError(f"training.augment.{key} must be an integer >= {minimum} that fits in 64 bits, got {v!r}")
         if not isinstance(self.flip, bool):
             raise ConfigError(f"training.augment.flip must be true or false, got {self.flip!r}")
 
@@ -96,8 +97,15 @@ def make_augmentation(spec) -> Augmentation | None:
     return Augmentation(**spec)
 
 
-def check_flip_fits(augmentation: Augmentation | None, dataset: str) -> None:
-    """Refuse a horizontal flip on a built-in data set whose classes it changes (digits)."""
+def check_fits(augmentation: Augmentation | None, dataset: str, features: str = "none") -> None:
+    """Refuse, from the config alone, augmentation where it cannot apply: images replaced by feature maps computed
+    once from the un-augmented images (``data.features``), a horizontal flip on a built-in data set whose classes it
+    changes (digits)."""
+    if augmentation is not None and features != "none":
+        raise ConfigError(
+            f"training.augment views images, and data.features = {features!r} trains on feature maps computed once "
+            "from the un-augmented images: use one or the other"
+        )
     if augmentation is not None and augmentation.flip and dataset in NOT_MIRROR_SYMMETRIC:
         raise ConfigError(
             f"training.augment.flip = true mirrors the images of {dataset}, whose classes (digits) a mirror changes; "
@@ -275,7 +283,7 @@ __all__ = [
     "AUGMENT_KEYS",
     "Augmentation",
     "Multiplicity",
-    "check_flip_fits",
+    "check_fits",
     "check_images",
     "make_augmentation",
     "mean_of_views",
