@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from unittest.mock import patch
 
 import numpy as np
 import pytest
@@ -261,6 +262,9 @@ def test_bad_inputs_one_line_errors(data, tmp_path, capsys):
         )
     with pytest.raises(ConfigError, match="eps_f"):
         _run(data, "private_mean", eps_f=1.0)
+    with pytest.raises(ConfigError, match="augment views images"):  # before the private mean is computed
+        with patch("dptrain.dpsgd_f.algorithm.prepare", side_effect=AssertionError("a statistic was computed")):
+            _run(data, "private_mean", eps_f=0.1, augment={"multiplicity": 2})
     with pytest.raises(ConfigError, match="feature_norm"):
         make_private_dpsgd_f(
             build_model("logistic", (20,), 3),

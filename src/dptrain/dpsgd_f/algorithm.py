@@ -473,6 +473,11 @@ def make_private_dpsgd_f(
     only once tau is released), e.g. for a learning rate scaled by 1/C^2. ``kind="none"`` is plain DP-SGD on
     C_F-normalized features (the paper's DPSGD baseline). ``lipschitz`` is G of the loss in the scores (Alg. 2's
     clip norm sqrt(2) G tau; default: softmax cross-entropy's sqrt(2); 1 for the hinge loss). Options go to :func:`dptrain.engine.api.make_private`."""
+    if options.get("augment"):  # (refused before any private statistic, as the config refuses it)
+        raise ConfigError(
+            "augment views images, and DPSGD-F's preprocessing turns them into flat feature vectors before "
+            "training: use one or the other"
+        )
     x, y = as_tensors(data)
     randomness = Randomness(seed, secure=secure_noise)
     prep = prepare(
