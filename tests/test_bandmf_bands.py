@@ -58,3 +58,24 @@ def test_candidates_are_public_powers_of_two():
         choose_bands(100, 1.5, 1.0, DELTA)
     with pytest.raises(AccountingError, match="epsilon must be a finite number > 0"):
         rmse_ratio(100, 0.01, -1.0, DELTA, 2)
+
+
+
+def test_a_budget_only_rdp_reaches_is_ranked_by_rdp_not_refused(monkeypatch):
+    """pld's discretization cannot reach some budgets below a noise multiplier of 1e4 (epsilon 1e-3 over 1000 steps at
+    q = 0.01: pld > 1e4, rdp 658; epsilon 20 at delta 1e-30), where DP-SGD's calibration and a given b's fall back to
+    rdp. Ranking the candidates of bands="auto" must use the same accountants (before: refused, "needs a noise
+    multiplier above 1e4", where DP-SGD calibrates). Here pld is made to reach no budget at all: a candidate's sigma
+    is then rdp's, the smallest that rdp certifies."""
+    from dptrain.accounting.bandmf_bands import _search_noise_multiplier
+    from dptrain.accounting.standard import PldAccountant
+    from dptrain.errors import NoFiniteEpsilon
+
+    def unreachable(self, ledger, delta):
+        raise NoFiniteEpsilon("pld: no finite epsilon at this delta")
+
+    monkeypatch.setattr(PldAccountant, "report", unreachable)
+    sigma = _search_noise_multiplier(0.5, DELTA, 0.01, 3, 2)
+    ledger = bandmf_ledger(sigma, 0.01, 3, (1.0, 0.0))
+    assert epsilon(ledger, DELTA, "rdp").epsilon <= 0.5
+    assert epsilon(bandmf_ledger(sigma * (1 - 1e-4), 0.01, 3, (1.0, 0.0)), DELTA, "rdp").epsilon > 0.5

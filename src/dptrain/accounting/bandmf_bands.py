@@ -34,7 +34,7 @@ from dptrain.accounting.bandmf_strategy import (
 from dptrain.accounting.base import get_accountant
 from dptrain.accounting.calibration import calibrate_noise
 from dptrain.accounting.checks import check_delta, check_epsilon
-from dptrain.errors import AccountingError, NoFiniteEpsilon
+from dptrain.errors import AccountingError
 
 #: The accountant that ranks the candidates of :func:`choose_bands` (its search grid): the tightest at usual budgets.
 ACCOUNTANT = "pld"
@@ -84,20 +84,36 @@ def _search_noise_multiplier(
     epsilon: float, delta: float, sampling_rate: float, steps: int, bands: int, guess: float = 1.0
 ) -> float:
     """sigma from pld's search variant (its coarser grid, epsilon within 2e-4 of pld's on DP-SGD ledgers) or rdp's,
-    the smaller: what :func:`choose_bands` ranks the candidates with; the chosen b is then calibrated by
-    :func:`bandmf_noise_multiplier`. ``guess``: where the bracket starts (the previous candidate's sigma).
+    the smaller (rdp's alone where pld reaches the budget with no sigma up to 1e4, as in
+    :func:`bandmf_noise_multiplier`): what :func:`choose_bands` ranks the candidates with; the chosen b is then
+    calibrated by :func:`bandmf_noise_multiplier`. ``guess``: where the bracket starts (the previous candidate's sigma).
     Memoized."""
     key = (epsilon, delta, sampling_rate, steps, bands)
     if key in _SEARCHED:
         return _SEARCHED[key]
-    search = get_accountant(ACCOUNTANT).for_search()
     ledger = functools.partial(bandmf_ledger, sampling_rate=sampling_rate, steps=steps, coefficients=_first_band(bands))
+    try:  # pld's search grid, then rdp where it is the tighter (one rdp evaluation)
+        sigma = _rdp_if_tighter(_pld_search_root(epsilon, delta, ledger, guess), epsilon, delta, ledger, 1e-5)
+    except AccountingError as by_pld:  # a budget pld does not reach below 1e4 (far below its discretization): rdp's
+        try:
+            sigma = calibrate_noise(epsilon, delta, ledger, "rdp", 1e-5, start=guess)
+        except AccountingError as by_rdp:
+            raise AccountingError(f"{ACCOUNTANT}: {by_pld}; rdp: {by_rdp}") from None
+    if len(_SEARCHED) > 4096:
+        _SEARCHED.clear()
+    _SEARCHED[key] = sigma
+    return sigma
+
+
+def _pld_search_root(epsilon: float, delta: float, ledger, guess: float) -> float:
+    """The sigma at which pld's search variant spends ``epsilon`` on ``ledger(sigma)``; refused above 1e4."""
+    search = get_accountant(ACCOUNTANT).for_search()
 
     @functools.cache
     def gap(sigma: float) -> float:  # cached: brentq re-evaluates its bracket's ends
         try:
             return min(search.report(ledger(sigma), delta).epsilon, 1e6) - epsilon
-        except NoFiniteEpsilon:
+        except AccountingError:  # (NoFiniteEpsilon, or a discretization pld refuses: not met at this sigma)
             return 1e6
 
     # bracket from the guess and a secant-like second point (epsilon falls roughly like 1/sigma), then widen
@@ -110,12 +126,7 @@ def _search_noise_multiplier(
             raise AccountingError(f"epsilon={epsilon} at delta={delta} needs a noise multiplier above 1e4")
     while gap(lo) <= 0:
         hi, lo = lo, lo / 1.5
-    # rank with the smaller of pld's and rdp's, as the run calibrates
-    sigma = _rdp_if_tighter(float(optimize.brentq(gap, lo, hi, rtol=1e-5)), epsilon, delta, ledger, 1e-5)
-    if len(_SEARCHED) > 4096:
-        _SEARCHED.clear()
-    _SEARCHED[key] = sigma
-    return sigma
+    return float(optimize.brentq(gap, lo, hi, rtol=1e-5))
 
 
 def _check(steps, sampling_rate, epsilon, delta) -> tuple[int, float, float, float]:
