@@ -128,3 +128,19 @@ def test_refusals_are_one_line():
         with pytest.raises(AccountingError, match=match) as info:
             bad()
         assert "\n" not in str(info.value)
+
+
+def test_the_coefficients_do_not_depend_on_the_number_of_blas_threads():
+    """The coefficients are a public number of the run, in its ledger and its checkpoint: a run resumed on a machine
+    with another number of cores, or under torchrun (one thread per rank), computes them again and must find the
+    same bits, or its checkpoint is refused ("coefficients differ"). OpenBLAS splits a long dot product over its
+    threads (T = 16384: other last bits with 1 and 2 threads, before)."""
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    from dptrain.accounting import bandmf_strategy
+
+    found = []
+    for threads in (1, 2):
+        with threadpoolctl.threadpool_limits(threads):
+            bandmf_strategy._optimal.cache_clear()
+            found.append(optimal_coefficients(16384, 4).tobytes())
+    assert found[0] == found[1]

@@ -44,6 +44,15 @@ from dptrain.errors import AccountingError
 MAX_BANDS = 4096
 
 
+def _dot(x: np.ndarray, y: np.ndarray) -> float:
+    """sum_i x_i y_i by numpy's pairwise summation, never BLAS: OpenBLAS splits a long dot product over its threads,
+    so its last bits depend on how many there are, and so would the optimized coefficients (T = 20000, b = 64: other
+    bits with 1 and 2 threads). The coefficients are a public number of the run, recorded in its ledger: a run resumed
+    on another machine or under torchrun (one thread per rank) must compute the same ones, or its checkpoint is
+    refused."""
+    return float(np.multiply(x, y).sum())
+
+
 # --- workloads ------------------------------------------------------------------------------------------------
 
 
@@ -100,7 +109,7 @@ class Workload:
     def frobenius_squared(self, steps: int) -> float:
         """||A||_F^2 = sum_k (T - k) a_k^2: DP-SGD's error (C = I)."""
         a = self.first_column(steps)
-        return float(np.dot(steps - np.arange(steps), a * a))
+        return _dot(steps - np.arange(steps), a * a)
 
 
 PREFIX_SUMS = Workload("prefix")
@@ -163,7 +172,7 @@ def workload_error(coefficients, steps: int, workload: Workload = PREFIX_SUMS) -
         return math.inf
     with np.errstate(over="ignore", invalid="ignore"):
         v = workload.apply(u)
-        value = float(np.dot(c, c) * np.dot(steps - np.arange(steps), v * v))
+        value = _dot(c, c) * _dot(steps - np.arange(steps), v * v)
     return value if math.isfinite(value) else math.inf
 
 
@@ -211,7 +220,7 @@ def error_and_gradient(coefficients, steps: int, workload: Workload = PREFIX_SUM
     full[:n] = u
     v = workload.apply(full)
     weights = steps - np.arange(steps, dtype=float)
-    g = float(np.dot(weights, v * v))
+    g = _dot(weights, v * v)
     h = workload.apply_transpose(weights * v)
     # s = u * u (power series), exact up to 2n - 1 terms of the decayed u; correlation sum_m s_m h_{m+j}, j < b.
     reach = min(steps, 2 * n - 1)
@@ -222,7 +231,7 @@ def error_and_gradient(coefficients, steps: int, workload: Workload = PREFIX_SUM
     m = min(steps, reach + b)
     hh[:m] = h[:m]
     corr = fft.irfft(fft.rfft(hh, size) * np.conj(fft.rfft(s, size)), size)[:b]
-    norm2 = float(np.dot(c, c))
+    norm2 = _dot(c, c)
     return norm2 * g, 2.0 * c * g + norm2 * (-2.0 * corr)
 
 
@@ -240,10 +249,10 @@ def square_root_coefficients(bands: int, workload: Workload = PREFIX_SUMS) -> np
     r = np.zeros(bands)
     r[0] = math.sqrt(a[0])
     for k in range(1, bands):
-        r[k] = (a[k] - np.dot(r[1:k], r[k - 1 : 0 : -1])) / (2 * r[0])
+        r[k] = (a[k] - _dot(r[1:k], r[k - 1 : 0 : -1])) / (2 * r[0])
     if not (np.all(np.isfinite(r)) and r[0] > 0):
         return np.eye(bands)[0]
-    return r / np.linalg.norm(r)
+    return r / math.sqrt(_dot(r, r))
 
 
 @functools.lru_cache(maxsize=256)
@@ -266,7 +275,7 @@ def _optimal(steps: int, bands: int, workload: Workload) -> tuple[float, ...]:
         method="L-BFGS-B",
         options={"maxiter": 500, "ftol": 1e-12, "gtol": 1e-10},
     )
-    c = result.x / (np.sign(result.x[0]) * np.linalg.norm(result.x))
+    c = result.x / (np.sign(result.x[0]) * math.sqrt(_dot(result.x, result.x)))
     if not (np.all(np.isfinite(c)) and c[0] > 0 and workload_error(c, steps, workload) <= workload_error(start, steps, workload)):
         c = start
     return tuple(float(x) for x in c)
