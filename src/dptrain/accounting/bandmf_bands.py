@@ -216,14 +216,24 @@ def choose_bands(
 ) -> BandsChoice:
     """The number of bands minimizing :func:`rmse_ratio` among :func:`candidate_bands`, from public quantities only
     (T, q, epsilon, delta, the workload): the choice reveals nothing about the data. Candidates are ranked with pld's
-    search grid; the chosen b's sigma and ratio are then calibrated by :func:`bandmf_noise_multiplier`. Calibrations
-    and coefficients are memoized, so a second call (a CLI command, a test) is immediate."""
+    search grid; the chosen b's sigma and ratio are then calibrated by :func:`bandmf_noise_multiplier`. A b that no
+    calibration reaches (the budget needs a noise multiplier above 1e4 with b bands) is left out of ``candidates``;
+    the budget is refused only where DP-SGD's (b = 1) is. Calibrations and coefficients are memoized, so a second
+    call (a CLI command, a test) is immediate."""
     steps, q, epsilon, delta = _check(steps, sampling_rate, epsilon, delta)
     dpsgd = workload.frobenius_squared(steps)
     ratios, sigmas = {}, {}
     for b in candidate_bands(steps, q, max_bands):
+        try:
+            sigmas[b] = _search_noise_multiplier(epsilon, delta, q, steps, b, 1.2 * sigmas.get(b // 2, 0.83))
+        except AccountingError:
+            if b == 1:  # DP-SGD itself cannot meet the budget: refused, as its calibration is
+                raise
+            # no calibration reaches the budget with b bands: a candidate the run could not take, not a refusal of
+            # the budget (epsilon 4e-4 over 1000 steps at q = 0.01: b = 1 at sigma 1375, b = 64 beyond 1e4); larger
+            # b need more noise still (ceil(T/b) participations at the less amplified rate b q)
+            break
         error = workload_error(optimal_coefficients(steps, b, workload), steps, workload) / dpsgd
-        sigmas[b] = _search_noise_multiplier(epsilon, delta, q, steps, b, 1.2 * sigmas.get(b // 2, 0.83))
         ratios[b] = sigmas[b] / sigmas[1] * math.sqrt(error)
     best = min(ratios, key=ratios.get)
     return BandsChoice(
