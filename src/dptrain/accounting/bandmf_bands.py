@@ -27,6 +27,7 @@ from dptrain.accounting.bandmf_ledger import bandmf_ledger, group_sampling_rate
 from dptrain.accounting.bandmf_strategy import (
     PREFIX_SUMS,
     Workload,
+    check_horizon,
     check_steps,
     optimal_coefficients,
     workload_error,
@@ -130,7 +131,7 @@ def _pld_search_root(epsilon: float, delta: float, ledger, guess: float) -> floa
 
 
 def _check(steps, sampling_rate, epsilon, delta) -> tuple[int, float, float, float]:
-    steps = check_steps(steps)
+    steps = check_horizon(steps)
     group_sampling_rate(sampling_rate, 1)  # a number in (0, 1]
     return steps, float(sampling_rate), check_epsilon(epsilon), check_delta(delta)
 

@@ -42,6 +42,9 @@ from dptrain.errors import AccountingError
 
 #: The largest number of bands the optimizer takes (b - 1 noise vectors of the model's size are the engine's state).
 MAX_BANDS = 4096
+#: The most steps the coefficients are optimized (and their error computed) for: the objective holds vectors of T
+#: doubles (about 0.55 GB at the peak of ``dptrain account --bands 4`` at 10^7 steps; 10^9 steps would need ~50 GB).
+MAX_STEPS = 10**7
 
 
 def _dot(x: np.ndarray, y: np.ndarray) -> float:
@@ -149,11 +152,23 @@ def check_steps(steps: int, key: str = "steps") -> int:
     return int(steps)
 
 
+def check_horizon(steps: int) -> int:
+    """``steps`` for the objective, whose vectors hold T doubles: at most MAX_STEPS, else a one-line refusal (not a
+    memory error)."""
+    steps = check_steps(steps)
+    if steps > MAX_STEPS:
+        raise AccountingError(
+            f"BandMF's coefficients are optimized over every step of the run, in memory: at most {MAX_STEPS:.0e} steps "
+            f"(about 60 bytes a step), got {steps}"
+        )
+    return steps
+
+
 def inverse_column(coefficients, steps: int) -> np.ndarray:
     """u = C^{-1} e_0 (length ``steps``): the first column of C^{-1}, which is lower-triangular Toeplitz, by the
     recurrence u_t = (1[t = 0] - sum_{j>=1} c_j u_{t-j}) / c_0 (Choquette-Choo et al., "(Amplified) Banded Matrix
     Factorization", the streamed noise of Algorithm 9 applied to e_0)."""
-    c, steps = check_coefficients(coefficients), check_steps(steps)
+    c, steps = check_coefficients(coefficients), check_horizon(steps)
     impulse = np.zeros(steps)
     impulse[0] = 1.0
     with np.errstate(over="ignore", invalid="ignore"):
@@ -165,7 +180,7 @@ def workload_error(coefficients, steps: int, workload: Workload = PREFIX_SUMS) -
     sensitivity of C (its column norm ||c||, :mod:`dptrain.accounting.bandmf_sensitivity`) normalized to 1
     (Choquette-Choo et al., "(Amplified) Banded Matrix Factorization", the loss sens(C)^2 ||A C^{-1}||_F^2 their
     banded strategies minimize, Sec. 3-4). c = [1] (DP-SGD) gives ||A||_F^2. Infinite when C^{-1} overflows."""
-    c, steps = check_coefficients(coefficients), check_steps(steps)
+    c, steps = check_coefficients(coefficients), check_horizon(steps)
     c = c[:steps]
     u = inverse_column(c, steps)
     if not np.all(np.isfinite(u)):
@@ -208,7 +223,7 @@ def _inverse_until_decayed(c: np.ndarray, steps: int) -> np.ndarray | None:
 def error_and_gradient(coefficients, steps: int, workload: Workload = PREFIX_SUMS) -> tuple[float, np.ndarray]:
     """(E(c), dE/dc) of :func:`workload_error` (the derivation is in the module's docstring): O(T b) for the
     recurrence, O(T) for a rational workload, O(T log T) for the FFTs. (inf, 0) when C^{-1} overflows."""
-    c, steps = check_coefficients(coefficients), check_steps(steps)
+    c, steps = check_coefficients(coefficients), check_horizon(steps)
     b = len(c)
     if b > steps:
         raise AccountingError(f"a {b}-band C for {steps} steps: the bands must be at most the steps")
@@ -290,6 +305,8 @@ def optimal_coefficients(steps: int, bands: int, workload: Workload = PREFIX_SUM
     The optimum is for a constant learning rate (see :class:`Workload` for schedules)."""
     steps = check_steps(steps)
     bands = check_steps(bands, "bands")
+    if bands > 1:  # (one band is DP-SGD, c = [1], at any length)
+        check_horizon(steps)
     if bands > min(steps, MAX_BANDS):
         raise AccountingError(
             f"bands must be at most the steps ({steps}) and at most {MAX_BANDS} (the noise state is b - 1 vectors "
