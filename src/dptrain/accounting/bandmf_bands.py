@@ -35,7 +35,7 @@ from dptrain.accounting.bandmf_strategy import (
 from dptrain.accounting.base import get_accountant
 from dptrain.accounting.calibration import calibrate_noise
 from dptrain.accounting.checks import check_delta, check_epsilon
-from dptrain.errors import AccountingError
+from dptrain.errors import AccountingError, NoFiniteEpsilon
 
 #: The accountant that ranks the candidates of :func:`choose_bands` (its search grid): the tightest at usual budgets.
 ACCOUNTANT = "pld"
@@ -114,7 +114,7 @@ def _pld_search_root(epsilon: float, delta: float, ledger, guess: float) -> floa
     def gap(sigma: float) -> float:  # cached: brentq re-evaluates its bracket's ends
         try:
             return min(search.report(ledger(sigma), delta).epsilon, 1e6) - epsilon
-        except AccountingError:  # (NoFiniteEpsilon, or a discretization pld refuses: not met at this sigma)
+        except NoFiniteEpsilon:  # (any other refusal ends pld's search: rdp's calibration is then the answer)
             return 1e6
 
     # bracket from the guess and a secant-like second point (epsilon falls roughly like 1/sigma), then widen
