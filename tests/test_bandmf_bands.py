@@ -58,3 +58,46 @@ def test_candidates_are_public_powers_of_two():
         choose_bands(100, 1.5, 1.0, DELTA)
     with pytest.raises(AccountingError, match="epsilon must be a finite number > 0"):
         rmse_ratio(100, 0.01, -1.0, DELTA, 2)
+
+
+
+def test_a_budget_only_rdp_reaches_is_ranked_by_rdp_not_refused(monkeypatch):
+    """pld's discretization cannot reach some budgets below a noise multiplier of 1e4 (epsilon 1e-3 over 1000 steps at
+    q = 0.01: pld > 1e4, rdp 658; epsilon 20 at delta 1e-30), where DP-SGD's calibration and a given b's fall back to
+    rdp. Ranking the candidates of bands="auto" must use the same accountants (before: refused, "needs a noise
+    multiplier above 1e4", where DP-SGD calibrates). Here pld is made to reach no budget at all: a candidate's sigma
+    is then rdp's, the smallest that rdp certifies."""
+    from dptrain.accounting.bandmf_bands import _search_noise_multiplier
+    from dptrain.accounting.standard import PldAccountant
+    from dptrain.errors import NoFiniteEpsilon
+
+    def unreachable(self, ledger, delta):
+        raise NoFiniteEpsilon("pld: no finite epsilon at this delta")
+
+    monkeypatch.setattr(PldAccountant, "report", unreachable)
+    sigma = _search_noise_multiplier(1.0, DELTA, 0.5, 2, 2)  # (b q = 1: one Gaussian release, rdp is quick)
+    assert epsilon(bandmf_ledger(sigma, 0.5, 2, (1.0, 0.0)), DELTA, "rdp").epsilon <= 1.0
+    assert epsilon(bandmf_ledger(sigma * (1 - 1e-4), 0.5, 2, (1.0, 0.0)), DELTA, "rdp").epsilon > 1.0
+
+
+def test_a_b_no_calibration_reaches_is_left_out_not_a_refusal_of_the_budget(monkeypatch):
+    """epsilon 4e-4 over 1000 steps at q = 0.01: DP-SGD needs sigma 1375 (rdp), b = 64 more than 1e4. bands="auto"
+    refused the whole budget (the b = 64 search's refusal) where b = 1 certifies it; a candidate that cannot be
+    calibrated is left out. Here b >= 2 is made unreachable: the choice is b = 1, DP-SGD, calibrated."""
+    from dptrain.accounting import bandmf_bands
+
+    search = bandmf_bands._search_noise_multiplier
+
+    def reaches_one_band_only(epsilon, delta, q, steps, bands, guess=1.0):
+        if bands > 1:
+            raise AccountingError(f"epsilon={epsilon} at delta={delta} needs a noise multiplier above 1e4")
+        return search(epsilon, delta, q, steps, bands, guess)
+
+    monkeypatch.setattr(bandmf_bands, "_search_noise_multiplier", reaches_one_band_only)
+    chosen = choose_bands(3, 0.01, 0.5, DELTA)  # (candidates 1 and 2)
+    assert chosen.bands == 1 and chosen.candidates == {1: 1.0} and chosen.coefficients == (1.0,)
+    assert chosen.noise_multiplier == bandmf_noise_multiplier(0.5, DELTA, 0.01, 3, 1)
+    monkeypatch.setattr(bandmf_bands, "_search_noise_multiplier", lambda *a, **k: (_ for _ in ()).throw(
+        AccountingError("epsilon=0.25 at delta=1e-05 needs a noise multiplier above 1e4")))
+    with pytest.raises(AccountingError, match="above 1e4"):  # DP-SGD's own refusal: the budget is refused
+        choose_bands(3, 0.01, 0.25, DELTA)

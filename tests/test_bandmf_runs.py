@@ -248,6 +248,7 @@ def test_account_and_calibrate_take_bands(capsys):
         (("account", "--noise-multiplier", "1", "--bands", "2", "--sampling", "full", "--sampling-rate", "1"),
          "--sampling must be poisson"),
         (("calibrate", "--epsilon", "1", "--bands", "2", "--momentum", "1.5"), "--momentum must be in"),
+        (("account", "--noise-multiplier", "1", "--bands", "4", "--steps", "1000000000000"), "at most 1e+07 steps"),
     ],
 )
 def test_cli_refusals_are_one_line(capsys, flags, message):

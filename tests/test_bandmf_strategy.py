@@ -128,3 +128,33 @@ def test_refusals_are_one_line():
         with pytest.raises(AccountingError, match=match) as info:
             bad()
         assert "\n" not in str(info.value)
+
+
+def test_the_coefficients_do_not_depend_on_the_number_of_blas_threads():
+    """The coefficients are a public number of the run, in its ledger and its checkpoint: a run resumed on a machine
+    with another number of cores, or under torchrun (one thread per rank), computes them again and must find the
+    same bits, or its checkpoint is refused ("coefficients differ"). OpenBLAS splits a long dot product over its
+    threads (T = 16384: other last bits with 1 and 2 threads, before)."""
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    from dptrain.accounting import bandmf_strategy
+
+    found = []
+    for threads in (1, 2):
+        with threadpoolctl.threadpool_limits(threads):
+            bandmf_strategy._optimal.cache_clear()
+            found.append(optimal_coefficients(16384, 4).tobytes())
+    assert found[0] == found[1]
+
+
+def test_more_steps_than_the_objective_holds_in_memory_is_a_one_line_refusal():
+    """The objective holds vectors of T doubles: 10^9 steps (``dptrain account --bands 4 --steps 1000000000``, which
+    DP-SGD accounts) needed ~50 GB and ended in a MemoryError or the OOM killer; 10^12 fails at once. Refused in one
+    line beyond MAX_STEPS; one band (DP-SGD, c = [1]) needs no optimization at any length."""
+    from dptrain.accounting import choose_bands, rmse_ratio
+
+    for call in (lambda: optimal_coefficients(10**12, 4), lambda: workload_error([0.8, 0.6], 10**12),
+                 lambda: choose_bands(10**12, 1e-6, 3.0, 1e-5), lambda: rmse_ratio(10**12, 1e-6, 3.0, 1e-5, 1)):
+        with pytest.raises(AccountingError, match=r"at most 1e\+07 steps") as e:
+            call()
+        assert "\n" not in str(e.value)
+    assert list(optimal_coefficients(10**12, 1)) == [1.0]

@@ -27,6 +27,7 @@ from dptrain.accounting.bandmf_ledger import bandmf_ledger, group_sampling_rate
 from dptrain.accounting.bandmf_strategy import (
     PREFIX_SUMS,
     Workload,
+    check_horizon,
     check_steps,
     optimal_coefficients,
     workload_error,
@@ -84,20 +85,36 @@ def _search_noise_multiplier(
     epsilon: float, delta: float, sampling_rate: float, steps: int, bands: int, guess: float = 1.0
 ) -> float:
     """sigma from pld's search variant (its coarser grid, epsilon within 2e-4 of pld's on DP-SGD ledgers) or rdp's,
-    the smaller: what :func:`choose_bands` ranks the candidates with; the chosen b is then calibrated by
-    :func:`bandmf_noise_multiplier`. ``guess``: where the bracket starts (the previous candidate's sigma).
+    the smaller (rdp's alone where pld reaches the budget with no sigma up to 1e4, as in
+    :func:`bandmf_noise_multiplier`): what :func:`choose_bands` ranks the candidates with; the chosen b is then
+    calibrated by :func:`bandmf_noise_multiplier`. ``guess``: where the bracket starts (the previous candidate's sigma).
     Memoized."""
     key = (epsilon, delta, sampling_rate, steps, bands)
     if key in _SEARCHED:
         return _SEARCHED[key]
-    search = get_accountant(ACCOUNTANT).for_search()
     ledger = functools.partial(bandmf_ledger, sampling_rate=sampling_rate, steps=steps, coefficients=_first_band(bands))
+    try:  # pld's search grid, then rdp where it is the tighter (one rdp evaluation)
+        sigma = _rdp_if_tighter(_pld_search_root(epsilon, delta, ledger, guess), epsilon, delta, ledger, 1e-5)
+    except AccountingError as by_pld:  # a budget pld does not reach below 1e4 (far below its discretization): rdp's
+        try:
+            sigma = calibrate_noise(epsilon, delta, ledger, "rdp", 1e-5, start=guess)
+        except AccountingError as by_rdp:
+            raise AccountingError(f"{ACCOUNTANT}: {by_pld}; rdp: {by_rdp}") from None
+    if len(_SEARCHED) > 4096:
+        _SEARCHED.clear()
+    _SEARCHED[key] = sigma
+    return sigma
+
+
+def _pld_search_root(epsilon: float, delta: float, ledger, guess: float) -> float:
+    """The sigma at which pld's search variant spends ``epsilon`` on ``ledger(sigma)``; refused above 1e4."""
+    search = get_accountant(ACCOUNTANT).for_search()
 
     @functools.cache
     def gap(sigma: float) -> float:  # cached: brentq re-evaluates its bracket's ends
         try:
             return min(search.report(ledger(sigma), delta).epsilon, 1e6) - epsilon
-        except NoFiniteEpsilon:
+        except NoFiniteEpsilon:  # (any other refusal ends pld's search: rdp's calibration is then the answer)
             return 1e6
 
     # bracket from the guess and a secant-like second point (epsilon falls roughly like 1/sigma), then widen
@@ -110,16 +127,11 @@ def _search_noise_multiplier(
             raise AccountingError(f"epsilon={epsilon} at delta={delta} needs a noise multiplier above 1e4")
     while gap(lo) <= 0:
         hi, lo = lo, lo / 1.5
-    # rank with the smaller of pld's and rdp's, as the run calibrates
-    sigma = _rdp_if_tighter(float(optimize.brentq(gap, lo, hi, rtol=1e-5)), epsilon, delta, ledger, 1e-5)
-    if len(_SEARCHED) > 4096:
-        _SEARCHED.clear()
-    _SEARCHED[key] = sigma
-    return sigma
+    return float(optimize.brentq(gap, lo, hi, rtol=1e-5))
 
 
 def _check(steps, sampling_rate, epsilon, delta) -> tuple[int, float, float, float]:
-    steps = check_steps(steps)
+    steps = check_horizon(steps)
     group_sampling_rate(sampling_rate, 1)  # a number in (0, 1]
     return steps, float(sampling_rate), check_epsilon(epsilon), check_delta(delta)
 
@@ -205,14 +217,24 @@ def choose_bands(
 ) -> BandsChoice:
     """The number of bands minimizing :func:`rmse_ratio` among :func:`candidate_bands`, from public quantities only
     (T, q, epsilon, delta, the workload): the choice reveals nothing about the data. Candidates are ranked with pld's
-    search grid; the chosen b's sigma and ratio are then calibrated by :func:`bandmf_noise_multiplier`. Calibrations
-    and coefficients are memoized, so a second call (a CLI command, a test) is immediate."""
+    search grid; the chosen b's sigma and ratio are then calibrated by :func:`bandmf_noise_multiplier`. A b that no
+    calibration reaches (the budget needs a noise multiplier above 1e4 with b bands) is left out of ``candidates``;
+    the budget is refused only where DP-SGD's (b = 1) is. Calibrations and coefficients are memoized, so a second
+    call (a CLI command, a test) is immediate."""
     steps, q, epsilon, delta = _check(steps, sampling_rate, epsilon, delta)
     dpsgd = workload.frobenius_squared(steps)
     ratios, sigmas = {}, {}
     for b in candidate_bands(steps, q, max_bands):
+        try:
+            sigmas[b] = _search_noise_multiplier(epsilon, delta, q, steps, b, 1.2 * sigmas.get(b // 2, 0.83))
+        except AccountingError:
+            if b == 1:  # DP-SGD itself cannot meet the budget: refused, as its calibration is
+                raise
+            # no calibration reaches the budget with b bands: a candidate the run could not take, not a refusal of
+            # the budget (epsilon 4e-4 over 1000 steps at q = 0.01: b = 1 at sigma 1375, b = 64 beyond 1e4); larger
+            # b need more noise still (ceil(T/b) participations at the less amplified rate b q)
+            break
         error = workload_error(optimal_coefficients(steps, b, workload), steps, workload) / dpsgd
-        sigmas[b] = _search_noise_multiplier(epsilon, delta, q, steps, b, 1.2 * sigmas.get(b // 2, 0.83))
         ratios[b] = sigmas[b] / sigmas[1] * math.sqrt(error)
     best = min(ratios, key=ratios.get)
     return BandsChoice(

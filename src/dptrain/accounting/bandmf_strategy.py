@@ -42,6 +42,18 @@ from dptrain.errors import AccountingError
 
 #: The largest number of bands the optimizer takes (b - 1 noise vectors of the model's size are the engine's state).
 MAX_BANDS = 4096
+#: The most steps the coefficients are optimized (and their error computed) for: the objective holds vectors of T
+#: doubles (about 0.55 GB at the peak of ``dptrain account --bands 4`` at 10^7 steps; 10^9 steps would need ~50 GB).
+MAX_STEPS = 10**7
+
+
+def _dot(x: np.ndarray, y: np.ndarray) -> float:
+    """sum_i x_i y_i by numpy's pairwise summation, never BLAS: OpenBLAS splits a long dot product over its threads,
+    so its last bits depend on how many there are, and so would the optimized coefficients (T = 20000, b = 64: other
+    bits with 1 and 2 threads). The coefficients are a public number of the run, recorded in its ledger: a run resumed
+    on another machine or under torchrun (one thread per rank) must compute the same ones, or its checkpoint is
+    refused."""
+    return float(np.multiply(x, y).sum())
 
 
 # --- workloads ------------------------------------------------------------------------------------------------
@@ -100,7 +112,7 @@ class Workload:
     def frobenius_squared(self, steps: int) -> float:
         """||A||_F^2 = sum_k (T - k) a_k^2: DP-SGD's error (C = I)."""
         a = self.first_column(steps)
-        return float(np.dot(steps - np.arange(steps), a * a))
+        return _dot(steps - np.arange(steps), a * a)
 
 
 PREFIX_SUMS = Workload("prefix")
@@ -140,11 +152,23 @@ def check_steps(steps: int, key: str = "steps") -> int:
     return int(steps)
 
 
+def check_horizon(steps: int) -> int:
+    """``steps`` for the objective, whose vectors hold T doubles: at most MAX_STEPS, else a one-line refusal (not a
+    memory error)."""
+    steps = check_steps(steps)
+    if steps > MAX_STEPS:
+        raise AccountingError(
+            f"BandMF's coefficients are optimized over every step of the run, in memory: at most {MAX_STEPS:.0e} steps "
+            f"(about 60 bytes a step), got {steps}"
+        )
+    return steps
+
+
 def inverse_column(coefficients, steps: int) -> np.ndarray:
     """u = C^{-1} e_0 (length ``steps``): the first column of C^{-1}, which is lower-triangular Toeplitz, by the
     recurrence u_t = (1[t = 0] - sum_{j>=1} c_j u_{t-j}) / c_0 (Choquette-Choo et al., "(Amplified) Banded Matrix
     Factorization", the streamed noise of Algorithm 9 applied to e_0)."""
-    c, steps = check_coefficients(coefficients), check_steps(steps)
+    c, steps = check_coefficients(coefficients), check_horizon(steps)
     impulse = np.zeros(steps)
     impulse[0] = 1.0
     with np.errstate(over="ignore", invalid="ignore"):
@@ -156,14 +180,14 @@ def workload_error(coefficients, steps: int, workload: Workload = PREFIX_SUMS) -
     sensitivity of C (its column norm ||c||, :mod:`dptrain.accounting.bandmf_sensitivity`) normalized to 1
     (Choquette-Choo et al., "(Amplified) Banded Matrix Factorization", the loss sens(C)^2 ||A C^{-1}||_F^2 their
     banded strategies minimize, Sec. 3-4). c = [1] (DP-SGD) gives ||A||_F^2. Infinite when C^{-1} overflows."""
-    c, steps = check_coefficients(coefficients), check_steps(steps)
+    c, steps = check_coefficients(coefficients), check_horizon(steps)
     c = c[:steps]
     u = inverse_column(c, steps)
     if not np.all(np.isfinite(u)):
         return math.inf
     with np.errstate(over="ignore", invalid="ignore"):
         v = workload.apply(u)
-        value = float(np.dot(c, c) * np.dot(steps - np.arange(steps), v * v))
+        value = _dot(c, c) * _dot(steps - np.arange(steps), v * v)
     return value if math.isfinite(value) else math.inf
 
 
@@ -199,7 +223,7 @@ def _inverse_until_decayed(c: np.ndarray, steps: int) -> np.ndarray | None:
 def error_and_gradient(coefficients, steps: int, workload: Workload = PREFIX_SUMS) -> tuple[float, np.ndarray]:
     """(E(c), dE/dc) of :func:`workload_error` (the derivation is in the module's docstring): O(T b) for the
     recurrence, O(T) for a rational workload, O(T log T) for the FFTs. (inf, 0) when C^{-1} overflows."""
-    c, steps = check_coefficients(coefficients), check_steps(steps)
+    c, steps = check_coefficients(coefficients), check_horizon(steps)
     b = len(c)
     if b > steps:
         raise AccountingError(f"a {b}-band C for {steps} steps: the bands must be at most the steps")
@@ -211,7 +235,7 @@ def error_and_gradient(coefficients, steps: int, workload: Workload = PREFIX_SUM
     full[:n] = u
     v = workload.apply(full)
     weights = steps - np.arange(steps, dtype=float)
-    g = float(np.dot(weights, v * v))
+    g = _dot(weights, v * v)
     h = workload.apply_transpose(weights * v)
     # s = u * u (power series), exact up to 2n - 1 terms of the decayed u; correlation sum_m s_m h_{m+j}, j < b.
     reach = min(steps, 2 * n - 1)
@@ -222,7 +246,7 @@ def error_and_gradient(coefficients, steps: int, workload: Workload = PREFIX_SUM
     m = min(steps, reach + b)
     hh[:m] = h[:m]
     corr = fft.irfft(fft.rfft(hh, size) * np.conj(fft.rfft(s, size)), size)[:b]
-    norm2 = float(np.dot(c, c))
+    norm2 = _dot(c, c)
     return norm2 * g, 2.0 * c * g + norm2 * (-2.0 * corr)
 
 
@@ -240,10 +264,10 @@ def square_root_coefficients(bands: int, workload: Workload = PREFIX_SUMS) -> np
     r = np.zeros(bands)
     r[0] = math.sqrt(a[0])
     for k in range(1, bands):
-        r[k] = (a[k] - np.dot(r[1:k], r[k - 1 : 0 : -1])) / (2 * r[0])
+        r[k] = (a[k] - _dot(r[1:k], r[k - 1 : 0 : -1])) / (2 * r[0])
     if not (np.all(np.isfinite(r)) and r[0] > 0):
         return np.eye(bands)[0]
-    return r / np.linalg.norm(r)
+    return r / math.sqrt(_dot(r, r))
 
 
 @functools.lru_cache(maxsize=256)
@@ -266,7 +290,7 @@ def _optimal(steps: int, bands: int, workload: Workload) -> tuple[float, ...]:
         method="L-BFGS-B",
         options={"maxiter": 500, "ftol": 1e-12, "gtol": 1e-10},
     )
-    c = result.x / (np.sign(result.x[0]) * np.linalg.norm(result.x))
+    c = result.x / (np.sign(result.x[0]) * math.sqrt(_dot(result.x, result.x)))
     if not (np.all(np.isfinite(c)) and c[0] > 0 and workload_error(c, steps, workload) <= workload_error(start, steps, workload)):
         c = start
     return tuple(float(x) for x in c)
@@ -281,6 +305,8 @@ def optimal_coefficients(steps: int, bands: int, workload: Workload = PREFIX_SUM
     The optimum is for a constant learning rate (see :class:`Workload` for schedules)."""
     steps = check_steps(steps)
     bands = check_steps(bands, "bands")
+    if bands > 1:  # (one band is DP-SGD, c = [1], at any length)
+        check_horizon(steps)
     if bands > min(steps, MAX_BANDS):
         raise AccountingError(
             f"bands must be at most the steps ({steps}) and at most {MAX_BANDS} (the noise state is b - 1 vectors "

@@ -130,7 +130,8 @@ class BandedNoise:
         if [float(x) for x in state.get("coefficients", ())] != list(self.coefficients):
             raise DataError(
                 "the checkpoint's BandMF coefficients differ from this run's (the bands, the planned steps or the "
-                "optimizer's momentum changed)"
+                "optimizer's momentum changed, or the numpy/scipy versions that optimize them: resume with those the "
+                "run started with)"
             )
         history = {tuple(k.split("\n")): r.to(device) if device is not None else r for k, r in state["history"].items()}
         count = int(state["count"])
