@@ -176,7 +176,6 @@ def test_a_trial_is_scored_on_its_examples_as_its_model_sees_them(tmp_path):
 
     from dptrain.data.batches import as_source
     from dptrain.data.datasets import ArrayDataset
-    from dptrain.randomness.generators import Randomness
     from dptrain.tuning.search import Search, Trial
 
     path = tmp_path / "t.toml"
@@ -194,7 +193,7 @@ def test_a_trial_is_scored_on_its_examples_as_its_model_sees_them(tmp_path):
                           data=DataSplit(seen, search.data.test, "negated"))
     trial = Trial(0, {}, [1, 2, 3, 4])
     held = int(search.held_out(trial).sum())
-    score = search.score(trial, job, Randomness(0, warn=False).stream("tuning"))
+    score = search.score(trial, job)
     correct = (model(-raw.x[search.held_out(trial)]).argmax(-1) == raw.y[search.held_out(trial)]).float().mean()
     assert correct > 0.9 and score == pytest.approx(held * float(correct) / (0.5 * len(raw)), abs=1e-3)
 
@@ -272,3 +271,53 @@ def test_a_value_changed_in_type_only_refuses_the_resume(tmp_path, monkeypatch, 
     code, _, _ = _cli(capsys, "tune", "--resume", str(out), "--no-progress")
     trials = RunDirectory(out).load_private(search_module.STATE)["trials"]
     assert code == 0 and [t["status"] for t in trials] == ["done"] * 3
+
+
+def _edit_state(out, edit):
+    state = torch.load(out / "private" / "search.pt", weights_only=True)
+    edit(state)
+    torch.save(state, out / "private" / "search.pt")
+
+
+def _raise_reference(state):
+    state["reference_noise"] *= 3  # (trial 0 started at the true one: the search's certificate would be 0.83, not 2)
+
+
+def _fake_done(state):
+    state["trials"][-1].update(status="done", score=99.0, noise_multiplier=state["reference_noise"])
+
+
+@pytest.mark.parametrize(
+    "edit,words",
+    [
+        (_raise_reference, "reference noise multiplier"),
+        (lambda s: s["trials"].append(dict(s["trials"][-1], index=len(s["trials"]))), "other trials than its origin"),
+        (lambda s: s["trials"][0]["values"].update({"training.learning_rate": 1.99}), "other trials than its origin"),
+        (lambda s: s["trials"][0].update(noise_multiplier=0.05), "noise multiplier 0.05"),
+        (_fake_done, "directory is missing"),
+    ],
+)
+def test_an_edited_search_state_refuses_the_resume(interrupted, tmp_path, capsys, edit, words):
+    """private/search.pt was trusted: a reference noise raised after a trial had run certified epsilon 0.83 for a search
+    whose trial alone spent more; a trial added, dropped or redrawn, or one marked done with a score it never earned,
+    was selected among. A resume recomputes what the search can (the draws from their origin, the noise from the frozen
+    config, the trials' directories) and refuses a state that disagrees."""
+    out = _copy(interrupted, tmp_path)
+    _edit_state(out, edit)
+    code, _, err = _cli(capsys, "tune", "--resume", str(out), "--no-progress")
+    assert code == 2 and words in err and len(err.strip().splitlines()) == 1, err
+    assert not (out / "summary.json").exists()
+
+
+def test_another_searchs_trial_with_the_same_config_is_refused(interrupted, tmp_path, capsys):
+    """A finished trial of another search with the same config (a space of one choice) was taken for this search's
+    trial and scored on this search's split: the search's mark on its trial (a hash of the trial's secret key, in the
+    trial's checkpoint) is required."""
+    out = _copy(interrupted, tmp_path)
+    checkpoint = out / "private" / "trials" / "0" / "private" / "checkpoint.pt"
+    state = torch.load(checkpoint, weights_only=True)
+    assert state["owner"].startswith("search:")
+    state["owner"] = "search:" + "0" * 64
+    torch.save(state, checkpoint)
+    code, _, err = _cli(capsys, "tune", "--resume", str(out), "--no-progress")
+    assert code == 2 and "is not this search's" in err and len(err.strip().splitlines()) == 1, err
