@@ -218,6 +218,7 @@ def _resume(rd: RunDirectory, progress: bool, stop_after: int | None, main: bool
         job.frozen_config = state["config"]  # (the config the run started with stays the reference)
         job.trainer.load_state_dict(state)
         check_records(rd, job.trainer)
+        rd.check_metrics_copy(state.get("metrics"))  # (its evaluations are the ones this checkpoint's run released)
         _agree(job)
         rd.truncate_metrics(job.trainer.steps)
         return _train(job, rd, progress, stop_after, elapsed=float(state.get("elapsed_s", 0.0)), start=start)
@@ -354,6 +355,7 @@ def _checkpoint(rd: RunDirectory, job: Job, wall: float, summary: dict | None = 
         **frozen(job.frozen_config, job.data_sha256),
         **({"part_of": job.part_of} if job.part_of else {}),
         **({"owner": job.owner} if job.owner else {}),
+        "metrics": rd.metrics_digest(),  # (what it released so far: a resume holds metrics.jsonl to it)
         **({"summary": summary} if summary is not None else {}),
     }
     rd.save_checkpoint(state, job.trainer.ledger)
