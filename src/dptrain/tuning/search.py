@@ -44,6 +44,8 @@ trial resumed from its own checkpoint, never re-run with fresh randomness.
 from __future__ import annotations
 
 import math
+import os
+import re
 import sys
 from pathlib import Path
 
@@ -80,7 +82,7 @@ from dptrain.runs.resume import (
 )
 from dptrain.runs.rundir import CONFIG, PRIVATE, SEARCH_STATE, RunDirectory
 from dptrain.tuning.quiet import Elapsed, captured
-from dptrain.tuning.release import finished, publish, summarize
+from dptrain.tuning.release import TRIALS, finished, publish, summarize
 from dptrain.tuning.space import Dimension, parse_space, with_values
 from dptrain.tuning.state import (
     SearchState,
@@ -377,7 +379,7 @@ def _one_trial(search: Search, state: SearchState, trial: Trial, rd: RunDirector
         trial.status = "done"
     except DPTrainError as e:
         if resuming and "job" not in job_of:  # (refused before the trial went on: the resume is refused)
-            raise
+            raise unnamed(e) from None
         trial.status, trial.score = "failed", -math.inf
         state.extra.setdefault("failures", {})[str(trial.index)] = str(e)
     finally:
@@ -385,6 +387,14 @@ def _one_trial(search: Search, state: SearchState, trial: Trial, rd: RunDirector
             trial.not_private_because = list(job_of["job"].trainer.not_private_reasons)
         elif summary:  # (finished before an interruption: its kept summary's)
             trial.not_private_because = list(summary.get("not_private_because", []))
+
+
+def unnamed(error: DPTrainError) -> DPTrainError:
+    """``error`` with every trial's directory in its message named without its index (``private/trials/<a trial>``):
+    a search's messages on stderr never bound the secret number of trials, a refusal included."""
+    text = re.sub(rf"({re.escape(PRIVATE)}{re.escape(os.sep)}{TRIALS}{re.escape(os.sep)})\d+", r"\1<a trial>",
+                  str(error))
+    return type(error)(text)
 
 
 def _finished_job(search: Search, cfg: RunConfig, where: Path):
@@ -397,4 +407,4 @@ def _finished_job(search: Search, cfg: RunConfig, where: Path):
     return job
 
 
-__all__ = ["Search", "SearchState", "Trial", "run_search", "start_state", "trial_dir"]
+__all__ = ["Search", "SearchState", "Trial", "run_search", "start_state", "trial_dir", "unnamed"]
