@@ -8,6 +8,7 @@ tensor a data set holds (text inputs live in a dict), data.classes on memory-map
 
 import json
 import shutil
+import sys
 
 import pytest
 import torch
@@ -323,3 +324,23 @@ def test_another_searchs_trial_with_the_same_config_is_refused(interrupted, tmp_
     code, _, err = _cli(capsys, "tune", "--resume", str(out), "--no-progress")
     assert code == 2 and "is not this search's" in err and len(err.strip().splitlines()) == 1, err
     assert "trials/0" not in err
+
+
+def test_a_resume_says_nothing_per_started_trial(interrupted, tmp_path, capsys, monkeypatch):
+    """A resume checks every started trial's noise by planning its job, and what building a job says (a stage's
+    warning) was printed once per started trial (the modelmix warning 4 times for 3 started trials): a count of
+    trials on stderr. It is said once, for the reference trial."""
+    from dptrain.runs import job as job_module
+
+    real = job_module.build_job
+
+    def build_job(*args, **kwargs):
+        print("dptrain: warning: a stage's notice", file=sys.stderr)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(job_module, "build_job", build_job)
+    out = _copy(interrupted, tmp_path)
+    shutil.rmtree(out / "private" / "trials" / "0")  # (refused after the check, before any trial runs)
+    code, _, err = _cli(capsys, "tune", "--resume", str(out), "--no-progress")
+    assert code == 2 and "started trial's directory is missing" in err
+    assert err.count("a stage's notice") == 1, err

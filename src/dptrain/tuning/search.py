@@ -43,6 +43,7 @@ trial resumed from its own checkpoint, never re-run with fresh randomness.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
@@ -139,10 +140,14 @@ class Search:
         return with_values(self.cfg, {**values, "privacy.target_epsilon": None, "privacy.noise_multiplier": sigma})
 
     def _planner(self, values: dict):
-        """sigma -> the ledger of one trial with ``values`` (its steps and its score's release)."""
+        """sigma -> the ledger of one trial with ``values`` (its steps and its score's release). What building a
+        trial's job says (a stage's warning about the config) is said once, for the reference trial, when the search
+        is made; for any other trial it is dropped (the trial's own run says it again, captured with its messages):
+        a line per trial, wherever the search plans one (a resume checks every started trial), would count them."""
         # (never trained: the model's probe runs when the trial itself is built)
-        job = job_module.build_job(self.trial_config(values, 1.0), Randomness(0, warn=False), data=self.data,
-                                   checks=False)
+        with contextlib.nullcontext() if not values else captured([]):
+            job = job_module.build_job(self.trial_config(values, 1.0), Randomness(0, warn=False), data=self.data,
+                                       checks=False)
         trainer, total = job.trainer, job.total_steps
         trainer.close()
         score_noise = None if self.tune.validation_is_public else self.tune.score_noise
