@@ -315,7 +315,7 @@ def _saved_state(rd: RunDirectory) -> dict:
     if not (rd.path / PRIVATE / STATE).exists():
         raise RunDirectoryError(f"{rd.path} holds no search to resume")
     saved = rd.load_private(STATE)
-    if not isinstance(saved, dict) or "config" not in saved or "origin" not in saved:
+    if not isinstance(saved, dict) or "config" not in saved or ("origin" not in saved and not saved.get("done")):
         raise RunDirectoryError(
             f"the search in {rd.path} was started by an older dptrain, whose state does not keep the config it started "
             "with and the origin of its draws: start the search again in a new directory"

@@ -82,7 +82,7 @@ class SearchState:
     frozen: dict
     trials: list[Trial]
     reference_noise: float
-    origin: dict
+    origin: dict | None  # (None: a finished search of an older dptrain, which only prints what it released)
     done: bool = False
     extra: dict = field(default_factory=dict)
     summary: dict | None = None
@@ -103,7 +103,7 @@ class SearchState:
     @classmethod
     def from_dict(cls, d: dict) -> SearchState:
         kept = {k: d.get(k) for k in ("config", "config_sha256", "data_sha256")}
-        return cls(kept, [Trial(**t) for t in d["trials"]], d["reference_noise"], d["origin"], d["done"],
+        return cls(kept, [Trial(**t) for t in d["trials"]], d["reference_noise"], d.get("origin"), d["done"],
                    d.get("extra", {}), d.get("summary"), d.get("ledger"))
 
 
