@@ -341,8 +341,9 @@ class RunDirectory:
         dropped or kept by the resume as their steps say). Rows that differ mean an edited file or another run's
         checkpoint put in this directory (a run of the same config: its ledger is this run's, step for step), whose
         resume would release a second trajectory after the first one's evaluations, accounted once. Refused in one
-        line. A checkpoint without the digest (an older dptrain) is not checked."""
-        if not isinstance(kept, dict):
+        line. A checkpoint without the digest (an older dptrain) is not checked, nor a deleted file (the resume writes
+        the rows that follow; the deleted ones are not released again)."""
+        if not isinstance(kept, dict) or not (self.path / METRICS).exists():
             return
         rows = self._metrics_rows()
         n = int(kept.get("rows", -1))
