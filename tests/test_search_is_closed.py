@@ -286,7 +286,7 @@ def _raise_reference(state):
 
 
 def _fake_done(state):
-    state["trials"][-1].update(status="done", score=99.0, noise_multiplier=state["reference_noise"])
+    state["trials"][0].update(status="done", score=99.0)  # (interrupted at its third step: its run has not finished)
 
 
 @pytest.mark.parametrize(
@@ -296,7 +296,7 @@ def _fake_done(state):
         (lambda s: s["trials"].append(dict(s["trials"][-1], index=len(s["trials"]))), "other trials than its origin"),
         (lambda s: s["trials"][0]["values"].update({"training.learning_rate": 1.99}), "other trials than its origin"),
         (lambda s: s["trials"][0].update(noise_multiplier=0.05), "noise multiplier 0.05"),
-        (_fake_done, "directory is missing"),
+        (_fake_done, "marks a trial done whose run has not finished"),
     ],
 )
 def test_an_edited_search_state_refuses_the_resume(interrupted, tmp_path, capsys, edit, words):
@@ -344,3 +344,22 @@ def test_a_resume_says_nothing_per_started_trial(interrupted, tmp_path, capsys, 
     code, _, err = _cli(capsys, "tune", "--resume", str(out), "--no-progress")
     assert code == 2 and "started trial's directory is missing" in err
     assert err.count("a stage's notice") == 1, err
+
+
+def test_a_trial_that_records_more_than_its_plan_is_not_covered(interrupted):
+    """The search's certificate is built from each trial's plan; a release a trial's run recorded beyond it (here a
+    Gaussian a stage would spend at run time) was taken as covered. Every trial's ledger is held to its plan before
+    it is scored (NotCovered refuses the search, in one line; it is not a failed trial)."""
+    import dp_accounting as dpa
+
+    from dptrain.tuning.search import NotCovered, Search, Trial
+
+    search = Search(load_config(interrupted / "config.toml"))
+    trial = Trial(0, {"training.learning_rate": 0.7}, [1, 2, 3, 4], noise_multiplier=1.3)
+    planner = search._planner(trial.values)
+    steps = planner(1.3).copy()
+    steps.entries.pop()  # (the plan ends with the score's release, which the trial's run does not record)
+    search.check_covered(trial, steps)  # the run's ledger, as planned
+    steps.record(dpa.GaussianDpEvent(5.0), {"mechanism": "extra"})
+    with pytest.raises(NotCovered, match="other releases than the search planned"):
+        search.check_covered(trial, steps)

@@ -68,7 +68,7 @@ from dptrain.data.datasets import fingerprint
 from dptrain.engine.distributed import one_process
 from dptrain.engine.evaluation import example_scores
 from dptrain.engine.interrupts import Terminated
-from dptrain.errors import ConfigError, DPTrainError, RunDirectoryError
+from dptrain.errors import AccountingError, ConfigError, DPTrainError, RunDirectoryError
 from dptrain.randomness.generators import SEEDED_WARNING, Randomness, keyed_stream
 from dptrain.randomness.streams import Stream
 from dptrain.runs import job as job_module
@@ -96,6 +96,10 @@ from dptrain.tuning.state import (
 )
 
 STATE = SEARCH_STATE
+
+
+class NotCovered(AccountingError):
+    """A trial recorded releases its search's certificate does not cover (:meth:`Search.check_covered`)."""
 
 
 class Search:
@@ -208,6 +212,19 @@ class Search:
     def _dominated_by(ref_ledger, planner, orders):
         bound = search_rdp(ref_ledger, orders) * (1 + 1e-12)
         return lambda s: bool(np.all(search_rdp(planner(s), orders) <= bound))
+
+    def check_covered(self, trial: Trial, ledger: Ledger) -> None:
+        """What a trial's run recorded (``ledger``, then its score's release) must be what the search planned for it
+        (:meth:`_planner` at its noise), whose RDP the reference trial's bounds: the search's certificate is built
+        from the plans, so a release a trial recorded beyond its plan (a stage that spends at run time, a step
+        recorded at another noise) would not be covered. Refused in one line (the search releases nothing), never
+        taken for a failed trial."""
+        actual = ledger if self.tune.validation_is_public else with_score_release(ledger, self.tune.score_noise)
+        if actual.dp_event() != self._planner(trial.values)(trial.noise_multiplier).dp_event():
+            raise NotCovered(
+                "a trial recorded other releases than the search planned for it (its ledger differs from the plan its "
+                "noise was chosen for): the search's certificate would not cover it, and nothing is released"
+            )
 
     def search_ledger(self, reference: float):
         return search_ledger(self._reference_planner(reference), self.trials)
@@ -380,10 +397,11 @@ def _one_trial(search: Search, state: SearchState, trial: Trial, rd: RunDirector
         summary = run_module.run_training(None if resuming else cfg, where, resume=resuming, progress=False,
                                           hooks=hooks)
         job = job_of.get("job") or _finished_job(search, cfg, where)
+        search.check_covered(trial, job.trainer.ledger)
         trial.score = search.score(trial, job)
         trial.status = "done"
     except DPTrainError as e:
-        if resuming and "job" not in job_of:  # (refused before the trial went on: the resume is refused)
+        if isinstance(e, NotCovered) or (resuming and "job" not in job_of):  # (refused: not a failed trial)
             raise unnamed(e) from None
         trial.status, trial.score = "failed", -math.inf
         state.extra.setdefault("failures", {})[str(trial.index)] = str(e)
@@ -412,4 +430,4 @@ def _finished_job(search: Search, cfg: RunConfig, where: Path):
     return job
 
 
-__all__ = ["Search", "SearchState", "Trial", "run_search", "start_state", "trial_dir", "unnamed"]
+__all__ = ["NotCovered", "Search", "SearchState", "Trial", "run_search", "start_state", "trial_dir", "unnamed"]
