@@ -134,6 +134,7 @@ class Search:
             )
         if self.tune.validation_is_public and not len(self.data.test):
             raise ConfigError("tune.validation_is_public = true scores trials on the test set, which is empty")
+        self._last_plan: tuple = (None, None)
         self._reference_planner = self._planner({})
         self._reference_trial_cache: dict = {}
 
@@ -148,6 +149,9 @@ class Search:
         trial's job says (a stage's warning about the config) is said once, for the reference trial, when the search
         is made; for any other trial it is dropped (the trial's own run says it again, captured with its messages):
         a line per trial, wherever the search plans one (a resume checks every started trial), would count them."""
+        key = repr(sorted(values.items()))
+        if self._last_plan[0] == key:  # (one trial's plan, built once for its noise and its checks: one model kept)
+            return self._last_plan[1]
         # (never trained: the model's probe runs when the trial itself is built)
         with contextlib.nullcontext() if not values else captured([]):
             job = job_module.build_job(self.trial_config(values, 1.0), Randomness(0, warn=False), data=self.data,
@@ -160,6 +164,7 @@ class Search:
             steps = trainer.ledger_after(total, sigma)
             return steps if score_noise is None else with_score_release(steps, score_noise)
 
+        self._last_plan = (key, ledger)
         return ledger
 
     def reference_noise(self) -> float:
