@@ -363,3 +363,21 @@ def test_a_trial_that_records_more_than_its_plan_is_not_covered(interrupted):
     steps.record(dpa.GaussianDpEvent(5.0), {"mechanism": "extra"})
     with pytest.raises(NotCovered, match="other releases than the search planned"):
         search.check_covered(trial, steps)
+
+
+def test_a_trial_that_failed_before_it_started_passes_the_resume_check(interrupted):
+    """A trial whose draw no noise multiplier makes as private as the reference trial (noise.bands = 4 against a
+    reference of 2) fails before it starts, with no noise: the resume's check of the state took it for an edit."""
+    from dptrain.runs.job import run_randomness
+    from dptrain.runs.rundir import RunDirectory
+    from dptrain.tuning.search import Search, SearchState
+    from dptrain.tuning.state import check_resumed
+
+    state = SearchState.from_dict(RunDirectory(interrupted).load_private("search.pt"))
+    cfg = load_config(interrupted / "config.toml")
+    search = Search(cfg)
+    state.trials[0].noise_multiplier, state.trials[0].status, state.trials[0].score = None, "failed", float("-inf")
+    check_resumed(search, state, interrupted, run_randomness(cfg).stream("tuning"))
+    state.trials[0].status = "done"
+    with pytest.raises(Exception, match="marks a trial done that never started"):
+        check_resumed(search, state, interrupted, run_randomness(cfg).stream("tuning"))

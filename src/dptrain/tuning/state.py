@@ -165,9 +165,9 @@ def check_resumed(search, state: SearchState, path: Path, stream: Stream) -> Non
         raise _edited(f"holds the reference noise multiplier {state.reference_noise:.6g}, its config gives "
                       f"{reference:.6g}")
     for trial in state.trials:
-        if trial.noise_multiplier is None:
-            if trial.status != "pending":
-                raise _edited("marks a trial finished that never started")
+        if trial.noise_multiplier is None:  # (not started, or failed before: no noise made its trial as private)
+            if trial.status == "done":
+                raise _edited("marks a trial done that never started")
             continue
         if not search.dominated(trial.values, trial.noise_multiplier, state.reference_noise):
             raise _edited(f"holds a trial's noise multiplier {trial.noise_multiplier:.6g}, less than the search's "
