@@ -109,7 +109,7 @@ def test_a_checkpoints_ledger_is_every_step_this_run_records(edit, tmp_path, cap
 def test_metrics_that_are_not_the_checkpoints_releases_are_refused(tmp_path, capsys):
     """Run B's checkpoint put in run A's directory (the same config: the ledgers agree step for step) was resumed:
     A's directory then released A's evaluations and B's trajectory after them, two trajectories accounted as one; an
-    edited row was resumed past as well. A checkpoint keeps a digest of the metrics rows released when it was written,
+    edited row was resumed past as well. A checkpoint keeps a SHA-256 of the metrics rows released when it was written,
     and metrics.jsonl must begin with them (here A's row is changed as B's would differ: another test accuracy)."""
     cfg = tmp_path / "c.toml"
     cfg.write_text(TOML.format(seed="").replace("[model]", "test_is_public = true\n[model]"))

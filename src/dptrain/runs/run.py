@@ -355,7 +355,7 @@ def _checkpoint(rd: RunDirectory, job: Job, wall: float, summary: dict | None = 
         **frozen(job.frozen_config, job.data_sha256),
         **({"part_of": job.part_of} if job.part_of else {}),
         **({"owner": job.owner} if job.owner else {}),
-        "metrics": rd.metrics_digest(),  # (what it released so far: a resume holds metrics.jsonl to it)
+        "metrics": rd.metrics_hash(),  # (what it released so far: a resume holds metrics.jsonl to it)
         **({"summary": summary} if summary is not None else {}),
     }
     rd.save_checkpoint(state, job.trainer.ledger)

@@ -329,7 +329,7 @@ class RunDirectory:
                 f"is authoritative: restore {LEDGER} to resume"
             )
 
-    def metrics_digest(self) -> dict:
+    def metrics_hash(self) -> dict:
         """What a checkpoint keeps of the metrics the run has released so far: how many complete rows
         ``metrics.jsonl`` holds and the SHA-256 of their text (:meth:`check_metrics_copy`)."""
         rows = self._metrics_rows()
@@ -337,11 +337,11 @@ class RunDirectory:
 
     def check_metrics_copy(self, kept: dict | None) -> None:
         """``metrics.jsonl`` must begin with the rows the checkpoint's run had released when it was written
-        (``kept``: :meth:`metrics_digest`; rows after them are the ones a kill left between a row and its checkpoint,
+        (``kept``: :meth:`metrics_hash`; rows after them are the ones a kill left between a row and its checkpoint,
         dropped or kept by the resume as their steps say). Rows that differ mean an edited file or another run's
         checkpoint put in this directory (a run of the same config: its ledger is this run's, step for step), whose
         resume would release a second trajectory after the first one's evaluations, accounted once. Refused in one
-        line. A checkpoint without the digest (an older dptrain) is not checked, nor a deleted file (the resume writes
+        line. A checkpoint without the hash (an older dptrain) is not checked, nor a deleted file (the resume writes
         the rows that follow; the deleted ones are not released again)."""
         if not isinstance(kept, dict) or not (self.path / METRICS).exists():
             return
