@@ -18,6 +18,7 @@ from dptrain.config import load_config
 from dptrain.data.datasets import DataSplit, fingerprint
 from dptrain.data.text_files import TextDataset
 from dptrain.engine.trainer import PrivateTrainer
+from dptrain.errors import DataError
 from dptrain.tuning.search import run_search
 
 CONFIG = """\
@@ -216,9 +217,18 @@ def test_best_holds_no_hidden_file_of_the_selected_trial(tmp_path):
     trial = out / "private" / "trials" / str(state.extra["best_index"])
     (trial / ".model.pt.abc123.tmp").write_bytes(b"half a file")
     (out / ".summary.json.abc123.tmp").write_text("{")
+    ran = (trial / "config.toml").read_text()
+    (trial / "config.toml").write_text(ran.replace("learning_rate = ", "learning_rate = 0.001 #", 1))
     publish(state, RunDirectory(out), keep_trials=True)
     assert not [p.name for p in (out / "best").iterdir() if p.name.startswith(".")]
     assert not (out / ".summary.json.abc123.tmp").exists()
+    # best/ is held to the trial's checkpoint: the config it ran with (an edited copy misstated the selected
+    # hyperparameters), and only the metrics rows it released
+    assert (out / "best" / "config.toml").read_text() == ran
+    rows = (trial / "metrics.jsonl").read_text()
+    (trial / "metrics.jsonl").write_text(rows.replace('"step": ', '"step": 1', 1))
+    with pytest.raises(DataError, match="does not hold the evaluations"):
+        publish(state, RunDirectory(out), keep_trials=True)
 
 
 def test_data_classes_on_memory_mapped_arrays_is_one_line(tmp_path, capsys):
