@@ -8,6 +8,7 @@ tensor a data set holds (text inputs live in a dict), data.classes on memory-map
 
 import json
 import shutil
+import sys
 
 import pytest
 import torch
@@ -17,6 +18,7 @@ from dptrain.config import load_config
 from dptrain.data.datasets import DataSplit, fingerprint
 from dptrain.data.text_files import TextDataset
 from dptrain.engine.trainer import PrivateTrainer
+from dptrain.errors import DataError
 from dptrain.tuning.search import run_search
 
 CONFIG = """\
@@ -90,6 +92,7 @@ def test_an_edited_trial_refuses_the_resume_instead_of_failing(interrupted, tmp_
     path.write_text(text.replace(old, new, 1))
     code, _, err = _cli(capsys, "tune", "--resume", str(out), "--no-progress")
     assert code == 2 and len(err.strip().splitlines()) == 1 and words in err
+    assert "trials/<a trial>" in err and "trials/0" not in err  # (an index on stderr would bound the number of trials)
     assert not (out / "summary.json").exists()  # nothing released, and the trial is not recorded as failed:
     path.write_text(text)  # restored, the same search goes on, every trial scored
     code, _, _ = _cli(capsys, "tune", "--resume", str(out), "--no-progress", "--keep-trials", "--json")
@@ -176,7 +179,6 @@ def test_a_trial_is_scored_on_its_examples_as_its_model_sees_them(tmp_path):
 
     from dptrain.data.batches import as_source
     from dptrain.data.datasets import ArrayDataset
-    from dptrain.randomness.generators import Randomness
     from dptrain.tuning.search import Search, Trial
 
     path = tmp_path / "t.toml"
@@ -194,7 +196,7 @@ def test_a_trial_is_scored_on_its_examples_as_its_model_sees_them(tmp_path):
                           data=DataSplit(seen, search.data.test, "negated"))
     trial = Trial(0, {}, [1, 2, 3, 4])
     held = int(search.held_out(trial).sum())
-    score = search.score(trial, job, Randomness(0, warn=False).stream("tuning"))
+    score = search.score(trial, job)
     correct = (model(-raw.x[search.held_out(trial)]).argmax(-1) == raw.y[search.held_out(trial)]).float().mean()
     assert correct > 0.9 and score == pytest.approx(held * float(correct) / (0.5 * len(raw)), abs=1e-3)
 
@@ -215,9 +217,18 @@ def test_best_holds_no_hidden_file_of_the_selected_trial(tmp_path):
     trial = out / "private" / "trials" / str(state.extra["best_index"])
     (trial / ".model.pt.abc123.tmp").write_bytes(b"half a file")
     (out / ".summary.json.abc123.tmp").write_text("{")
+    ran = (trial / "config.toml").read_text()
+    (trial / "config.toml").write_text(ran.replace("learning_rate = ", "learning_rate = 0.001 #", 1))
     publish(state, RunDirectory(out), keep_trials=True)
     assert not [p.name for p in (out / "best").iterdir() if p.name.startswith(".")]
     assert not (out / ".summary.json.abc123.tmp").exists()
+    # best/ is held to the trial's checkpoint: the config it ran with (an edited copy misstated the selected
+    # hyperparameters), and only the metrics rows it released
+    assert (out / "best" / "config.toml").read_text() == ran
+    rows = (trial / "metrics.jsonl").read_text()
+    (trial / "metrics.jsonl").write_text(rows.replace('"step": ', '"step": 1', 1))
+    with pytest.raises(DataError, match="does not hold the evaluations"):
+        publish(state, RunDirectory(out), keep_trials=True)
 
 
 def test_data_classes_on_memory_mapped_arrays_is_one_line(tmp_path, capsys):
@@ -272,3 +283,111 @@ def test_a_value_changed_in_type_only_refuses_the_resume(tmp_path, monkeypatch, 
     code, _, _ = _cli(capsys, "tune", "--resume", str(out), "--no-progress")
     trials = RunDirectory(out).load_private(search_module.STATE)["trials"]
     assert code == 0 and [t["status"] for t in trials] == ["done"] * 3
+
+
+def _edit_state(out, edit):
+    state = torch.load(out / "private" / "search.pt", weights_only=True)
+    edit(state)
+    torch.save(state, out / "private" / "search.pt")
+
+
+def _raise_reference(state):
+    state["reference_noise"] *= 3  # (trial 0 started at the true one: the search's certificate would be 0.83, not 2)
+
+
+def _fake_done(state):
+    state["trials"][0].update(status="done", score=99.0)  # (interrupted at its third step: its run has not finished)
+
+
+@pytest.mark.parametrize(
+    "edit,words",
+    [
+        (_raise_reference, "reference noise multiplier"),  # (each message names no trial's index)
+        (lambda s: s["trials"].append(dict(s["trials"][-1], index=len(s["trials"]))), "other trials than its origin"),
+        (lambda s: s["trials"][0]["values"].update({"training.learning_rate": 1.99}), "other trials than its origin"),
+        (lambda s: s["trials"][0].update(noise_multiplier=0.05), "noise multiplier 0.05"),
+        (_fake_done, "marks a trial done whose run has not finished"),
+    ],
+)
+def test_an_edited_search_state_refuses_the_resume(interrupted, tmp_path, capsys, edit, words):
+    """private/search.pt was trusted: a reference noise raised after a trial had run certified epsilon 0.83 for a search
+    whose trial alone spent more; a trial added, dropped or redrawn, or one marked done with a score it never earned,
+    was selected among. A resume recomputes what the search can (the draws from their origin, the noise from the frozen
+    config, the trials' directories) and refuses a state that disagrees."""
+    out = _copy(interrupted, tmp_path)
+    _edit_state(out, edit)
+    code, _, err = _cli(capsys, "tune", "--resume", str(out), "--no-progress")
+    assert code == 2 and words in err and len(err.strip().splitlines()) == 1, err
+    assert not (out / "summary.json").exists()
+
+
+def test_another_searchs_trial_with_the_same_config_is_refused(interrupted, tmp_path, capsys):
+    """A finished trial of another search with the same config (a space of one choice) was taken for this search's
+    trial and scored on this search's split: the search's mark on its trial (a hash of the trial's secret key, in the
+    trial's checkpoint) is required."""
+    out = _copy(interrupted, tmp_path)
+    checkpoint = out / "private" / "trials" / "0" / "private" / "checkpoint.pt"
+    state = torch.load(checkpoint, weights_only=True)
+    assert state["owner"].startswith("search:")
+    state["owner"] = "search:" + "0" * 64
+    torch.save(state, checkpoint)
+    code, _, err = _cli(capsys, "tune", "--resume", str(out), "--no-progress")
+    assert code == 2 and "is not this search's" in err and len(err.strip().splitlines()) == 1, err
+    assert "trials/0" not in err
+
+
+def test_a_resume_says_nothing_per_started_trial(interrupted, tmp_path, capsys, monkeypatch):
+    """A resume checks every started trial's noise by planning its job, and what building a job says (a stage's
+    warning) was printed once per started trial (the modelmix warning 4 times for 3 started trials): a count of
+    trials on stderr. It is said once, for the reference trial."""
+    from dptrain.runs import job as job_module
+
+    real = job_module.build_job
+
+    def build_job(*args, **kwargs):
+        print("dptrain: warning: a stage's notice", file=sys.stderr)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(job_module, "build_job", build_job)
+    out = _copy(interrupted, tmp_path)
+    shutil.rmtree(out / "private" / "trials" / "0")  # (refused after the check, before any trial runs)
+    code, _, err = _cli(capsys, "tune", "--resume", str(out), "--no-progress")
+    assert code == 2 and "started trial's directory is missing" in err
+    assert err.count("a stage's notice") == 1, err
+
+
+def test_a_trial_that_records_more_than_its_plan_is_not_covered(interrupted):
+    """The search's certificate is built from each trial's plan; a release a trial's run recorded beyond it (here a
+    Gaussian a stage would spend at run time) was taken as covered. Every trial's ledger is held to its plan before
+    it is scored (NotCovered refuses the search, in one line; it is not a failed trial)."""
+    import dp_accounting as dpa
+
+    from dptrain.tuning.search import NotCovered, Search, Trial
+
+    search = Search(load_config(interrupted / "config.toml"))
+    trial = Trial(0, {"training.learning_rate": 0.7}, [1, 2, 3, 4], noise_multiplier=1.3)
+    planner = search._planner(trial.values)
+    steps = planner(1.3).copy()
+    steps.entries.pop()  # (the plan ends with the score's release, which the trial's run does not record)
+    search.check_covered(trial, steps)  # the run's ledger, as planned
+    steps.record(dpa.GaussianDpEvent(5.0), {"mechanism": "extra"})
+    with pytest.raises(NotCovered, match="other releases than the search planned"):
+        search.check_covered(trial, steps)
+
+
+def test_a_trial_that_failed_before_it_started_passes_the_resume_check(interrupted):
+    """A trial whose draw no noise multiplier makes as private as the reference trial (noise.bands = 4 against a
+    reference of 2) fails before it starts, with no noise: the resume's check of the state took it for an edit."""
+    from dptrain.runs.job import run_randomness
+    from dptrain.runs.rundir import RunDirectory
+    from dptrain.tuning.search import Search, SearchState
+    from dptrain.tuning.state import check_resumed
+
+    state = SearchState.from_dict(RunDirectory(interrupted).load_private("search.pt"))
+    cfg = load_config(interrupted / "config.toml")
+    search = Search(cfg)
+    state.trials[0].noise_multiplier, state.trials[0].status, state.trials[0].score = None, "failed", float("-inf")
+    check_resumed(search, state, interrupted, run_randomness(cfg).stream("tuning"))
+    state.trials[0].status = "done"
+    with pytest.raises(Exception, match="marks a trial done that never started"):
+        check_resumed(search, state, interrupted, run_randomness(cfg).stream("tuning"))

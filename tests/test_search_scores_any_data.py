@@ -73,7 +73,7 @@ def test_a_held_out_sequence_counts_its_share_of_correct_tokens(tmp_path):
     job = job_module.build_job(search.trial_config({}, 1.0), Randomness(0, warn=False), data=search.data)
     trial = Trial(0, {}, [5, 6, 7, 8])
     held = search.held_out(trial).nonzero().squeeze(1)
-    score = search.score(trial, job, Randomness(0, warn=False).stream("tuning"))
+    score = search.score(trial, job)
     model, train = job.trainer.model.eval(), search.data.train
     shares = []
     with torch.no_grad():

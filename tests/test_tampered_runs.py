@@ -104,3 +104,21 @@ def test_a_checkpoints_ledger_is_every_step_this_run_records(edit, tmp_path, cap
     (out / LEDGER).write_text(json.dumps(state["ledger"]))
     code, err = _resume(out, capsys)
     assert code == 2 and f"checkpoint's ledger records at step 1 {said} (edited" in err
+
+
+def test_metrics_that_are_not_the_checkpoints_releases_are_refused(tmp_path, capsys):
+    """Run B's checkpoint put in run A's directory (the same config: the ledgers agree step for step) was resumed:
+    A's directory then released A's evaluations and B's trajectory after them, two trajectories accounted as one; an
+    edited row was resumed past as well. A checkpoint keeps a SHA-256 of the metrics rows released when it was written,
+    and metrics.jsonl must begin with them (here A's row is changed as B's would differ: another test accuracy)."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(TOML.format(seed="").replace("[model]", "test_is_public = true\n[model]"))
+    out = tmp_path / "a"
+    assert main(["train", "--config", str(cfg), "--out", str(out), "--no-progress", "--stop-after", "2"]) == 0
+    rows = [json.loads(line) for line in (out / METRICS).read_text().splitlines()]
+    rows[0]["test_accuracy"] = 1.0 - rows[0]["test_accuracy"]
+    (out / METRICS).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    model = (out / "model.pt").read_bytes()
+    code, err = _resume(out, capsys)
+    assert code == 2 and "does not hold the evaluations the run's checkpoint released" in err, err
+    assert len(err.strip().splitlines()) == 1 and (out / "model.pt").read_bytes() == model

@@ -257,7 +257,7 @@ def test_with_secure_noise_every_draw_of_a_search_comes_from_the_secure_stream(t
     out = tmp_path / "s"
     run_search(load_config(_config(tmp_path, seed=None, privacy="secure_noise = true")), out, progress=False)
     state = RunDirectory(out).load_private(search_module.STATE)
-    assert state["stream_state"]["kind"] == "secure" and state["done"]
+    assert state["origin"]["kind"] == "secure" and state["done"]
     # the held-out split of each trial: a stream of its own, AES-256-CTR keyed by four secret words
     trial = search_module.Trial(**state["trials"][0])
     split = search_module.Search(load_config(out / "config.toml")).held_out(trial)

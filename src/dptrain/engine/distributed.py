@@ -211,7 +211,7 @@ class FollowerDirectory:
     def __getattr__(self, name):
         if name in ("write_text", "write_json", "save_model", "save_checkpoint", "append_metrics", "truncate_metrics"):
             return lambda *args, **kwargs: None
-        if name in ("refuse_if_holding", "check_ledger_copy"):
+        if name in ("refuse_if_holding", "check_ledger_copy", "check_metrics_copy"):
             return lambda *args, **kwargs: None
         return getattr(self._directory, name)
 

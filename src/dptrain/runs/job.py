@@ -67,6 +67,9 @@ class Job:
     #: the command that owns the run, kept in every checkpoint ("search": a trial of a hyperparameter search, which
     #: only its search may continue); None for a run of its own
     part_of: str | None = None
+    #: the owner's secret mark on this run (a search's trial: a hash of the trial's key), kept in every checkpoint:
+    #: a resume by the owner refuses a run that does not carry its mark (another search's trial put in its place)
+    owner: str | None = None
 
 
 @dataclass

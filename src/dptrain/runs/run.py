@@ -96,11 +96,14 @@ class RunHooks:
     """What a command running jobs inside its own (a tuning search) adds to each: the data, already loaded, a
     function called with the built job before it trains (e.g. to hold some examples out of its per-example stage),
     the name of the owner kept in the run's checkpoints (a run started by an owner is resumed only by it, and a run of
-    its own never by an owner), and the config keys a resume may change (an owner may allow none)."""
+    its own never by an owner), the owner's secret mark on this run (kept in its checkpoints and required on resume:
+    a run of the same kind made by another owner, say another search's trial with the same config, is not this one),
+    and the config keys a resume may change (an owner may allow none)."""
 
     data: DataSplit | None = None
     prepare: Callable[[Job], None] | None = None
     part_of: str | None = None
+    owner: str | None = None
     may_change: tuple[str, ...] = RESUME_MAY_CHANGE
 
     def ready(self, job: Job) -> Job:
@@ -155,7 +158,7 @@ def _start(
     start = time.perf_counter()
     data = load_data(cfg, progress and main) if hooks.data is None else hooks.data
     job = hooks.ready(build_job(cfg, run_randomness(cfg), data=data))
-    job.data_sha256, job.part_of = fingerprint(data), hooks.part_of
+    job.data_sha256, job.part_of, job.owner = fingerprint(data), hooks.part_of, hooks.owner
     _agree(job)
     if plan is not None and int(plan.get("dataset_size", -1)) != len(job.data.train):
         raise ConfigError(
@@ -210,11 +213,12 @@ def _resume(rd: RunDirectory, progress: bool, stop_after: int | None, main: bool
         job = hooks.ready(
             build_job(cfg, run_randomness(cfg), ledger=ledger, accountant=state["accountant"], resumed=resumed, data=data)
         )
-        job.data_sha256, job.part_of = fingerprint(data), hooks.part_of
+        job.data_sha256, job.part_of, job.owner = fingerprint(data), hooks.part_of, hooks.owner
         check_step_change(job.trainer, changed)
         job.frozen_config = state["config"]  # (the config the run started with stays the reference)
         job.trainer.load_state_dict(state)
         check_records(rd, job.trainer)
+        rd.check_metrics_copy(state.get("metrics"))  # (its evaluations are the ones this checkpoint's run released)
         _agree(job)
         rd.truncate_metrics(job.trainer.steps)
         return _train(job, rd, progress, stop_after, elapsed=float(state.get("elapsed_s", 0.0)), start=start)
@@ -235,6 +239,11 @@ def _check_owner(rd: RunDirectory, state: dict, hooks: RunHooks) -> None:
     scoring, its held-out examples and its frozen config are the owner's; and an owner resumes only its own runs."""
     owner = state.get("part_of")
     if owner == hooks.part_of:
+        if hooks.owner is not None and state.get("owner") != hooks.owner:
+            raise RunDirectoryError(
+                f"{rd.path} is not this {hooks.part_of}'s (another {hooks.part_of}'s run, or another of its runs, was put "
+                "there)"
+            )
         return
     if hooks.part_of is None:
         raise RunDirectoryError(
@@ -345,6 +354,8 @@ def _checkpoint(rd: RunDirectory, job: Job, wall: float, summary: dict | None = 
         "released_content": job.released,
         **frozen(job.frozen_config, job.data_sha256),
         **({"part_of": job.part_of} if job.part_of else {}),
+        **({"owner": job.owner} if job.owner else {}),
+        "metrics": rd.metrics_hash(),  # (what it released so far: a resume holds metrics.jsonl to it)
         **({"summary": summary} if summary is not None else {}),
     }
     rd.save_checkpoint(state, job.trainer.ledger)

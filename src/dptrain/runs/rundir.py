@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -326,6 +327,32 @@ class RunDirectory:
             raise DataError(
                 f"{path} does not match the run's checkpoint (edited, or from another run); the checkpoint's ledger "
                 f"is authoritative: restore {LEDGER} to resume"
+            )
+
+    def metrics_hash(self) -> dict:
+        """What a checkpoint keeps of the metrics the run has released so far: how many complete rows
+        ``metrics.jsonl`` holds and the SHA-256 of their text (:meth:`check_metrics_copy`)."""
+        rows = self._metrics_rows()
+        return {"rows": len(rows), "sha256": hashlib.sha256("".join(r + "\n" for r in rows).encode()).hexdigest()}
+
+    def check_metrics_copy(self, kept: dict | None) -> None:
+        """``metrics.jsonl`` must begin with the rows the checkpoint's run had released when it was written
+        (``kept``: :meth:`metrics_hash`; rows after them are the ones a kill left between a row and its checkpoint,
+        dropped or kept by the resume as their steps say). Rows that differ mean an edited file or another run's
+        checkpoint put in this directory (a run of the same config: its ledger is this run's, step for step), whose
+        resume would release a second trajectory after the first one's evaluations, accounted once. Refused in one
+        line. A checkpoint without the hash (an older dptrain) is not checked, nor a deleted file (the resume writes
+        the rows that follow; the deleted ones are not released again)."""
+        if not isinstance(kept, dict) or not (self.path / METRICS).exists():
+            return
+        rows = self._metrics_rows()
+        n = int(kept.get("rows", -1))
+        text = "".join(r + "\n" for r in rows[:n]) if 0 <= n <= len(rows) else None
+        if text is None or hashlib.sha256(text.encode()).hexdigest() != kept.get("sha256"):
+            raise DataError(
+                f"{self.path / METRICS} does not hold the evaluations the run's checkpoint released (edited, or the "
+                "checkpoint is another run's): a resume continues only the run whose releases the directory holds; "
+                "restore the run's checkpoint and metrics"
             )
 
     def read_json(self, name: str) -> dict | None:

@@ -170,14 +170,19 @@ def _publish(state, rd: RunDirectory, keep_trials: bool) -> None:
 
 def _copy_best(state, rd: RunDirectory, source) -> None:
     """``best/``: what the selected trial released (its files copied without their times and without its secret
-    ``private/``), every privacy number in it the search's (module docstring)."""
+    ``private/``), every privacy number in it the search's (module docstring). Its files are held to the trial's
+    checkpoint: ``config.toml`` is the config the trial ran with (an edited copy would misstate the selected
+    hyperparameters), and metrics rows that are not the ones it released are refused in one line."""
+    kept = RunDirectory(source).load_checkpoint()
+    RunDirectory(source).check_metrics_copy(kept.get("metrics"))
     target = rd.path / BEST
     remove(target)
     # (not its secret private/, nor a hidden file: its .lock, or a temporary file a crash left, which would say that
     # the selected trial was the one running when the search was interrupted)
     shutil.copytree(source, target, copy_function=shutil.copy, ignore=shutil.ignore_patterns(PRIVATE, ".*"))
     best = RunDirectory(target)
-    trial = RunDirectory(source).load_checkpoint().get("summary") or best.read_json(SUMMARY) or {}
+    trial = kept.get("summary") or best.read_json(SUMMARY) or {}
+    best.write_text(CONFIG, kept["config"])
     best.write_json(LEDGER, state.ledger)
     best.write_json(SUMMARY, selected_summary(state.summary, trial, str(target), state.ledger))
     if (target / METRICS).exists():  # each evaluation's epsilon was the trial's: the search's is the summary's

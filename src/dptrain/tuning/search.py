@@ -10,7 +10,10 @@ accountant certifies ``RepeatAndSelectDpEvent(trial, mean, shape)``.
 What a trial is here (docs/tuning.md has the argument):
 
 - **its hyperparameters** are drawn from the secret "tuning" stream (public distributions, independent of the
-  data; AES-256-CTR with ``privacy.secure_noise``, like K, the held-out splits and the score noise); a trial whose ledger differs from the reference trial's (another batch size, more epochs) gets the smallest
+  data), like K and a key per trial, whose own stream draws its held-out split and then its score's noise
+  (AES-256-CTR with ``privacy.secure_noise``); a resume draws them again from their origin and holds the search's
+  state to them (:mod:`dptrain.tuning.state`); a trial whose ledger differs from the reference trial's (another
+  batch size, more epochs) gets the smallest
   noise multiplier whose RDP is at most the reference's at every order the accountant reads, so the reference
   trial's event bounds every trial (a data-independent mixture of mechanisms has at most the largest RDP);
 - **its score** is, by default, a noisy count of correct predictions on a secret random validation part of the
@@ -40,11 +43,12 @@ trial resumed from its own checkpoint, never re-run with fresh randomness.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+import re
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -59,13 +63,13 @@ from dptrain.accounting.tuning import (
     trial_noise_for_search,
     with_score_release,
 )
-from dptrain.config import RunConfig, changed_keys, config_to_toml
+from dptrain.config import RunConfig, config_to_toml
 from dptrain.data.datasets import fingerprint
 from dptrain.engine.distributed import one_process
 from dptrain.engine.evaluation import example_scores
 from dptrain.engine.interrupts import Terminated
-from dptrain.errors import ConfigError, DPTrainError, RunDirectoryError
-from dptrain.randomness.generators import SEEDED_WARNING, Randomness, keyed_stream, open_unit
+from dptrain.errors import AccountingError, ConfigError, DPTrainError, RunDirectoryError
+from dptrain.randomness.generators import SEEDED_WARNING, Randomness, keyed_stream
 from dptrain.randomness.streams import Stream
 from dptrain.runs import job as job_module
 from dptrain.runs import run as run_module
@@ -80,63 +84,22 @@ from dptrain.runs.resume import (
 from dptrain.runs.rundir import CONFIG, PRIVATE, SEARCH_STATE, RunDirectory
 from dptrain.tuning.quiet import Elapsed, captured
 from dptrain.tuning.release import TRIALS, finished, publish, summarize
-from dptrain.tuning.space import Dimension, draw, parse_space, with_values
+from dptrain.tuning.space import Dimension, parse_space, with_values
+from dptrain.tuning.state import (
+    SearchState,
+    Trial,
+    check_resumed,
+    check_trial_config,
+    draw_trials,
+    owner,
+    trial_dir,
+)
 
 STATE = SEARCH_STATE
 
 
-@dataclass
-class Trial:
-    """One trial of the search (secret until the search ends: only the selected one is released)."""
-
-    index: int
-    values: dict[str, Any]
-    split_key: list[int]  # four secret words: the stream of its held-out split (dptrain.randomness.keyed_stream)
-    noise_multiplier: float | None = None
-    status: str = "pending"  # pending | done | failed
-    score: float | None = None  # the released (noisy) score; -inf for a failed trial
-    not_private_because: list[str] = field(default_factory=list)  # the trial's own labels (empty: private)
-
-    def to_dict(self) -> dict:
-        return dict(self.__dict__)
-
-    def listed(self) -> dict:
-        """What ``--keep-trials`` lists (not private): everything but the key of its split."""
-        return {k: v for k, v in self.__dict__.items() if k != "split_key"}
-
-
-@dataclass
-class SearchState:
-    """What a search keeps in ``private/search.pt``: everything a resume needs to continue the same search, the config
-    it started with (and its data's fingerprint, :func:`dptrain.runs.resume.frozen`), and once it has finished what it
-    released (its summary and ledger: a resume prints those, and refuses edited copies)."""
-
-    frozen: dict
-    trials: list[Trial]
-    reference_noise: float
-    stream_state: dict
-    done: bool = False
-    extra: dict = field(default_factory=dict)
-    summary: dict | None = None
-    ledger: dict | None = None
-
-    def to_dict(self) -> dict:
-        return {
-            **self.frozen,
-            "trials": [t.to_dict() for t in self.trials],
-            "reference_noise": self.reference_noise,
-            "stream_state": self.stream_state,
-            "done": self.done,
-            "extra": self.extra,
-            "summary": self.summary,
-            "ledger": self.ledger,
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict) -> SearchState:
-        kept = {k: d.get(k) for k in ("config", "config_sha256", "data_sha256")}
-        return cls(kept, [Trial(**t) for t in d["trials"]], d["reference_noise"], d["stream_state"], d["done"],
-                   d.get("extra", {}), d.get("summary"), d.get("ledger"))
+class NotCovered(AccountingError):
+    """A trial recorded releases its search's certificate does not cover (:meth:`Search.check_covered`)."""
 
 
 class Search:
@@ -171,6 +134,7 @@ class Search:
             )
         if self.tune.validation_is_public and not len(self.data.test):
             raise ConfigError("tune.validation_is_public = true scores trials on the test set, which is empty")
+        self._last_plan: tuple = (None, None)
         self._reference_planner = self._planner({})
         self._reference_trial_cache: dict = {}
 
@@ -181,10 +145,17 @@ class Search:
         return with_values(self.cfg, {**values, "privacy.target_epsilon": None, "privacy.noise_multiplier": sigma})
 
     def _planner(self, values: dict):
-        """sigma -> the ledger of one trial with ``values`` (its steps and its score's release)."""
+        """sigma -> the ledger of one trial with ``values`` (its steps and its score's release). What building a
+        trial's job says (a stage's warning about the config) is said once, for the reference trial, when the search
+        is made; for any other trial it is dropped (the trial's own run says it again, captured with its messages):
+        a line per trial, wherever the search plans one (a resume checks every started trial), would count them."""
+        key = repr(sorted(values.items()))
+        if self._last_plan[0] == key:  # (one trial's plan, built once for its noise and its checks: one model kept)
+            return self._last_plan[1]
         # (never trained: the model's probe runs when the trial itself is built)
-        job = job_module.build_job(self.trial_config(values, 1.0), Randomness(0, warn=False), data=self.data,
-                                   checks=False)
+        with contextlib.nullcontext() if not values else captured([]):
+            job = job_module.build_job(self.trial_config(values, 1.0), Randomness(0, warn=False), data=self.data,
+                                       checks=False)
         trainer, total = job.trainer, job.total_steps
         trainer.close()
         score_noise = None if self.tune.validation_is_public else self.tune.score_noise
@@ -193,6 +164,7 @@ class Search:
             steps = trainer.ledger_after(total, sigma)
             return steps if score_noise is None else with_score_release(steps, score_noise)
 
+        self._last_plan = (key, ledger)
         return ledger
 
     def reference_noise(self) -> float:
@@ -212,12 +184,8 @@ class Search:
         planner = self._planner(values)
         if planner(reference).dp_event() == ref_ledger.dp_event():
             return reference
-
-        def dominated(orders):
-            bound = search_rdp(ref_ledger, orders) * (1 + 1e-12)
-            return lambda s: bool(np.all(search_rdp(planner(s), orders) <= bound))
-
-        ok, ok_all = dominated(SMALL_ORDERS), dominated(RDP_ORDERS)
+        ok = self._dominated_by(ref_ledger, planner, SMALL_ORDERS)
+        ok_all = self._dominated_by(ref_ledger, planner, RDP_ORDERS)
         hi = reference
         while not ok(hi):
             hi *= 1.5
@@ -235,16 +203,50 @@ class Search:
             hi *= 1 + 1e-3
         return hi
 
+    def dominated(self, values: dict, sigma: float, reference: float) -> bool:
+        """Whether the trial with ``values`` at noise ``sigma`` has RDP at most the reference trial's (at noise
+        ``reference``) at every order the rdp accountant reads: what :meth:`noise_for` guarantees, and what a resume
+        holds every started trial to (:func:`dptrain.tuning.state.check_resumed`)."""
+        ref_ledger = self._reference_planner(reference)
+        planner = self._planner(values)
+        if planner(sigma).dp_event() == ref_ledger.dp_event():
+            return True
+        return self._dominated_by(ref_ledger, planner, RDP_ORDERS)(sigma)
+
+    @staticmethod
+    def _dominated_by(ref_ledger, planner, orders):
+        bound = search_rdp(ref_ledger, orders) * (1 + 1e-12)
+        return lambda s: bool(np.all(search_rdp(planner(s), orders) <= bound))
+
+    def check_covered(self, trial: Trial, ledger: Ledger) -> None:
+        """What a trial's run recorded (``ledger``, then its score's release) must be what the search planned for it
+        (:meth:`_planner` at its noise), whose RDP the reference trial's bounds: the search's certificate is built
+        from the plans, so a release a trial recorded beyond its plan (a stage that spends at run time, a step
+        recorded at another noise) would not be covered. Refused in one line (the search releases nothing), never
+        taken for a failed trial."""
+        actual = ledger if self.tune.validation_is_public else with_score_release(ledger, self.tune.score_noise)
+        if actual.dp_event() != self._planner(trial.values)(trial.noise_multiplier).dp_event():
+            raise NotCovered(
+                "a trial recorded other releases than the search planned for it (its ledger differs from the plan its "
+                "noise was chosen for): the search's certificate would not cover it, and nothing is released"
+            )
+
     def search_ledger(self, reference: float):
         return search_ledger(self._reference_planner(reference), self.trials)
 
     # -- one trial ----------------------------------------------------------------------------------------------
-    def held_out(self, trial: Trial) -> torch.Tensor:
+    def trial_stream(self, trial: Trial) -> Stream:
+        """The trial's own secret stream, keyed by the four words drawn for it at the search's start (AES-256-CTR with
+        privacy.secure_noise): first its held-out split, then its score's noise. Each is a function of the trial's key
+        alone, so a trial scored again after an interruption releases the same score, never a second draw."""
+        return keyed_stream(trial.split_key, self.cfg.privacy.secure_noise)
+
+    def held_out(self, trial: Trial, stream: Stream | None = None) -> torch.Tensor:
         """The trial's secret validation part: each training example independently with probability
-        validation_fraction (from the trial's secret key); empty when validation is public."""
+        validation_fraction (the first draws of the trial's stream); empty when validation is public."""
         if self.tune.validation_is_public:
             return torch.zeros(self.n, dtype=torch.bool)
-        stream = keyed_stream(trial.split_key, self.cfg.privacy.secure_noise)
+        stream = self.trial_stream(trial) if stream is None else stream
         return stream.uniform((self.n,), dtype=torch.float64) < self.tune.validation_fraction
 
     def hooks(self, trial: Trial, captured_job: dict) -> run_module.RunHooks:
@@ -259,21 +261,23 @@ class Search:
             job.trainer.per_example = per_example
             captured_job["job"] = job
 
-        return run_module.RunHooks(data=self.data, prepare=prepare, part_of="search", may_change=SEARCH_MAY_CHANGE)
+        return run_module.RunHooks(data=self.data, prepare=prepare, part_of="search", owner=owner(trial),
+                                   may_change=SEARCH_MAY_CHANGE)
 
     @torch.no_grad()
-    def score(self, trial: Trial, job, stream: Stream) -> float:
+    def score(self, trial: Trial, job) -> float:
         """The trial's released score: its test accuracy as its run reports it (public validation), or (the held-out
         examples' correct predictions + N(0, score_noise^2)) / (expected held-out count), a release of sensitivity 1
-        that its ledger records, the noise drawn from the search's secret stream. An example counts its share of
-        correct predictions, in [0, 1] (of its tokens, for a sequence: :func:`~dptrain.engine.evaluation.
-        example_scores`), so one example moves the sum by at most 1 whatever the task; the sum and its noise are kept
+        that its ledger records, the noise drawn from the trial's own stream after its split (:meth:`trial_stream`). An
+        example counts its share of correct predictions, in [0, 1] (of its tokens, for a sequence:
+        :func:`~dptrain.engine.evaluation.example_scores`), so one example moves the sum by at most 1 whatever the task; the sum and its noise are kept
         in float64 (float32 would round a sum of shares by more than that). The examples are read as the trial's
         training read them (the trainer's own source: a preprocessing stage's transform applied, memory-mapped or
         text data alike)."""
         if self.tune.validation_is_public:
             return float(job.evaluate())
-        held = self.held_out(trial).nonzero().squeeze(1)
+        stream = self.trial_stream(trial)
+        held = self.held_out(trial, stream).nonzero().squeeze(1)
         trainer = job.trainer
         correct = float(example_scores(trainer.model, trainer.data, held, trainer.device,
                                        loss_fn=trainer.loss_fn).sum())
@@ -281,22 +285,14 @@ class Search:
         return noisy / (self.tune.validation_fraction * self.n)
 
 
-def trial_dir(rd: RunDirectory, trial: Trial) -> Path:
-    """Where a trial runs: inside the search's secret ``private/`` (its index is in the path)."""
-    return rd.path / PRIVATE / TRIALS / str(trial.index)
-
-
 def start_state(search: Search, randomness: Randomness) -> SearchState:
-    """The search's secret draws, all from the "tuning" stream: K (by inversion of its distribution), every trial's
-    hyperparameters and the key of its held-out split."""
+    """The search's secret draws, all from the "tuning" stream (:func:`~dptrain.tuning.state.draw_trials`), and the
+    stream's state before them, the origin a resume draws them again from."""
     stream = randomness.stream("tuning")
-    k = search.trials.draw(open_unit(stream))
-    trials = []
-    for i in range(k):
-        values = draw(search.dims, stream.uniform((len(search.dims),), dtype=torch.float64).tolist())
-        trials.append(Trial(i, values, [int(w) for w in stream.words(4)]))
+    origin = stream.get_state()
+    trials = draw_trials(search, stream)
     text = config_to_toml(search.cfg)
-    return SearchState(frozen(text, fingerprint(search.data)), trials, search.reference_noise(), stream.get_state())
+    return SearchState(frozen(text, fingerprint(search.data)), trials, search.reference_noise(), origin)
 
 
 def run_search(cfg: RunConfig | None, out: str | Path, *, resume: bool = False, progress: bool = True,
@@ -319,6 +315,8 @@ def run_search(cfg: RunConfig | None, out: str | Path, *, resume: bool = False, 
                 return summary
             search = Search(cfg)
             check_data(saved, fingerprint(search.data))
+            # (nothing the state holds that the search can recompute is trusted: its draws, its noise, its trials)
+            check_resumed(search, state, rd.path, job_module.run_randomness(cfg).stream("tuning"))
         else:
             if rd.holds_run() or (rd.path / PRIVATE / STATE).exists():
                 raise RunDirectoryError(f"output directory {rd.path} already holds a run; choose another --out")
@@ -327,9 +325,7 @@ def run_search(cfg: RunConfig | None, out: str | Path, *, resume: bool = False, 
             rd.save_private(STATE, state.to_dict())  # (first: the frozen config, as a run's step-0 checkpoint)
             rd.write_text(CONFIG, state.frozen["config"])
         _announce_seed(cfg)
-        stream = job_module.run_randomness(cfg).stream("tuning")
-        stream.set_state(state.stream_state)
-        _run(search, state, rd, stream, progress)
+        _run(search, state, rd, progress)
         if state.summary is None:  # what the search releases, kept in its secret state before any file is written
             state.summary, state.ledger, state.extra["best_index"] = summarize(search, state, rd)
             state.done = True
@@ -341,10 +337,10 @@ def _saved_state(rd: RunDirectory) -> dict:
     if not (rd.path / PRIVATE / STATE).exists():
         raise RunDirectoryError(f"{rd.path} holds no search to resume")
     saved = rd.load_private(STATE)
-    if not isinstance(saved, dict) or "config" not in saved or "stream_state" not in saved:
+    if not isinstance(saved, dict) or "config" not in saved or ("origin" not in saved and not saved.get("done")):
         raise RunDirectoryError(
             f"the search in {rd.path} was started by an older dptrain, whose state does not keep the config it started "
-            "with: start the search again in a new directory"
+            "with and the origin of its draws: start the search again in a new directory"
         )
     return saved
 
@@ -355,7 +351,7 @@ def _announce_seed(cfg: RunConfig) -> None:
         print(f"dptrain: warning: seed = {cfg.seed}: {SEEDED_WARNING}", file=sys.stderr)
 
 
-def _run(search: Search, state: SearchState, rd: RunDirectory, stream: Stream, progress: bool) -> None:
+def _run(search: Search, state: SearchState, rd: RunDirectory, progress: bool) -> None:
     """Every pending trial, each with its messages captured, under a clock (never a trial count) on stderr; an
     interruption says how to continue the search, not the trial."""
     try:
@@ -366,11 +362,10 @@ def _run(search: Search, state: SearchState, rd: RunDirectory, stream: Stream, p
                 messages: list[str] = []
                 try:
                     with captured(messages):
-                        _one_trial(search, state, trial, rd, stream)
+                        _one_trial(search, state, trial, rd)
                 finally:
                     if messages:
                         state.extra.setdefault("messages", {}).setdefault(str(trial.index), []).extend(messages)
-                state.stream_state = stream.get_state()
                 rd.save_private(STATE, state.to_dict())
     except (KeyboardInterrupt, Terminated):
         rd.save_private(STATE, state.to_dict())
@@ -378,13 +373,13 @@ def _run(search: Search, state: SearchState, rd: RunDirectory, stream: Stream, p
         raise
 
 
-def _one_trial(search: Search, state: SearchState, trial: Trial, rd: RunDirectory, stream: Stream) -> None:
+def _one_trial(search: Search, state: SearchState, trial: Trial, rd: RunDirectory) -> None:
     """Train and score one trial; a trial that fails (a non-finite loss, a config its draw made illegal) is recorded
     with the worst score, never retried. A trial that had started is resumed from its checkpoint with exactly the
-    config the search gives it (:func:`_check_trial`), and whatever its resume refuses (an edited config, ledger or
+    config the search gives it (:func:`~dptrain.tuning.state.check_trial_config`), and whatever its resume refuses (an edited config, ledger or
     summary, other data) refuses the search's resume: it is no failure of the trial. The trial's own not-private
     labels are kept (the search's flag reads them)."""
-    where = trial_dir(rd, trial)
+    where = trial_dir(rd.path, trial)
     job_of: dict = {}
     summary: dict = {}
     resuming = RunDirectory(where).checkpoint.exists()
@@ -402,16 +397,17 @@ def _one_trial(search: Search, state: SearchState, trial: Trial, rd: RunDirector
         cfg = search.trial_config(trial.values, trial.noise_multiplier)
         hooks = search.hooks(trial, job_of)
         if resuming:
-            _check_trial(where, cfg)
+            check_trial_config(where, cfg)
         where.parent.mkdir(parents=True, exist_ok=True)
         summary = run_module.run_training(None if resuming else cfg, where, resume=resuming, progress=False,
                                           hooks=hooks)
         job = job_of.get("job") or _finished_job(search, cfg, where)
-        trial.score = search.score(trial, job, stream)
+        search.check_covered(trial, job.trainer.ledger)
+        trial.score = search.score(trial, job)
         trial.status = "done"
     except DPTrainError as e:
-        if resuming and "job" not in job_of:  # (refused before the trial went on: the resume is refused)
-            raise
+        if isinstance(e, NotCovered) or (resuming and "job" not in job_of):  # (refused: not a failed trial)
+            raise unnamed(e) from None
         trial.status, trial.score = "failed", -math.inf
         state.extra.setdefault("failures", {})[str(trial.index)] = str(e)
     finally:
@@ -421,17 +417,12 @@ def _one_trial(search: Search, state: SearchState, trial: Trial, rd: RunDirector
             trial.not_private_because = list(summary.get("not_private_because", []))
 
 
-def _check_trial(where: Path, cfg: RunConfig) -> None:
-    """The config a started trial's checkpoint keeps must be the one the search gives it (from the search's frozen
-    config, the trial's secret draw and its noise): any difference is refused in one line listing the keys (its
-    ``config.toml`` is held to the checkpoint's by the run's own resume, with nothing allowed to change)."""
-    kept = frozen_config(RunDirectory(where).load_checkpoint())
-    changed = changed_keys(cfg, kept)
-    if changed:
-        raise ConfigError(
-            f"the checkpoint of a trial in {where.parent} holds another config than the search gives it "
-            f"({', '.join(changed)}): the search's private/ was edited or mixed with another search's; restore it"
-        )
+def unnamed(error: DPTrainError) -> DPTrainError:
+    """``error`` with every trial's directory in its message named without its index (``private/trials/<a trial>``):
+    a search's messages on stderr never bound the secret number of trials, a refusal included."""
+    text = re.sub(rf"({re.escape(PRIVATE)}{re.escape(os.sep)}{TRIALS}{re.escape(os.sep)})\d+", r"\1<a trial>",
+                  str(error))
+    return type(error)(text)
 
 
 def _finished_job(search: Search, cfg: RunConfig, where: Path):
@@ -444,4 +435,4 @@ def _finished_job(search: Search, cfg: RunConfig, where: Path):
     return job
 
 
-__all__ = ["Search", "SearchState", "Trial", "run_search", "start_state", "trial_dir"]
+__all__ = ["NotCovered", "Search", "SearchState", "Trial", "run_search", "start_state", "trial_dir", "unnamed"]
