@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_map
 
 from dptrain.data.batches import as_source, loader_batch_size
 from dptrain.engine.api import _check_options, make_private, make_private_with_epsilon
@@ -59,7 +58,7 @@ class _Chunk:
     floats: list[torch.Tensor]
     recording: contextlib.ExitStack
     index: int = 0  # its place in the logical batch
-    batch: tuple = ()  # (inputs, labels) as handed out, for the sentinel (dptrain.preflight.sentinel)
+    batch: tuple = ()  # (inputs, labels) as drawn, for the sentinel (dptrain.preflight.sentinel)
     watch: object = None  # the model's buffers when it was handed out
     outputs: list[torch.Tensor] = field(default_factory=list)  # the model's outputs on the chunk
     layer_outputs: list[torch.Tensor] = field(default_factory=list)  # outputs of the modules with parameters
@@ -211,7 +210,7 @@ class PrivateLoop:
                 batch.extra = {**acc, **{n: acc[n] + g if n in acc else g for n, g in extra_grads.items()}}
             chunk.done = True
             chunk.handed = chunk.floats = chunk.outputs = chunk.layer_outputs = []  # (the chunk's activations, freed)
-            inputs, labels = tree_map(lambda t: t.detach() if torch.is_tensor(t) else t, chunk.batch)
+            (inputs, labels), _, _ = hand_out(chunk.batch)  # (compared as your loop body got it: requiring grad)
             chunk.batch = ()
             ran = self.trainer.sentinel.check(self.trainer.steps, chunk.index, inputs, labels)  # before the release
             if empty or ran or wrote or self._state is not chunk.watch:  # (else the chunk's watch still holds)
@@ -313,12 +312,14 @@ class PrivateLoop:
             batch.chunks = len(chunks)
             for k, c in enumerate(chunks):
                 self._check_state()  # (what your code did since the loop last looked: before the chunk is read)
-                (inputs, labels), handed, floats = hand_out(to_device(trainer.data.batch(c), trainer.device))
+                drawn = to_device(trainer.data.batch(c), trainer.device)
+                (inputs, labels), handed, floats = hand_out(drawn)
+                drawn = trainer.sentinel.drawn(trainer.steps, k, *drawn)  # (a copy if it is checked: your code may write it)
                 recording = contextlib.ExitStack()
                 recording.enter_context(trainer.grad_sampler.recording(len(c)))
                 recording.enter_context(autocast_of(trainer.grad_sampler))
                 chunk = self._chunk = _Chunk(k == len(chunks) - 1, len(c), handed, floats, recording, k,
-                                             (inputs, labels), self._state)  # (checked just now: it holds)
+                                             drawn, self._state)  # (checked just now: it holds)
                 yield inputs, labels
                 if self._batch is not batch:
                     raise LoopError(

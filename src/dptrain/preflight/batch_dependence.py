@@ -35,7 +35,7 @@ import random
 import torch
 from torch.utils._pytree import keystr, tree_flatten, tree_flatten_with_path
 
-from dptrain.data.batches import call_model, take
+from dptrain.data.batches import call_model, copied, take
 from dptrain.errors import ModelError
 from dptrain.preflight.buffers import restored
 
@@ -87,9 +87,9 @@ def _row_of(model, loss_fn, x, y, i: int, autocast) -> list[torch.Tensor]:
     k = len(y)
     device = next(t for t in tree_flatten(x)[0] if torch.is_tensor(t)).device.type
     with replayed_randomness(device), restored(model), torch.no_grad(), autocast():
-        out = call_model(model, x)
+        out = call_model(model, copied(x))
         try:
-            loss = loss_fn(out, y).reshape(-1)
+            loss = loss_fn(out, copied(y)).reshape(-1)
         except Exception:  # noqa: BLE001 (a loss that fails here is the check's to report, not this diagnosis')
             loss = None
         out = output_leaves(out)
@@ -123,8 +123,8 @@ def draws_random_numbers(model, x, autocast) -> bool:
     between them, put back after) give different outputs: the forward pass draws random numbers."""
     device = next(t for t in tree_flatten(x)[0] if torch.is_tensor(t)).device.type
     with replayed_randomness(device), restored(model), torch.no_grad(), autocast():
-        first = output_leaves(call_model(model, x))
-        second = output_leaves(call_model(model, x))
+        first = output_leaves(call_model(model, copied(x)))
+        second = output_leaves(call_model(model, copied(x)))
     for path, a in first.items():
         b = second.get(path)
         if torch.is_tensor(a) and (not torch.is_tensor(b) or a.shape != b.shape or not torch.equal(a, b)):

@@ -39,7 +39,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
-from dptrain.data.batches import call_model, take
+from dptrain.data.batches import call_model, copied, take
 from dptrain.errors import DPTrainError, ModelError, one_line
 from dptrain.preflight.batch_dependence import CHECK_NAME, example_rows, mixing_refusal, output_leaves
 from dptrain.preflight.buffers import BufferWatch, check_buffers, restored
@@ -223,7 +223,7 @@ def compare(model, sampler, loss_fn, x, y, grads, losses, rows: list[int], tol: 
     gradients = gradients or (mixing and reference == "backend")  # (a backend's own: mixing shows in its rows)
     if mixing and reference == "autograd" and (losses is None or not _batched_forward(sampler)):
         with torch.no_grad(), autocast:  # (torch.func and the loop compute each loss alone: the batch's, here)
-            losses = loss_fn(call_model(model, x), y)
+            losses = loss_fn(call_model(model, copied(x)), copied(y))
     moved, bad = [], []
     unused = set(params) if warn_unused_parameters and reference == "autograd" and gradients and rows else set()
     for i in rows:
@@ -322,7 +322,7 @@ def forward_check(trainer, x, y, rows: list[int], tol: Tolerance, buffer_updates
     watch = BufferWatch(model)
     try:
         with torch.enable_grad(), autocast:
-            batched = _pass_leaves(trainer, x, y, None, losses)
+            batched = _pass_leaves(trainer, copied(x), copied(y), None, losses)
     finally:
         written.update(watch.written())
         watch.restore()
@@ -371,7 +371,7 @@ def settle(trainer, x, y, rows: list[int], tol: Tolerance, *, mixing: bool, grad
         watch, calls = BufferWatch(model), ModuleCalls(model)
         try:
             with calls.watching():
-                grads, losses = sampler(x, y)
+                grads, losses = sampler(*copied((x, y)))  # (the batch as drawn stays for the examples alone)
         except CoverageError as e:
             if e.fixable and auto is not None and auto.cover(e.names, calls.called):
                 out.moved += [n for n in e.names if n not in out.moved]

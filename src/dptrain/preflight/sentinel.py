@@ -37,6 +37,7 @@ import hashlib
 
 import torch
 
+from dptrain.data.batches import copied
 from dptrain.errors import DPTrainError, ModelError
 from dptrain.preflight import exact, gradient_check
 from dptrain.preflight.buffers import COMPARED_BYTES, BufferWatch, check_buffers
@@ -127,6 +128,13 @@ class Sentinel:
             return [], False, False
         return sorted({int.from_bytes(h[8 + 8 * r : 16 + 8 * r], "little") % size for r in range(ROWS)}), new, secret
 
+    def drawn(self, step: int, index: int, x, y) -> tuple:
+        """The chunk ``x``, ``y`` of chunk ``index`` of step ``step`` as drawn, for :meth:`check` after training's pass
+        on it: a copy when it is due (the pass may write its inputs in place: a model centering them by the batch's
+        mean leaves centered rows, whose examples alone agree with the mixed batch), else the tensors themselves."""
+        rows, _, _ = self.due(step, index, len(y), first=not self.compared_backward)
+        return copied((x, y)) if rows else (x, y)
+
     def order(self, step: int, index: int, size: int):
         """The secret permutation of chunk ``index`` of step ``step`` (``size`` examples) that its forward comparison
         sets every row against (:func:`dptrain.preflight.gradient_check.forward_check`)."""
@@ -149,13 +157,24 @@ class Sentinel:
             except ModelError:
                 moved = rows
         if secret and not moved:
-            grads, losses = sampler(x, y)
+            grads, losses = sampler(*copied((x, y)))  # (the chunk as drawn stays for the examples alone)
             moved, bad = gradient_check.compare(
                 trainer.model, sampler, trainer.loss_fn, x, y, grads, losses, rows, tol, mixing=self.mixing and not outputs,
                 gradients=self.gradients, reference=self.reference, floor=tol.whole * trainer.clipping.sensitivity,
                 params=trainer.params,
             )
         return moved, bad
+
+    def _as_trained(self, x, y, rows: list[int], order) -> list[int]:
+        """The rows that moved when the chunk's outputs are compared with each example's alone by forward passes in
+        the training precision (its tolerance), every row against the chunk permuted by ``order``."""
+        trainer = self.trainer
+        tol = gradient_check.tolerance_of(trainer.grad_sampler, trainer.model)
+        try:
+            gradient_check.forward_check(trainer, x, y, rows, tol, "not_private", set(), order=order)
+        except ModelError:
+            return rows
+        return []
 
     def check(self, step: int, index: int, x, y) -> bool:
         """Compare chunk ``index`` of step ``step`` (inputs ``x``, labels ``y``, on the trainer's device) with each
@@ -171,18 +190,24 @@ class Sentinel:
         trainer = self.trainer
         model = trainer.model
         order = self.order(step, index, len(y))
+        sampler = trainer.grad_sampler
         with exact.probing(model):
             try:  # in float64 where the model runs in it: rounding is then 1e-11, not a float32 cancellation's 1e-2
-                inner = trainer.grad_sampler.backend if isinstance(trainer.grad_sampler, MixedPrecision) else None
+                inner = sampler.backend if isinstance(sampler, MixedPrecision) else None
                 with exact.float64(model):
                     moved, bad = self._compared(exact.as_float64(x), exact.as_float64(y), rows, new, secret,
-                                                gradient_check.EXACT, inner or trainer.grad_sampler, order)
+                                                gradient_check.EXACT, inner or sampler, order)
+                as_trained = any(p.dtype != torch.float64 for p in trainer.params.values())
             except (RuntimeError, TypeError) as e:  # a model that cannot run in float64: its own precision
                 if isinstance(e, DPTrainError):
                     raise
-                sampler = trainer.grad_sampler
                 moved, bad = self._compared(x, y, rows, new, secret, gradient_check.tolerance_of(sampler, model),
                                             sampler, order)
+                as_trained = False  # (compared in the training precision just now)
+            if as_trained and self.mixing and not (moved or bad):
+                # and the outputs in the training precision, as training computed them: a model may compute otherwise
+                # in float64 (a path for float32 inputs only, which mixed the Poisson remainder chunks unseen)
+                moved = self._as_trained(x, y, rows, order)
         self.checked += 1
         if moved or bad:
             what = ("an example's output or loss in its chunk differs from the example's alone (the model mixes "

@@ -1,0 +1,81 @@
+"""The checks compare the model as training runs it (cases no issue named, tried as a reviewer would): a model that
+writes its inputs in place (centering them by the batch's mean under no_grad left the rows centered for every later
+pass, so each example alone agreed with the mixed batch: accepted and certified), a model that computes otherwise in
+float32 than in the float64 of the checks (it mixed the Poisson remainder chunks unseen: certified), a model that
+mixes only when its inputs require grad, as your own loop hands them out (certified). Each is now refused before
+training or stopped by the sentinel before the release of the first step that meets it."""
+
+import pytest
+import torch
+from torch import nn
+
+from dptrain.engine.api import make_private
+from dptrain.engine.private_loop import make_private_loop
+from dptrain.errors import ModelError
+from dptrain.preflight.sentinel import SentinelError
+
+X = torch.randn(400, 6, generator=torch.Generator().manual_seed(0))
+Y = (X[:, 0] > 0).long()
+
+
+class Mixes(nn.Module):
+    """Mixes the examples of batches of ``low`` < size < ``high`` examples (those of a Poisson remainder chunk when
+    ``low`` is above the probe's batches of 6), in the way ``how`` says."""
+
+    def __init__(self, how: str, low: int = 1, high: int = 10**9):
+        super().__init__()
+        self.lin, self.how, self.low, self.high = nn.Linear(6, 2), how, low, high
+
+    def forward(self, x):
+        mixes = self.low < len(x) < self.high
+        if self.how == "in place" and mixes:
+            with torch.no_grad():  # (idempotent: the centered rows centered again are the same)
+                x.sub_(x.mean(0, keepdim=True))
+        h = self.lin(x)
+        if self.how == "in float32" and mixes and x.dtype == torch.float32:
+            return h - h.mean(0, keepdim=True)
+        if self.how == "requiring grad" and mixes and x.requires_grad:
+            return h - h.mean(0, keepdim=True)
+        return h
+
+
+def _private(model, **options):
+    return make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), (X, Y), noise_multiplier=1.0,
+                        batch_size=40, max_physical_batch_size=16, seed=3, **options)
+
+
+def test_a_model_centering_its_inputs_in_place_is_refused_before_training():
+    with pytest.raises(ModelError, match="independence check failed") as e:
+        _private(Mixes("in place"))
+    assert "\n" not in str(e.value)
+
+
+def _stopped(run) -> None:
+    with pytest.raises(SentinelError, match="the sentinel stopped the run") as e:
+        run()
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("how", ["in place", "in float32"])
+def test_a_model_mixing_remainder_chunks_unlike_the_checks_is_stopped_by_the_sentinel(how):
+    trainer = _private(Mixes(how, low=8, high=16))
+    _stopped(lambda: trainer.train(steps=30))
+    assert trainer.ledger.releases == trainer.steps < 30 and not trainer.epsilon().certified
+
+
+@pytest.mark.parametrize("how", ["in place", "requiring grad"])
+def test_your_loops_chunks_are_compared_as_your_loop_body_got_them(how):
+    model = Mixes(how, low=8 if how == "in place" else 1, high=16)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loop = make_private_loop(model, opt, (X, Y), noise_multiplier=1.0, batch_size=40, max_physical_batch_size=16,
+                             seed=3)
+
+    def run():
+        for x, y in loop.batches(steps=30):
+            loop.backward(nn.functional.cross_entropy(model(x), y, reduction="none"))
+            opt.step()
+            opt.zero_grad()
+
+    _stopped(run)
+    assert loop.ledger.releases == loop.steps < 30 and not loop.trainer.private
+    loop.close()
