@@ -2,8 +2,10 @@
 writes its inputs in place (centering them by the batch's mean under no_grad left the rows centered for every later
 pass, so each example alone agreed with the mixed batch: accepted and certified), a model that computes otherwise in
 float32 than in the float64 of the checks (it mixed the Poisson remainder chunks unseen: certified), a model that
-mixes only when its inputs require grad, as your own loop hands them out (certified). Each is now refused before
-training or stopped by the sentinel before the release of the first step that meets it."""
+mixes only when its inputs require grad, as your own loop hands them out (certified), a model keeping the previous
+batch in a global and adding it to a new batch only, not to the same batch run again (every check ran the chunk
+again: certified, every step mixed with the one before). Each is now refused before training or stopped by the
+sentinel before the release of the first step that meets it."""
 
 import pytest
 import torch
@@ -39,6 +41,29 @@ class Mixes(nn.Module):
         return h
 
 
+#: State kept outside the model (a module's attributes are watched): (model id, batch size) -> its last new batch's mean
+_LAST: dict[tuple[int, int], torch.Tensor] = {}
+
+
+class AddsTheLastBatch(nn.Module):
+    """Adds the mean of the last batch of its size it saw to a new batch's inputs (every step mixes with the one
+    before), but not when the same batch comes again (a check running the chunk again sees an independent model)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(6, 2)
+
+    def forward(self, x):
+        if len(x) > 1:
+            key = (id(self), len(x))
+            mean, last = x.detach().mean(0), _LAST.get(key)
+            if last is None or not torch.allclose(last, mean.to(last.dtype), atol=1e-5):
+                _LAST[key] = mean
+                if last is not None:
+                    x = x + last.to(x.dtype)
+        return self.lin(x)
+
+
 def _private(model, **options):
     return make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), (X, Y), noise_multiplier=1.0,
                         batch_size=40, max_physical_batch_size=16, seed=3, **options)
@@ -63,9 +88,15 @@ def test_a_model_mixing_remainder_chunks_unlike_the_checks_is_stopped_by_the_sen
     assert trainer.ledger.releases == trainer.steps < 30 and not trainer.epsilon().certified
 
 
-@pytest.mark.parametrize("how", ["in place", "requiring grad"])
+def test_the_sentinel_compares_trainings_own_pass_not_a_pass_run_again():
+    trainer = _private(AddsTheLastBatch())
+    _stopped(lambda: trainer.train(steps=30))
+    assert trainer.ledger.releases == trainer.steps == 0 and not trainer.epsilon().certified
+
+
+@pytest.mark.parametrize("how", ["in place", "requiring grad", "the last batch"])
 def test_your_loops_chunks_are_compared_as_your_loop_body_got_them(how):
-    model = Mixes(how, low=8 if how == "in place" else 1, high=16)
+    model = AddsTheLastBatch() if how == "the last batch" else Mixes(how, low=8 if how == "in place" else 1, high=16)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     loop = make_private_loop(model, opt, (X, Y), noise_multiplier=1.0, batch_size=40, max_physical_batch_size=16,
                              seed=3)

@@ -63,9 +63,9 @@ def test_mixing_in_remainder_chunks_is_stopped_at_the_first_before_its_release(r
     sizes = []
     original = trainer.sentinel.check
 
-    def seen(step, index, x, y):
+    def seen(step, index, x, y, *trained):
         sizes.append(len(y))
-        return original(step, index, x, y)
+        return original(step, index, x, y, *trained)
 
     trainer.sentinel.check = seen
     with pytest.raises(SentinelError, match="the sentinel stopped the run"):

@@ -39,6 +39,7 @@ from dptrain.engine.loop_chunks import derived_from, hand_out, reaches, same_exa
 from dptrain.engine.loop_state import OptimizerWatch, changed_optimizer_state, changed_outside_step
 from dptrain.engine.trainer import FROZEN_REFUSAL, PrivateTrainer, optimizer_step
 from dptrain.errors import ConfigError, DPTrainError, ModelError
+from dptrain.preflight.batch_dependence import output_leaves, randomness_state, same_randomness
 from dptrain.stages.clipping import ClipStats, clipped_sum
 from dptrain.stages.devices import to_device
 from dptrain.stages.precision import autocast_of
@@ -64,6 +65,8 @@ class _Chunk:
     layer_outputs: list[torch.Tensor] = field(default_factory=list)  # outputs of the modules with parameters
     calls: int = 0
     done: bool = False  # backpropagated
+    randomness: tuple | None = None  # the generators when a chunk the sentinel compares was handed out
+    trained: dict | None = None  # then the model's outputs in the loop body's (last) call on it
 
 
 @dataclass
@@ -177,6 +180,8 @@ class PrivateLoop:
             )
         if chunk.done:
             self._refuse("loop.backward() was called twice on one chunk: each chunk is backpropagated once")
+        trained = chunk.trained if chunk.calls == 1 and chunk.randomness is not None and same_randomness(
+            chunk.randomness, randomness_state(self.trainer.device.type)) else None  # (the sentinel compares them)
         try:
             self._check_state(parameters_only=True)  # (a parameter changed in the loop body: before anything else)
             self._check_foreign()
@@ -212,7 +217,7 @@ class PrivateLoop:
             chunk.handed = chunk.floats = chunk.outputs = chunk.layer_outputs = []  # (the chunk's activations, freed)
             (inputs, labels), _, _ = hand_out(chunk.batch)  # (compared as your loop body got it: requiring grad)
             chunk.batch = ()
-            ran = self.trainer.sentinel.check(self.trainer.steps, chunk.index, inputs, labels)  # before the release
+            ran = self.trainer.sentinel.check(self.trainer.steps, chunk.index, inputs, labels, trained)  # before the release
             if empty or ran or wrote or self._state is not chunk.watch:  # (else the chunk's watch still holds)
                 self._state = self.trainer.sentinel.watch()
             if chunk.last:
@@ -314,12 +319,14 @@ class PrivateLoop:
                 self._check_state()  # (what your code did since the loop last looked: before the chunk is read)
                 drawn = to_device(trainer.data.batch(c), trainer.device)
                 (inputs, labels), handed, floats = hand_out(drawn)
-                drawn = trainer.sentinel.drawn(trainer.steps, k, *drawn)  # (a copy if it is checked: your code may write it)
+                checked = trainer.sentinel.drawn(trainer.steps, k, *drawn)  # (a copy if it is checked: your code may write it)
                 recording = contextlib.ExitStack()
                 recording.enter_context(trainer.grad_sampler.recording(len(c)))
                 recording.enter_context(autocast_of(trainer.grad_sampler))
                 chunk = self._chunk = _Chunk(k == len(chunks) - 1, len(c), handed, floats, recording, k,
-                                             drawn, self._state)  # (checked just now: it holds)
+                                             checked, self._state)  # (checked just now: it holds)
+                if checked[1] is not drawn[1]:  # (compared with the outputs your loop body computes, if it draws no number)
+                    chunk.randomness = randomness_state(trainer.device.type)
                 yield inputs, labels
                 if self._batch is not batch:
                     raise LoopError(
@@ -446,6 +453,8 @@ class PrivateLoop:
         chunk = self._chunk
         if chunk is not None and not chunk.done and not self._forming:
             chunk.outputs += [t for t in tensors_of(output) if t.requires_grad]
+            if chunk.randomness is not None and module.training:
+                chunk.trained = output_leaves(output)
 
     def _layer_returned(self, module, args, output):
         chunk = self._chunk

@@ -60,6 +60,25 @@ def replayed_randomness(device_type: str = "cpu"):
         np.random.set_state(numpy_state)
 
 
+def randomness_state(device_type: str = "cpu") -> tuple:
+    """The state of torch's (CPU and the run's accelerator), NumPy's and Python's global generators: two equal states
+    (:func:`same_randomness`) around a pass say it drew no random number."""
+    import numpy as np
+
+    cuda = torch.cuda.get_rng_state() if device_type == "cuda" and torch.cuda.is_available() else None
+    return torch.get_rng_state(), cuda, np.random.get_state(), random.getstate()
+
+
+def same_randomness(a: tuple, b: tuple) -> bool:
+    """Whether two :func:`randomness_state` readings are equal (no random number drawn between them)."""
+    import numpy as np
+
+    same_tensor = lambda s, t: (s is None) == (t is None) and (s is None or torch.equal(s, t))  # noqa: E731
+    numpy_same = all(np.array_equal(u, v) if isinstance(u, np.ndarray) else u == v
+                     for u, v in zip(a[2], b[2], strict=True))
+    return same_tensor(a[0], b[0]) and same_tensor(a[1], b[1]) and numpy_same and a[3] == b[3]
+
+
 def output_leaves(out) -> dict[str, object]:
     """A model output's leaves (tensors detached) by their path in it (a tensor, or tuples, lists, dicts and
     ModelOutputs holding some): two passes' outputs are compared leaf by leaf at the same path."""
@@ -169,4 +188,4 @@ def mixing_refusal(model, loss_fn, x, y, i: int, autocast, rtol: float, also=())
 
 
 __all__ = ["CHECK_NAME", "depends_on_others", "draws_random_numbers", "example_rows", "mixing_refusal", "output_leaves",
-           "replayed_randomness"]
+           "randomness_state", "replayed_randomness", "same_randomness"]

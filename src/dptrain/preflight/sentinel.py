@@ -33,13 +33,16 @@ rounding is far inside the tolerance), so it says nothing about the data of a ru
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+from dataclasses import dataclass
 
 import torch
 
 from dptrain.data.batches import copied
 from dptrain.errors import DPTrainError, ModelError
 from dptrain.preflight import exact, gradient_check
+from dptrain.preflight.batch_dependence import output_leaves, randomness_state, same_randomness
 from dptrain.preflight.buffers import COMPARED_BYTES, BufferWatch, check_buffers
 from dptrain.stages.precision import MixedPrecision
 
@@ -51,6 +54,16 @@ ROWS = 2
 
 class SentinelError(ModelError):
     """The sentinel found, during training, a chunk whose per-example gradients are not each example's alone."""
+
+
+@dataclass
+class Trained:
+    """A chunk as drawn (``x``, ``y``) and, where known, the leaves of the model's outputs in training's own pass on it
+    (:func:`dptrain.preflight.batch_dependence.output_leaves`; None: not kept)."""
+
+    x: object
+    y: torch.Tensor
+    outputs: dict | None = None
 
 
 class Sentinel:
@@ -135,6 +148,31 @@ class Sentinel:
         rows, _, _ = self.due(step, index, len(y), first=not self.compared_backward)
         return copied((x, y)) if rows else (x, y)
 
+    @contextlib.contextmanager
+    def training_pass(self, step: int, index: int, x, y):
+        """Around training's own pass on chunk ``index`` of step ``step`` (``x``, ``y``): yields the :class:`Trained`
+        that :meth:`check` compares after it: the chunk as drawn (:meth:`drawn`) and, when it is due, the backend
+        forms the chunk in one forward pass (layerwise) and the pass draws no random number, the model's outputs in
+        its last call in training mode (the backend's own layout passes run in evaluation mode), the pass (what training released is compared, not a pass run again)."""
+        held = Trained(*self.drawn(step, index, x, y))
+        if held.x is x or not gradient_check.batched_forward(self.trainer.grad_sampler):
+            yield held
+            return
+        calls: list = []
+        def called(module, args, out) -> None:  # (the backend's own layout passes run in evaluation mode: not kept)
+            if module.training:
+                calls.append(output_leaves(out))
+
+        handle = self.trainer.model.register_forward_hook(called)
+        before = randomness_state(self.trainer.device.type)
+        try:
+            yield held
+        finally:
+            handle.remove()
+        if calls and same_randomness(before, randomness_state(self.trainer.device.type)) and \
+                gradient_check.batched_forward(self.trainer.grad_sampler):
+            held.outputs = calls[-1]  # (a pass the backend measured again runs the model again: the last is its own)
+
     def order(self, step: int, index: int, size: int):
         """The secret permutation of chunk ``index`` of step ``step`` (``size`` examples) that its forward comparison
         sets every row against (:func:`dptrain.preflight.gradient_check.forward_check`)."""
@@ -165,18 +203,19 @@ class Sentinel:
             )
         return moved, bad
 
-    def _as_trained(self, x, y, rows: list[int], order) -> list[int]:
-        """The rows that moved when the chunk's outputs are compared with each example's alone by forward passes in
-        the training precision (its tolerance), every row against the chunk permuted by ``order``."""
+    def _as_trained(self, x, y, rows: list[int], order, trained: dict | None = None) -> list[int]:
+        """The rows that moved when the chunk's outputs (``trained``: those of training's own pass; None: a pass run
+        now) are compared with each example's alone by forward passes in the training precision (its tolerance), every
+        row against the chunk permuted by ``order``."""
         trainer = self.trainer
         tol = gradient_check.tolerance_of(trainer.grad_sampler, trainer.model)
         try:
-            gradient_check.forward_check(trainer, x, y, rows, tol, "not_private", set(), order=order)
+            gradient_check.forward_check(trainer, x, y, rows, tol, "not_private", set(), order=order, trained=trained)
         except ModelError:
             return rows
         return []
 
-    def check(self, step: int, index: int, x, y) -> bool:
+    def check(self, step: int, index: int, x, y, trained: dict | None = None) -> bool:
         """Compare chunk ``index`` of step ``step`` (inputs ``x``, labels ``y``, on the trainer's device) with each
         example alone if it is due: forward passes for a new batch size (mixing shows in the outputs), forward and
         backward at a secret place. SentinelError (the run marked not private) on a mismatch. Returns whether it
@@ -204,10 +243,11 @@ class Sentinel:
                 moved, bad = self._compared(x, y, rows, new, secret, gradient_check.tolerance_of(sampler, model),
                                             sampler, order)
                 as_trained = False  # (compared in the training precision just now)
-            if as_trained and self.mixing and not (moved or bad):
-                # and the outputs in the training precision, as training computed them: a model may compute otherwise
-                # in float64 (a path for float32 inputs only, which mixed the Poisson remainder chunks unseen)
-                moved = self._as_trained(x, y, rows, order)
+            if self.mixing and not (moved or bad) and (as_trained or trained is not None):
+                # and the outputs in the training precision, as training computed them (``trained``: training's own
+                # pass): a model may compute otherwise in float64 (a path for float32 inputs only mixed the Poisson
+                # remainder chunks unseen), or when run again (state kept in a global, used only on a new batch)
+                moved = self._as_trained(x, y, rows, order, trained)
         self.checked += 1
         if moved or bad:
             what = ("an example's output or loss in its chunk differs from the example's alone (the model mixes "
@@ -224,4 +264,4 @@ class Sentinel:
         return True
 
 
-__all__ = ["RATE", "ROWS", "Sentinel", "SentinelError"]
+__all__ = ["RATE", "ROWS", "Sentinel", "SentinelError", "Trained"]
