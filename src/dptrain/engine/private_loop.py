@@ -37,6 +37,8 @@ from dptrain.engine.grad_scaler import called_by_grad_scaler
 from dptrain.engine.interrupts import deferred_signals
 from dptrain.engine.loop_chunks import derived_from, hand_out, reaches, same_examples, tensors_of
 from dptrain.engine.loop_state import OptimizerWatch, changed_optimizer_state, changed_outside_step
+from dptrain.engine.released import changed as changed_gradients
+from dptrain.engine.released import kept as kept_gradients
 from dptrain.engine.trainer import FROZEN_REFUSAL, PrivateTrainer, optimizer_step
 from dptrain.errors import ConfigError, DPTrainError, ModelError
 from dptrain.preflight.batch_dependence import output_leaves, randomness_state, same_randomness
@@ -81,6 +83,7 @@ class _Batch:
     released: bool = False
     stepped: bool = False
     written: dict = field(default_factory=dict)  # the .grad tensors the release wrote, by parameter name
+    values: dict = field(default_factory=dict)  # copies of their values (dptrain.engine.released)
 
 
 class PrivateLoop:
@@ -358,6 +361,7 @@ class PrivateLoop:
                 p = self.trainer.params[n]
                 p.grad.add_((g / batch.chunks).to(p.grad.dtype))
         batch.written = {n: p.grad for n, p in self.trainer.params.items()}
+        batch.summed, batch.values = None, kept_gradients(batch.written)  # (the sum's memory for the copies)
 
     def _optimizer_step(self, previous, args, kwargs):
         if self._closed:
@@ -510,7 +514,7 @@ class PrivateLoop:
         foreign = trainer.unprivatized_parameters()
         replaced = [
             n for n, p in trainer.params.items() if p.grad is not None and p.grad is not batch.written.get(n)
-        ]
+        ] or changed_gradients(batch.values, trainer.params)
         if not frozen and not foreign and not replaced:
             return
         for p in [*trainer.params.values(), *self.model.parameters(),
@@ -525,8 +529,9 @@ class PrivateLoop:
                 "added after make_private_loop is not: make the loop again, or freeze it with requires_grad_(False))"
             )
         self._refuse(
-            f"the gradient of {', '.join(replaced[:3])} is not the one loop.backward released (p.grad was replaced "
-            "after the release): change it in place (clip_grad_norm_) or not at all"
+            f"the gradient of {', '.join(replaced[:3])} is not the one loop.backward released (p.grad was replaced or "
+            "written after the release): clip it in place (clip_grad_norm_, clip_grad_value_) or leave it; a term of "
+            "the parameters goes to loop.backward(losses, extra=fn)"
         )
 
     def _check_losses(self, chunk: _Chunk, losses) -> None:
