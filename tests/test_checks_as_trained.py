@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from dptrain.engine.api import make_private
-from dptrain.engine.private_loop import make_private_loop
+from dptrain.engine.private_loop import LoopError, make_private_loop
 from dptrain.errors import ModelError
 from dptrain.preflight.sentinel import SentinelError
 
@@ -76,7 +76,8 @@ def test_a_model_centering_its_inputs_in_place_is_refused_before_training():
 
 
 def _stopped(run) -> None:
-    with pytest.raises(SentinelError, match="the sentinel stopped the run") as e:
+    # (your loop: its check of the losses against the chunk's inputs, at the sentinel's places, may meet it first)
+    with pytest.raises((SentinelError, LoopError), match="the sentinel stopped the run|the losses mix examples") as e:
         run()
     assert "\n" not in str(e.value)
 

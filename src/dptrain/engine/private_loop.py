@@ -35,7 +35,14 @@ from dptrain.engine.extra_terms import ExtraRefused, check_reads_no_example, ext
 from dptrain.engine.grad_scaler import REFUSAL as GRAD_SCALER_REFUSAL
 from dptrain.engine.grad_scaler import called_by_grad_scaler
 from dptrain.engine.interrupts import deferred_signals
-from dptrain.engine.loop_chunks import derived_from, hand_out, reaches, same_examples, tensors_of
+from dptrain.engine.loop_chunks import (
+    derived_from,
+    hand_out,
+    mixed_losses,
+    reaches,
+    same_examples,
+    tensors_of,
+)
 from dptrain.engine.loop_state import OptimizerWatch, changed_optimizer_state, changed_outside_step
 from dptrain.engine.released import changed as changed_gradients
 from dptrain.engine.released import kept as kept_gradients
@@ -67,6 +74,7 @@ class _Chunk:
     layer_outputs: list[torch.Tensor] = field(default_factory=list)  # outputs of the modules with parameters
     calls: int = 0
     done: bool = False  # backpropagated
+    rows: list[int] = field(default_factory=list)  # the rows the sentinel compares (none: not compared)
     randomness: tuple | None = None  # the generators when a chunk the sentinel compares was handed out
     trained: dict | None = None  # then the model's outputs in the loop body's (last) call on it
 
@@ -328,7 +336,8 @@ class PrivateLoop:
                 recording.enter_context(autocast_of(trainer.grad_sampler))
                 chunk = self._chunk = _Chunk(k == len(chunks) - 1, len(c), handed, floats, recording, k,
                                              checked, self._state)  # (checked just now: it holds)
-                if checked[1] is not drawn[1]:  # (compared with the outputs your loop body computes, if it draws no number)
+                chunk.rows = trainer.sentinel.rows_of(trainer.steps, k, len(c))
+                if chunk.rows:  # (compared with the outputs your loop body computes, if it draws no number)
                     chunk.randomness = randomness_state(trainer.device.type)
                 yield inputs, labels
                 if self._batch is not batch:
@@ -552,21 +561,11 @@ class PrivateLoop:
             )
 
     def _check_per_example(self, chunk: _Chunk, losses: torch.Tensor) -> None:
-        """Refuse losses that mix examples through the model's outputs: the losses of examples 1.. must not depend on
-        example 0's outputs (a loss over the batch: minus its mean, a softmax across examples). Mixing that bypasses
-        autograd (a detached batch statistic) cannot be seen here."""
-        n = chunk.size
-        outs = [o for o in chunk.outputs if o.dim() and o.shape[0] == n]
-        if n < 2 or not outs:
-            return
-        grads = torch.autograd.grad(losses[1:].sum(), outs, retain_graph=True, allow_unused=True)
-        # (a non-finite output is the release's NonFiniteError, not a mixing loss: its rows count as 0 here)
-        rows = [g[0].nan_to_num(0.0, 0.0, 0.0).abs().sum(dtype=torch.float64) for g in grads if g is not None]
-        if rows and torch.stack(rows).sum().item() != 0:
-            self._refuse(
-                "the losses mix examples: one example's outputs move the loss of others (a loss over the batch, such "
-                "as minus its mean); loop.backward takes one loss per example, each from its own example's outputs"
-            )
+        found = mixed_losses(losses, chunk.outputs, chunk.floats, chunk.rows)  # (dptrain.engine.loop_chunks)
+        if found is not None:
+            if found[1]:  # (at the sentinel's places: as its own comparisons, the run is not certified)
+                self.trainer.sentinel.stop(f"at step {self.trainer.steps + 1}, {found[0]}")
+            self._refuse(found[0])
 
     def _extra_gradients(self, chunk: _Chunk, extra) -> dict[str, torch.Tensor]:
         try:  # (dptrain.engine.extra_terms: what the loop checks of extra, and what it cannot see)

@@ -145,8 +145,12 @@ class Sentinel:
         """The chunk ``x``, ``y`` of chunk ``index`` of step ``step`` as drawn, for :meth:`check` after training's pass
         on it: a copy when it is due (the pass may write its inputs in place: a model centering them by the batch's
         mean leaves centered rows, whose examples alone agree with the mixed batch), else the tensors themselves."""
-        rows, _, _ = self.due(step, index, len(y), first=not self.compared_backward)
-        return copied((x, y)) if rows else (x, y)
+        return copied((x, y)) if self.rows_of(step, index, len(y)) else (x, y)
+
+    def rows_of(self, step: int, index: int, size: int) -> list[int]:
+        """The rows of chunk ``index`` of step ``step`` (``size`` examples) that :meth:`check` will compare (none: the
+        chunk is not compared), known before training's pass on it."""
+        return self.due(step, index, size, first=not self.compared_backward)[0]
 
     @contextlib.contextmanager
     def training_pass(self, step: int, index: int, x, y):
