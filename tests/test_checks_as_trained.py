@@ -4,8 +4,9 @@ pass, so each example alone agreed with the mixed batch: accepted and certified)
 float32 than in the float64 of the checks (it mixed the Poisson remainder chunks unseen: certified), a model that
 mixes only when its inputs require grad, as your own loop hands them out (certified), a model keeping the previous
 batch in a global and adding it to a new batch only, not to the same batch run again (every check ran the chunk
-again: certified, every step mixed with the one before). Each is now refused before training or stopped by the
-sentinel before the release of the first step that meets it."""
+again: certified, every step mixed with the one before), a backward mixing the gradient rows in float32 only (the
+sentinel compared gradients in float64: certified). Each is now refused before training or stopped by the sentinel
+before the release of the first step that meets it."""
 
 import pytest
 import torch
@@ -64,6 +65,27 @@ class AddsTheLastBatch(nn.Module):
         return self.lin(x)
 
 
+class _MixesFloat32Gradients(torch.autograd.Function):
+    """The identity forward; backward adds the mean of the gradient rows to each, in float32 only."""
+
+    @staticmethod
+    def forward(ctx, h):
+        return h.view_as(h)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g + g.mean(0, keepdim=True) if g.dtype == torch.float32 and len(g) > 1 else g
+
+
+class MixesGradientsInFloat32(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(6, 2)
+
+    def forward(self, x):
+        return _MixesFloat32Gradients.apply(self.lin(x))
+
+
 def _private(model, **options):
     return make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), (X, Y), noise_multiplier=1.0,
                         batch_size=40, max_physical_batch_size=16, seed=3, **options)
@@ -89,8 +111,11 @@ def test_a_model_mixing_remainder_chunks_unlike_the_checks_is_stopped_by_the_sen
     assert trainer.ledger.releases == trainer.steps < 30 and not trainer.epsilon().certified
 
 
-def test_the_sentinel_compares_trainings_own_pass_not_a_pass_run_again():
-    trainer = _private(AddsTheLastBatch())
+@pytest.mark.parametrize("model", [AddsTheLastBatch, MixesGradientsInFloat32])
+def test_the_sentinel_compares_trainings_own_pass_not_a_pass_run_again(model):
+    """Its outputs and, at the secret places and the first chunk, its per-example gradients (those clipped and
+    released)."""
+    trainer = _private(model())
     _stopped(lambda: trainer.train(steps=30))
     assert trainer.ledger.releases == trainer.steps == 0 and not trainer.epsilon().certified
 

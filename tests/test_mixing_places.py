@@ -63,9 +63,9 @@ def test_mixing_in_remainder_chunks_is_stopped_at_the_first_before_its_release(r
     sizes = []
     original = trainer.sentinel.check
 
-    def seen(step, index, x, y, *trained):
+    def seen(step, index, x, y):
         sizes.append(len(y))
-        return original(step, index, x, y, *trained)
+        return original(step, index, x, y)
 
     trainer.sentinel.check = seen
     with pytest.raises(SentinelError, match="the sentinel stopped the run"):

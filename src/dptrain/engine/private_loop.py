@@ -49,6 +49,7 @@ from dptrain.engine.released import kept as kept_gradients
 from dptrain.engine.trainer import FROZEN_REFUSAL, PrivateTrainer, optimizer_step
 from dptrain.errors import ConfigError, DPTrainError, ModelError
 from dptrain.preflight.batch_dependence import output_leaves, randomness_state, same_randomness
+from dptrain.preflight.sentinel import Trained
 from dptrain.stages.clipping import ClipStats, clipped_sum
 from dptrain.stages.devices import to_device
 from dptrain.stages.precision import autocast_of
@@ -228,7 +229,8 @@ class PrivateLoop:
             chunk.handed = chunk.floats = chunk.outputs = chunk.layer_outputs = []  # (the chunk's activations, freed)
             (inputs, labels), _, _ = hand_out(chunk.batch)  # (compared as your loop body got it: requiring grad)
             chunk.batch = ()
-            ran = self.trainer.sentinel.check(self.trainer.steps, chunk.index, inputs, labels, trained)  # before the release
+            self.trainer.sentinel.hold(Trained(inputs, labels, trained, key=(self.trainer.steps, chunk.index)))
+            ran = self.trainer.sentinel.check(self.trainer.steps, chunk.index, inputs, labels)  # before the release
             if empty or ran or wrote or self._state is not chunk.watch:  # (else the chunk's watch still holds)
                 self._state = self.trainer.sentinel.watch()
             if chunk.last:

@@ -59,11 +59,13 @@ class SentinelError(ModelError):
 @dataclass
 class Trained:
     """A chunk as drawn (``x``, ``y``) and, where known, the leaves of the model's outputs in training's own pass on it
-    (:func:`dptrain.preflight.batch_dependence.output_leaves`; None: not kept)."""
+    (:func:`dptrain.preflight.batch_dependence.output_leaves`; None: not kept), and the backend's result of that pass."""
 
     x: object
     y: torch.Tensor
     outputs: dict | None = None
+    result: tuple | None = None  # the backend's (per-example gradients, losses) of that pass (set by the trainer)
+    key: tuple = ()  # (step, chunk index)
 
 
 class Sentinel:
@@ -83,6 +85,7 @@ class Sentinel:
         #: chunks compared so far (in this process); whether one was compared backward (the first chunk is)
         self.checked = 0
         self.compared_backward = False
+        self._held: Trained | None = None  # training's own pass on the chunk the next check compares (hold)
 
     def stop(self, reason: str) -> None:
         """Label the run not private: a check stopped it during training, at a moment that depends on the private
@@ -158,8 +161,8 @@ class Sentinel:
         that :meth:`check` compares after it: the chunk as drawn (:meth:`drawn`) and, when it is due, the backend
         forms the chunk in one forward pass (layerwise) and the pass draws no random number, the model's outputs in
         its last call in training mode (the backend's own layout passes run in evaluation mode), the pass (what training released is compared, not a pass run again)."""
-        held = Trained(*self.drawn(step, index, x, y))
-        if held.x is x or not gradient_check.batched_forward(self.trainer.grad_sampler):
+        held = Trained(*self.drawn(step, index, x, y), key=(step, index))
+        if held.y is y or not gradient_check.batched_forward(self.trainer.grad_sampler):
             yield held
             return
         calls: list = []
@@ -176,12 +179,18 @@ class Sentinel:
         if calls and same_randomness(before, randomness_state(self.trainer.device.type)) and \
                 gradient_check.batched_forward(self.trainer.grad_sampler):
             held.outputs = calls[-1]  # (a pass the backend measured again runs the model again: the last is its own)
+            self.hold(held)
 
     def order(self, step: int, index: int, size: int):
         """The secret permutation of chunk ``index`` of step ``step`` (``size`` examples) that its forward comparison
         sets every row against (:func:`dptrain.preflight.gradient_check.forward_check`)."""
         seed = int.from_bytes(self._hash(step, index)[-8:], "little") >> 1
         return torch.randperm(size, generator=torch.Generator(device="cpu").manual_seed(seed), device="cpu")
+
+    def hold(self, trained: Trained) -> None:
+        """Keep training's own pass on a chunk (:class:`Trained`, its ``key`` the chunk's) for the :meth:`check` of
+        that chunk, which compares it (the check's signature stays that of a chunk alone)."""
+        self._held = trained
 
     def _compared(self, x, y, rows: list[int], new: bool, secret: bool, tol, sampler,
                   order=None) -> tuple[list[int], list[str]]:
@@ -219,13 +228,29 @@ class Sentinel:
             return rows
         return []
 
-    def check(self, step: int, index: int, x, y, trained: dict | None = None) -> bool:
+    def _trained_gradients(self, x, y, rows: list[int], result) -> list[str]:
+        """The parameters whose per-example gradient in training's own pass (``result``: the backend's gradients and
+        losses) disagrees with the example's alone, on ``rows``, in the training precision (its tolerance): what was
+        clipped and released, not a pass run again (a backward that computes otherwise in the checks' float64)."""
+        trainer = self.trainer
+        sampler = trainer.grad_sampler
+        tol = gradient_check.tolerance_of(sampler, trainer.model)
+        return gradient_check.compare(
+            trainer.model, sampler, trainer.loss_fn, x, y, result[0], result[1], rows, tol, mixing=False,
+            gradients=True, reference=self.reference, floor=tol.whole * trainer.clipping.sensitivity,
+            params=trainer.params,
+        )[1]
+
+    def check(self, step: int, index: int, x, y) -> bool:
         """Compare chunk ``index`` of step ``step`` (inputs ``x``, labels ``y``, on the trainer's device) with each
         example alone if it is due: forward passes for a new batch size (mixing shows in the outputs), forward and
         backward at a secret place. SentinelError (the run marked not private) on a mismatch. Returns whether it
         compared (its float64 passes recast the parameters' ``.data``: a watch begun before is stale)."""
         # (the run's first chunk, the run's chunk size in the common case, is compared backward too: the probe
         # compares gradients on a few examples and at the chunk size forward passes only)
+        held, self._held = self._held, None
+        held = held if held is not None and held.key == (step, index) else Trained(x, y)
+        trained = held.outputs  # (training's own pass on the chunk, where it drew no random number: hold)
         rows, new, secret = self.due(step, index, len(y), first=not self.compared_backward)
         if not rows:
             return False
@@ -252,6 +277,8 @@ class Sentinel:
                 # pass): a model may compute otherwise in float64 (a path for float32 inputs only mixed the Poisson
                 # remainder chunks unseen), or when run again (state kept in a global, used only on a new batch)
                 moved = self._as_trained(x, y, rows, order, trained)
+            if secret and self.gradients and held.result is not None and not (moved or bad):
+                bad = self._trained_gradients(x, y, rows, held.result)
         self.checked += 1
         if moved or bad:
             what = ("an example's output or loss in its chunk differs from the example's alone (the model mixes "
