@@ -42,3 +42,26 @@ def test_a_loss_mixing_the_chunk_through_a_second_model_is_refused_and_an_indepe
     train(2)
     assert loop.steps == 2 and loop.trainer.private
     loop.close()
+
+
+@pytest.mark.parametrize("term", ["weights", "gradient penalty"])
+def test_a_parameter_used_in_the_losses_outside_the_model_names_the_loops_way_out(term):
+    """A term of the weights added to each loss, or a gradient penalty (double backward): no per-example gradient is
+    recorded for it. The refusal named the automatic backend or torch.func as the way out, which a loop already uses
+    or refuses; it names extra= now."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loop = make_private_loop(model, opt, (X, Y), noise_multiplier=1.0, batch_size=32, max_physical_batch_size=64)
+    with pytest.raises(LoopError, match="outside the model's forward pass on the chunk") as e:
+        for x, y in loop.batches(steps=1):
+            out = model(x)
+            losses = F.cross_entropy(out, y, reduction="none")
+            if term == "weights":
+                losses = losses + 0.01 * model[0].weight.norm()
+            else:
+                (g,) = torch.autograd.grad(out.sum(), x, create_graph=True)
+                losses = losses + (g**2).sum(1)
+            loop.backward(losses)
+    assert "extra=fn" in str(e.value) and "grad_sampler" not in str(e.value) and loop.steps == 0
+    loop.close()

@@ -126,4 +126,15 @@ def mixed_losses(losses: torch.Tensor, outputs: list[torch.Tensor], inputs: list
     return None
 
 
-__all__ = ["derived_from", "hand_out", "mixed_losses", "reaches", "same_examples", "tensors_of"]
+def uncovered(names: list[str]) -> str:
+    """The refusal of losses whose gradient reaches the parameters ``names`` outside the model's recorded forward pass
+    on the chunk (your loop cannot change its backend: the automatic backend's way out is not one)."""
+    return (
+        f"the losses use parameter {names[0]!r} outside the model's forward pass on the chunk (a term of the weights "
+        "added to each loss, a gradient penalty's double backward, a layer called on its own), where no per-example "
+        "gradient is recorded; compute the losses from the model's outputs on the chunk only, and pass a term of the "
+        "parameters alone as loop.backward(losses, extra=fn)"
+    )
+
+
+__all__ = ["derived_from", "hand_out", "mixed_losses", "reaches", "same_examples", "tensors_of", "uncovered"]

@@ -42,15 +42,17 @@ from dptrain.engine.loop_chunks import (
     reaches,
     same_examples,
     tensors_of,
+    uncovered,
 )
 from dptrain.engine.loop_state import OptimizerWatch, changed_optimizer_state, changed_outside_step
-from dptrain.engine.released import changed as changed_gradients
 from dptrain.engine.released import kept as kept_gradients
-from dptrain.engine.trainer import FROZEN_REFUSAL, PrivateTrainer, optimizer_step
+from dptrain.engine.released import unapplied
+from dptrain.engine.trainer import PrivateTrainer, optimizer_step
 from dptrain.errors import ConfigError, DPTrainError, ModelError
 from dptrain.preflight.batch_dependence import output_leaves, randomness_state, same_randomness
 from dptrain.preflight.sentinel import Trained
 from dptrain.stages.clipping import ClipStats, clipped_sum
+from dptrain.stages.coverage import CoverageError
 from dptrain.stages.devices import to_device
 from dptrain.stages.precision import autocast_of
 
@@ -210,6 +212,10 @@ class PrivateLoop:
                 self._forming = True
                 try:
                     grads = self.trainer.grad_sampler.from_losses(losses)
+                except CoverageError as e:  # (in your loop the way out is not a backend, which the loop cannot change)
+                    if not e.fixable:  # (a layer run without autograd, a compiled graph: its own message)
+                        raise
+                    self._refuse(uncovered(e.names))
                 finally:
                     self._forming = False
                 # (state the chunk's passes or your code wrote: refused and labelled not private, or labelled only)
@@ -517,33 +523,16 @@ class PrivateLoop:
         a trainable parameter the loop does not privatize (added to the model or the optimizer after the loop was
         made, whatever gave it a gradient: ``torch.autograd.backward(..., inputs=[p])``, a hand-written ``.grad``),
         a privatized parameter frozen since (``requires_grad_(False)``: the release's noise would move it), and
-        a privatized parameter whose ``.grad`` is no longer the tensor the release wrote (replaced; changing it in
-        place, as ``clip_grad_norm_`` does, is post-processing). Nothing is applied: the gradients are dropped (the
+        a privatized parameter whose ``.grad`` is no longer the tensor the release wrote or holds more than its values
+        clipped (clip_grad_norm_, clip_grad_value_: post-processing). Nothing is applied: the gradients are dropped (the
         release stays recorded)."""
-        trainer = self.trainer
-        frozen = trainer.frozen_parameters()
-        foreign = trainer.unprivatized_parameters()
-        replaced = [
-            n for n, p in trainer.params.items() if p.grad is not None and p.grad is not batch.written.get(n)
-        ] or changed_gradients(batch.values, trainer.params)
-        if not frozen and not foreign and not replaced:
+        message = unapplied(self.trainer, batch.written, batch.values)  # (dptrain.engine.released)
+        if message is None:
             return
-        for p in [*trainer.params.values(), *self.model.parameters(),
+        for p in [*self.trainer.params.values(), *self.model.parameters(),
                   *(q for g in self.optimizer.param_groups for q in g["params"])]:
             p.grad = None
-        if frozen:
-            self._refuse(FROZEN_REFUSAL.format(names=", ".join(frozen[:3])))
-        if foreign:
-            self._refuse(
-                f"the optimizer would step parameters the loop does not privatize ({', '.join(foreign[:3])}): every "
-                "trainable parameter must be one whose per-example gradients the loop clips and noises (a parameter "
-                "added after make_private_loop is not: make the loop again, or freeze it with requires_grad_(False))"
-            )
-        self._refuse(
-            f"the gradient of {', '.join(replaced[:3])} is not the one loop.backward released (p.grad was replaced or "
-            "written after the release): clip it in place (clip_grad_norm_, clip_grad_value_) or leave it; a term of "
-            "the parameters goes to loop.backward(losses, extra=fn)"
-        )
+        self._refuse(message)
 
     def _check_losses(self, chunk: _Chunk, losses) -> None:
         if not torch.is_tensor(losses) or losses.dim() != 1 or losses.shape[0] != chunk.size:

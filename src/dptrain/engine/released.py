@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import torch
 
+from dptrain.engine.trainer import FROZEN_REFUSAL
+
 
 def kept(grads: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Copies of the released gradients (by parameter name), to compare with the ``.grad`` the step applies."""
@@ -60,4 +62,31 @@ def changed(before: dict[str, torch.Tensor], params: dict[str, torch.Tensor]) ->
     return out
 
 
-__all__ = ["changed", "kept"]
+def unapplied(trainer, written: dict[str, torch.Tensor], values: dict[str, torch.Tensor]) -> str | None:
+    """The refusal of an optimizer step that would apply more than the release (None: it applies the release, maybe
+    clipped): a privatized parameter frozen since (the release's noise would move it), a trainable parameter the loop
+    does not privatize (added to the model or the optimizer after the loop was made, whatever gave it a gradient:
+    ``torch.autograd.backward(..., inputs=[p])``, a hand-written ``.grad``), a ``.grad`` that is not the tensor the
+    release ``written`` or holds more than its ``values`` clipped (:func:`changed`)."""
+    frozen = trainer.frozen_parameters()
+    if frozen:
+        return FROZEN_REFUSAL.format(names=", ".join(frozen[:3]))
+    foreign = trainer.unprivatized_parameters()
+    if foreign:
+        return (
+            f"the optimizer would step parameters the loop does not privatize ({', '.join(foreign[:3])}): every "
+            "trainable parameter must be one whose per-example gradients the loop clips and noises (a parameter "
+            "added after make_private_loop is not: make the loop again, or freeze it with requires_grad_(False))"
+        )
+    replaced = [n for n, p in trainer.params.items() if p.grad is not None and p.grad is not written.get(n)]
+    replaced = replaced or changed(values, trainer.params)
+    if replaced:
+        return (
+            f"the gradient of {', '.join(replaced[:3])} is not the one loop.backward released (p.grad was replaced or "
+            "written after the release): clip it in place (clip_grad_norm_, clip_grad_value_) or leave it; a term of "
+            "the parameters goes to loop.backward(losses, extra=fn)"
+        )
+    return None
+
+
+__all__ = ["changed", "kept", "unapplied"]
