@@ -66,6 +66,14 @@ def take(inputs: Inputs, idx: torch.Tensor) -> Inputs:
     return tree_map(lambda t: t.index_select(0, idx), inputs)
 
 
+def copied(batch):
+    """Every tensor of a batch (inputs, labels, or both) copied: what a pass that may write its inputs in place gets,
+    so that the batch as drawn is still there for the passes compared with it (a model centering its input in place,
+    ``x.sub_(x.mean(0))``, would otherwise hand every later pass the centered rows, and its examples alone would
+    agree with the mixed batch)."""
+    return tree_map(lambda t: t.clone() if torch.is_tensor(t) else t, batch)
+
+
 def unsqueezed(inputs: Inputs) -> Inputs:
     """One example as a batch of one."""
     return tree_map(lambda t: t.unsqueeze(0), inputs)

@@ -85,4 +85,56 @@ def derived_from(t: torch.Tensor, floats: list[torch.Tensor]) -> bool:
     return t.requires_grad and bool(graph_leaves(t) & {id(f) for f in floats})
 
 
-__all__ = ["derived_from", "hand_out", "reaches", "same_examples", "tensors_of"]
+def _reached(losses: torch.Tensor, weights: torch.Tensor, tensors: list[torch.Tensor], rows: list[int]) -> bool:
+    """Whether the weighted sum of ``losses`` has a gradient that is not 0 in ``rows`` of one of ``tensors`` (a
+    non-finite entry counts as 0: it is the release's NonFiniteError, not mixing)."""
+    grads = torch.autograd.grad((losses * weights).sum(), tensors, retain_graph=True, allow_unused=True)
+    found = [g[rows].nan_to_num(0.0, 0.0, 0.0).abs().sum(dtype=torch.float64) for g in grads if g is not None]
+    return bool(found) and torch.stack(found).sum().item() != 0
+
+
+def mixed_losses(losses: torch.Tensor, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
+                 rows: list[int]) -> tuple[str, bool] | None:
+    """The refusal of per-example losses that mix the chunk's examples in autograd's graph, and whether it was found
+    at the sentinel's places (None: none is seen):
+    the losses of examples 1.. must not depend on example 0's ``outputs`` (the model's: a loss over the batch, minus
+    its mean, a softmax across examples), and, on the chunks the sentinel compares (``rows``: its secret rows), the
+    losses of the other examples must not depend on the floating ``inputs`` the loop handed out at ``rows``, by any
+    path: the model, or a second model called on the chunk (a teacher with BatchNorm in training mode, whose targets
+    moved every example's gradient with each example's inputs: certified), or a statistic of the chunk. One backward
+    pass through the graph, on those chunks only; like the sentinel's, a mismatch there labels the run not private
+    (earlier chunks may have mixed unseen). Mixing that bypasses autograd (a detached batch statistic, integer
+    inputs) cannot be seen here."""
+    n = len(losses)
+    if n < 2:
+        return None
+    outs = [o for o in outputs if o.dim() and o.shape[0] == n]
+    others = torch.ones(n, dtype=losses.dtype, device=losses.device)
+    others[0] = 0
+    if outs and _reached(losses, others, outs, [0]):
+        return ("the losses mix examples: one example's outputs move the loss of others (a loss over the batch, such "
+                "as minus its mean); loop.backward takes one loss per example, each from its own example's outputs",
+                False)
+    inputs = [t for t in inputs if t.dim() and t.shape[0] == n]
+    others = torch.ones(n, dtype=losses.dtype, device=losses.device)
+    others[rows] = 0
+    if rows and inputs and others.any() and _reached(losses, others, inputs, rows):
+        return ("the losses mix examples: one example's inputs move the loss of others (through the model, a second "
+                "model called on the chunk, such as a teacher with BatchNorm in training mode, or a statistic of the "
+                "chunk); loop.backward takes one loss per example, each computed from its own example alone (a "
+                "teacher in evaluation mode: teacher.eval())", True)
+    return None
+
+
+def uncovered(names: list[str]) -> str:
+    """The refusal of losses whose gradient reaches the parameters ``names`` outside the model's recorded forward pass
+    on the chunk (your loop cannot change its backend: the automatic backend's way out is not one)."""
+    return (
+        f"the losses use parameter {names[0]!r} outside the model's forward pass on the chunk (a term of the weights "
+        "added to each loss, a gradient penalty's double backward, a layer called on its own), where no per-example "
+        "gradient is recorded; compute the losses from the model's outputs on the chunk only, and pass a term of the "
+        "parameters alone as loop.backward(losses, extra=fn)"
+    )
+
+
+__all__ = ["derived_from", "hand_out", "mixed_losses", "reaches", "same_examples", "tensors_of", "uncovered"]

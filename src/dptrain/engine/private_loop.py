@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_map
 
 from dptrain.data.batches import as_source, loader_batch_size
 from dptrain.engine.api import _check_options, make_private, make_private_with_epsilon
@@ -36,11 +35,24 @@ from dptrain.engine.extra_terms import ExtraRefused, check_reads_no_example, ext
 from dptrain.engine.grad_scaler import REFUSAL as GRAD_SCALER_REFUSAL
 from dptrain.engine.grad_scaler import called_by_grad_scaler
 from dptrain.engine.interrupts import deferred_signals
-from dptrain.engine.loop_chunks import derived_from, hand_out, reaches, same_examples, tensors_of
+from dptrain.engine.loop_chunks import (
+    derived_from,
+    hand_out,
+    mixed_losses,
+    reaches,
+    same_examples,
+    tensors_of,
+    uncovered,
+)
 from dptrain.engine.loop_state import OptimizerWatch, changed_optimizer_state, changed_outside_step
-from dptrain.engine.trainer import FROZEN_REFUSAL, PrivateTrainer, optimizer_step
+from dptrain.engine.released import kept as kept_gradients
+from dptrain.engine.released import unapplied
+from dptrain.engine.trainer import PrivateTrainer, optimizer_step
 from dptrain.errors import ConfigError, DPTrainError, ModelError
+from dptrain.preflight.batch_dependence import output_leaves, randomness_state, same_randomness
+from dptrain.preflight.sentinel import Trained
 from dptrain.stages.clipping import ClipStats, clipped_sum
+from dptrain.stages.coverage import CoverageError
 from dptrain.stages.devices import to_device
 from dptrain.stages.precision import autocast_of
 
@@ -59,12 +71,15 @@ class _Chunk:
     floats: list[torch.Tensor]
     recording: contextlib.ExitStack
     index: int = 0  # its place in the logical batch
-    batch: tuple = ()  # (inputs, labels) as handed out, for the sentinel (dptrain.preflight.sentinel)
+    batch: tuple = ()  # (inputs, labels) as drawn, for the sentinel (dptrain.preflight.sentinel)
     watch: object = None  # the model's buffers when it was handed out
     outputs: list[torch.Tensor] = field(default_factory=list)  # the model's outputs on the chunk
     layer_outputs: list[torch.Tensor] = field(default_factory=list)  # outputs of the modules with parameters
     calls: int = 0
     done: bool = False  # backpropagated
+    rows: list[int] = field(default_factory=list)  # the rows the sentinel compares (none: not compared)
+    randomness: tuple | None = None  # the generators when a chunk the sentinel compares was handed out
+    trained: dict | None = None  # then the model's outputs in the loop body's (last) call on it
 
 
 @dataclass
@@ -79,6 +94,7 @@ class _Batch:
     released: bool = False
     stepped: bool = False
     written: dict = field(default_factory=dict)  # the .grad tensors the release wrote, by parameter name
+    values: dict = field(default_factory=dict)  # copies of their values (dptrain.engine.released)
 
 
 class PrivateLoop:
@@ -178,6 +194,8 @@ class PrivateLoop:
             )
         if chunk.done:
             self._refuse("loop.backward() was called twice on one chunk: each chunk is backpropagated once")
+        trained = chunk.trained if chunk.calls == 1 and chunk.randomness is not None and same_randomness(
+            chunk.randomness, randomness_state(self.trainer.device.type)) else None  # (the sentinel compares them)
         try:
             self._check_state(parameters_only=True)  # (a parameter changed in the loop body: before anything else)
             self._check_foreign()
@@ -194,6 +212,10 @@ class PrivateLoop:
                 self._forming = True
                 try:
                     grads = self.trainer.grad_sampler.from_losses(losses)
+                except CoverageError as e:  # (in your loop the way out is not a backend, which the loop cannot change)
+                    if not e.fixable:  # (a layer run without autograd, a compiled graph: its own message)
+                        raise
+                    self._refuse(uncovered(e.names))
                 finally:
                     self._forming = False
                 # (state the chunk's passes or your code wrote: refused and labelled not private, or labelled only)
@@ -211,8 +233,9 @@ class PrivateLoop:
                 batch.extra = {**acc, **{n: acc[n] + g if n in acc else g for n, g in extra_grads.items()}}
             chunk.done = True
             chunk.handed = chunk.floats = chunk.outputs = chunk.layer_outputs = []  # (the chunk's activations, freed)
-            inputs, labels = tree_map(lambda t: t.detach() if torch.is_tensor(t) else t, chunk.batch)
+            (inputs, labels), _, _ = hand_out(chunk.batch)  # (compared as your loop body got it: requiring grad)
             chunk.batch = ()
+            self.trainer.sentinel.hold(Trained(inputs, labels, trained, key=(self.trainer.steps, chunk.index)))
             ran = self.trainer.sentinel.check(self.trainer.steps, chunk.index, inputs, labels)  # before the release
             if empty or ran or wrote or self._state is not chunk.watch:  # (else the chunk's watch still holds)
                 self._state = self.trainer.sentinel.watch()
@@ -313,12 +336,17 @@ class PrivateLoop:
             batch.chunks = len(chunks)
             for k, c in enumerate(chunks):
                 self._check_state()  # (what your code did since the loop last looked: before the chunk is read)
-                (inputs, labels), handed, floats = hand_out(to_device(trainer.data.batch(c), trainer.device))
+                drawn = to_device(trainer.data.batch(c), trainer.device)
+                (inputs, labels), handed, floats = hand_out(drawn)
+                checked = trainer.sentinel.drawn(trainer.steps, k, *drawn)  # (a copy if it is checked: your code may write it)
                 recording = contextlib.ExitStack()
                 recording.enter_context(trainer.grad_sampler.recording(len(c)))
                 recording.enter_context(autocast_of(trainer.grad_sampler))
                 chunk = self._chunk = _Chunk(k == len(chunks) - 1, len(c), handed, floats, recording, k,
-                                             (inputs, labels), self._state)  # (checked just now: it holds)
+                                             checked, self._state)  # (checked just now: it holds)
+                chunk.rows = trainer.sentinel.rows_of(trainer.steps, k, len(c))
+                if chunk.rows:  # (compared with the outputs your loop body computes, if it draws no number)
+                    chunk.randomness = randomness_state(trainer.device.type)
                 yield inputs, labels
                 if self._batch is not batch:
                     raise LoopError(
@@ -350,6 +378,7 @@ class PrivateLoop:
                 p = self.trainer.params[n]
                 p.grad.add_((g / batch.chunks).to(p.grad.dtype))
         batch.written = {n: p.grad for n, p in self.trainer.params.items()}
+        batch.summed, batch.values = None, kept_gradients(batch.written)  # (the sum's memory for the copies)
 
     def _optimizer_step(self, previous, args, kwargs):
         if self._closed:
@@ -445,6 +474,8 @@ class PrivateLoop:
         chunk = self._chunk
         if chunk is not None and not chunk.done and not self._forming:
             chunk.outputs += [t for t in tensors_of(output) if t.requires_grad]
+            if chunk.randomness is not None and module.training:
+                chunk.trained = output_leaves(output)
 
     def _layer_returned(self, module, args, output):
         chunk = self._chunk
@@ -492,32 +523,16 @@ class PrivateLoop:
         a trainable parameter the loop does not privatize (added to the model or the optimizer after the loop was
         made, whatever gave it a gradient: ``torch.autograd.backward(..., inputs=[p])``, a hand-written ``.grad``),
         a privatized parameter frozen since (``requires_grad_(False)``: the release's noise would move it), and
-        a privatized parameter whose ``.grad`` is no longer the tensor the release wrote (replaced; changing it in
-        place, as ``clip_grad_norm_`` does, is post-processing). Nothing is applied: the gradients are dropped (the
+        a privatized parameter whose ``.grad`` is no longer the tensor the release wrote or holds more than its values
+        clipped (clip_grad_norm_, clip_grad_value_: post-processing). Nothing is applied: the gradients are dropped (the
         release stays recorded)."""
-        trainer = self.trainer
-        frozen = trainer.frozen_parameters()
-        foreign = trainer.unprivatized_parameters()
-        replaced = [
-            n for n, p in trainer.params.items() if p.grad is not None and p.grad is not batch.written.get(n)
-        ]
-        if not frozen and not foreign and not replaced:
+        message = unapplied(self.trainer, batch.written, batch.values)  # (dptrain.engine.released)
+        if message is None:
             return
-        for p in [*trainer.params.values(), *self.model.parameters(),
+        for p in [*self.trainer.params.values(), *self.model.parameters(),
                   *(q for g in self.optimizer.param_groups for q in g["params"])]:
             p.grad = None
-        if frozen:
-            self._refuse(FROZEN_REFUSAL.format(names=", ".join(frozen[:3])))
-        if foreign:
-            self._refuse(
-                f"the optimizer would step parameters the loop does not privatize ({', '.join(foreign[:3])}): every "
-                "trainable parameter must be one whose per-example gradients the loop clips and noises (a parameter "
-                "added after make_private_loop is not: make the loop again, or freeze it with requires_grad_(False))"
-            )
-        self._refuse(
-            f"the gradient of {', '.join(replaced[:3])} is not the one loop.backward released (p.grad was replaced "
-            "after the release): change it in place (clip_grad_norm_) or not at all"
-        )
+        self._refuse(message)
 
     def _check_losses(self, chunk: _Chunk, losses) -> None:
         if not torch.is_tensor(losses) or losses.dim() != 1 or losses.shape[0] != chunk.size:
@@ -537,21 +552,11 @@ class PrivateLoop:
             )
 
     def _check_per_example(self, chunk: _Chunk, losses: torch.Tensor) -> None:
-        """Refuse losses that mix examples through the model's outputs: the losses of examples 1.. must not depend on
-        example 0's outputs (a loss over the batch: minus its mean, a softmax across examples). Mixing that bypasses
-        autograd (a detached batch statistic) cannot be seen here."""
-        n = chunk.size
-        outs = [o for o in chunk.outputs if o.dim() and o.shape[0] == n]
-        if n < 2 or not outs:
-            return
-        grads = torch.autograd.grad(losses[1:].sum(), outs, retain_graph=True, allow_unused=True)
-        # (a non-finite output is the release's NonFiniteError, not a mixing loss: its rows count as 0 here)
-        rows = [g[0].nan_to_num(0.0, 0.0, 0.0).abs().sum(dtype=torch.float64) for g in grads if g is not None]
-        if rows and torch.stack(rows).sum().item() != 0:
-            self._refuse(
-                "the losses mix examples: one example's outputs move the loss of others (a loss over the batch, such "
-                "as minus its mean); loop.backward takes one loss per example, each from its own example's outputs"
-            )
+        found = mixed_losses(losses, chunk.outputs, chunk.floats, chunk.rows)  # (dptrain.engine.loop_chunks)
+        if found is not None:
+            if found[1]:  # (at the sentinel's places: as its own comparisons, the run is not certified)
+                self.trainer.sentinel.stop(f"at step {self.trainer.steps + 1}, {found[0]}")
+            self._refuse(found[0])
 
     def _extra_gradients(self, chunk: _Chunk, extra) -> dict[str, torch.Tensor]:
         try:  # (dptrain.engine.extra_terms: what the loop checks of extra, and what it cannot see)

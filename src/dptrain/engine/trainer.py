@@ -588,10 +588,11 @@ class PrivateTrainer(Checkpointing, PrivacySide):
                 watch = self.sentinel.watch()
 
                 def sampled(rows, row_labels, k=k, watch=watch):
-                    got = self.grad_sampler(rows, row_labels)
+                    with self.sentinel.training_pass(self.steps, k + self._chunk_offset, rows, row_labels) as drawn:
+                        got = drawn.result = self.grad_sampler(rows, row_labels)
                     self.sentinel.written(watch)  # a buffer the passes wrote: refused, or the run not private
                     # (the rows the model saw, K views each; a data-parallel rank's chunk at its place in the batch)
-                    self.sentinel.check(self.steps, k + self._chunk_offset, rows, row_labels)
+                    self.sentinel.check(self.steps, k + self._chunk_offset, drawn.x, drawn.y)
                     return got
 
                 yield sampled(inputs, labels) if self.augment is None else self.augment(sampled, inputs, labels, chunk)

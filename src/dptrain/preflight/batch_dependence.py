@@ -35,7 +35,7 @@ import random
 import torch
 from torch.utils._pytree import keystr, tree_flatten, tree_flatten_with_path
 
-from dptrain.data.batches import call_model, take
+from dptrain.data.batches import call_model, copied, take
 from dptrain.errors import ModelError
 from dptrain.preflight.buffers import restored
 
@@ -58,6 +58,25 @@ def replayed_randomness(device_type: str = "cpu"):
     finally:
         random.setstate(python)
         np.random.set_state(numpy_state)
+
+
+def randomness_state(device_type: str = "cpu") -> tuple:
+    """The state of torch's (CPU and the run's accelerator), NumPy's and Python's global generators: two equal states
+    (:func:`same_randomness`) around a pass say it drew no random number."""
+    import numpy as np
+
+    cuda = torch.cuda.get_rng_state() if device_type == "cuda" and torch.cuda.is_available() else None
+    return torch.get_rng_state(), cuda, np.random.get_state(), random.getstate()
+
+
+def same_randomness(a: tuple, b: tuple) -> bool:
+    """Whether two :func:`randomness_state` readings are equal (no random number drawn between them)."""
+    import numpy as np
+
+    same_tensor = lambda s, t: (s is None) == (t is None) and (s is None or torch.equal(s, t))  # noqa: E731
+    numpy_same = all(np.array_equal(u, v) if isinstance(u, np.ndarray) else u == v
+                     for u, v in zip(a[2], b[2], strict=True))
+    return same_tensor(a[0], b[0]) and same_tensor(a[1], b[1]) and numpy_same and a[3] == b[3]
 
 
 def output_leaves(out) -> dict[str, object]:
@@ -87,9 +106,9 @@ def _row_of(model, loss_fn, x, y, i: int, autocast) -> list[torch.Tensor]:
     k = len(y)
     device = next(t for t in tree_flatten(x)[0] if torch.is_tensor(t)).device.type
     with replayed_randomness(device), restored(model), torch.no_grad(), autocast():
-        out = call_model(model, x)
+        out = call_model(model, copied(x))
         try:
-            loss = loss_fn(out, y).reshape(-1)
+            loss = loss_fn(out, copied(y)).reshape(-1)
         except Exception:  # noqa: BLE001 (a loss that fails here is the check's to report, not this diagnosis')
             loss = None
         out = output_leaves(out)
@@ -123,8 +142,8 @@ def draws_random_numbers(model, x, autocast) -> bool:
     between them, put back after) give different outputs: the forward pass draws random numbers."""
     device = next(t for t in tree_flatten(x)[0] if torch.is_tensor(t)).device.type
     with replayed_randomness(device), restored(model), torch.no_grad(), autocast():
-        first = output_leaves(call_model(model, x))
-        second = output_leaves(call_model(model, x))
+        first = output_leaves(call_model(model, copied(x)))
+        second = output_leaves(call_model(model, copied(x)))
     for path, a in first.items():
         b = second.get(path)
         if torch.is_tensor(a) and (not torch.is_tensor(b) or a.shape != b.shape or not torch.equal(a, b)):
@@ -169,4 +188,4 @@ def mixing_refusal(model, loss_fn, x, y, i: int, autocast, rtol: float, also=())
 
 
 __all__ = ["CHECK_NAME", "depends_on_others", "draws_random_numbers", "example_rows", "mixing_refusal", "output_leaves",
-           "replayed_randomness"]
+           "randomness_state", "replayed_randomness", "same_randomness"]

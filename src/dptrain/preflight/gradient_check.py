@@ -39,7 +39,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
-from dptrain.data.batches import call_model, take
+from dptrain.data.batches import call_model, copied, take
 from dptrain.errors import DPTrainError, ModelError, one_line
 from dptrain.preflight.batch_dependence import CHECK_NAME, example_rows, mixing_refusal, output_leaves
 from dptrain.preflight.buffers import BufferWatch, check_buffers, restored
@@ -90,7 +90,7 @@ def auto_of(sampler) -> AutoGradSampler | None:
     return inner if isinstance(inner, AutoGradSampler) else None
 
 
-def _batched_forward(sampler) -> bool:
+def batched_forward(sampler) -> bool:
     """Whether the backend's losses come from one forward pass on the batch (layerwise), not example by example."""
     inner = sampler.backend if isinstance(sampler, MixedPrecision) else sampler
     inner = inner.backend if isinstance(inner, AutoGradSampler) else inner
@@ -221,9 +221,9 @@ def compare(model, sampler, loss_fn, x, y, grads, losses, rows: list[int], tol: 
     n = len(y)
     autocast = autocast_of(sampler)
     gradients = gradients or (mixing and reference == "backend")  # (a backend's own: mixing shows in its rows)
-    if mixing and reference == "autograd" and (losses is None or not _batched_forward(sampler)):
+    if mixing and reference == "autograd" and (losses is None or not batched_forward(sampler)):
         with torch.no_grad(), autocast:  # (torch.func and the loop compute each loss alone: the batch's, here)
-            losses = loss_fn(call_model(model, x), y)
+            losses = loss_fn(call_model(model, copied(x)), copied(y))
     moved, bad = [], []
     unused = set(params) if warn_unused_parameters and reference == "autograd" and gradients and rows else set()
     for i in rows:
@@ -297,7 +297,8 @@ def _pass_leaves(trainer, x, y, idx: torch.Tensor | None, losses: bool) -> dict[
 
 
 def forward_check(trainer, x, y, rows: list[int], tol: Tolerance, buffer_updates: str, written: set[str],
-                  sampler=None, order: torch.Tensor | None = None, losses: bool = False) -> None:
+                  sampler=None, order: torch.Tensor | None = None, losses: bool = False,
+                  trained: dict | None = None) -> None:
     """The mixing half of the comparison, forward passes only, run as training runs them (training mode, autograd
     recording): the model's outputs (every tensor with a batch dimension) for ``rows`` of the batch against each
     example's outputs alone, and, with ``order`` (a permutation of the batch), every row of the batch against the
@@ -313,20 +314,27 @@ def forward_check(trainer, x, y, rows: list[int], tol: Tolerance, buffer_updates
     reaches every row.
 
     With ``losses``, each example's loss is compared the same way beside the outputs: a loss may mix the examples where
-    the model does not (a batch mean added only in chunks of some sizes); its passes are the outputs' own."""
+    the model does not (a batch mean added only in chunks of some sizes); its passes are the outputs' own.
+
+    ``trained``: the leaves of the model's outputs in training's own pass on the batch (:func:`output_leaves`), compared
+    instead of a pass of the check's own: a model computing otherwise when it is run again (state kept outside it that
+    a pass on the same batch leaves unused) is compared as it trained."""
     model, k = trainer.model, len(y)
     autocast = autocast_of(trainer.grad_sampler if sampler is None else sampler)
     refuse = lambda i, also=(): mixing_refusal(  # noqa: E731
         model, trainer.loss_fn, x, y, i, lambda: autocast_of(trainer.grad_sampler if sampler is None else sampler),
         tol.loss, also)
-    watch = BufferWatch(model)
-    try:
-        with torch.enable_grad(), autocast:
-            batched = _pass_leaves(trainer, x, y, None, losses)
-    finally:
-        written.update(watch.written())
-        watch.restore()
-    check_buffers(sorted(written), buffer_updates, watch.kinds)
+    if trained is not None:
+        batched = trained
+    else:
+        watch = BufferWatch(model)
+        try:
+            with torch.enable_grad(), autocast:
+                batched = _pass_leaves(trainer, copied(x), copied(y), None, losses)
+        finally:
+            written.update(watch.written())
+            watch.restore()
+        check_buffers(sorted(written), buffer_updates, watch.kinds)
     per_example: set[str] = set()  # (the outputs holding a row per example, at the same path in both passes)
     for i in rows:
         index = torch.tensor([i], device=y.device)
@@ -371,7 +379,7 @@ def settle(trainer, x, y, rows: list[int], tol: Tolerance, *, mixing: bool, grad
         watch, calls = BufferWatch(model), ModuleCalls(model)
         try:
             with calls.watching():
-                grads, losses = sampler(x, y)
+                grads, losses = sampler(*copied((x, y)))  # (the batch as drawn stays for the examples alone)
         except CoverageError as e:
             if e.fixable and auto is not None and auto.cover(e.names, calls.called):
                 out.moved += [n for n in e.names if n not in out.moved]
@@ -385,7 +393,7 @@ def settle(trainer, x, y, rows: list[int], tol: Tolerance, *, mixing: bool, grad
             out.written.update(watch.written())
             watch.restore()
         check_buffers(sorted(out.written), buffer_updates, watch.kinds)
-        if not _batched_forward(sampler):  # (the layerwise backend refuses those itself, on every chunk)
+        if not batched_forward(sampler):  # (the layerwise backend refuses those itself, on every chunk)
             calls.refuse_without_autograd(names)
         if not (mixing or gradients):
             return out

@@ -33,12 +33,16 @@ rounding is far inside the tolerance), so it says nothing about the data of a ru
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+from dataclasses import dataclass
 
 import torch
 
+from dptrain.data.batches import copied
 from dptrain.errors import DPTrainError, ModelError
 from dptrain.preflight import exact, gradient_check
+from dptrain.preflight.batch_dependence import output_leaves, randomness_state, same_randomness
 from dptrain.preflight.buffers import COMPARED_BYTES, BufferWatch, check_buffers
 from dptrain.stages.precision import MixedPrecision
 
@@ -50,6 +54,18 @@ ROWS = 2
 
 class SentinelError(ModelError):
     """The sentinel found, during training, a chunk whose per-example gradients are not each example's alone."""
+
+
+@dataclass
+class Trained:
+    """A chunk as drawn (``x``, ``y``) and, where known, the leaves of the model's outputs in training's own pass on it
+    (:func:`dptrain.preflight.batch_dependence.output_leaves`; None: not kept), and the backend's result of that pass."""
+
+    x: object
+    y: torch.Tensor
+    outputs: dict | None = None
+    result: tuple | None = None  # the backend's (per-example gradients, losses) of that pass (set by the trainer)
+    key: tuple = ()  # (step, chunk index)
 
 
 class Sentinel:
@@ -69,6 +85,7 @@ class Sentinel:
         #: chunks compared so far (in this process); whether one was compared backward (the first chunk is)
         self.checked = 0
         self.compared_backward = False
+        self._held: Trained | None = None  # training's own pass on the chunk the next check compares (hold)
 
     def stop(self, reason: str) -> None:
         """Label the run not private: a check stopped it during training, at a moment that depends on the private
@@ -127,11 +144,53 @@ class Sentinel:
             return [], False, False
         return sorted({int.from_bytes(h[8 + 8 * r : 16 + 8 * r], "little") % size for r in range(ROWS)}), new, secret
 
+    def drawn(self, step: int, index: int, x, y) -> tuple:
+        """The chunk ``x``, ``y`` of chunk ``index`` of step ``step`` as drawn, for :meth:`check` after training's pass
+        on it: a copy when it is due (the pass may write its inputs in place: a model centering them by the batch's
+        mean leaves centered rows, whose examples alone agree with the mixed batch), else the tensors themselves."""
+        return copied((x, y)) if self.rows_of(step, index, len(y)) else (x, y)
+
+    def rows_of(self, step: int, index: int, size: int) -> list[int]:
+        """The rows of chunk ``index`` of step ``step`` (``size`` examples) that :meth:`check` will compare (none: the
+        chunk is not compared), known before training's pass on it."""
+        return self.due(step, index, size, first=not self.compared_backward)[0]
+
+    @contextlib.contextmanager
+    def training_pass(self, step: int, index: int, x, y):
+        """Around training's own pass on chunk ``index`` of step ``step`` (``x``, ``y``): yields the :class:`Trained`
+        that :meth:`check` compares after it: the chunk as drawn (:meth:`drawn`) and, when it is due, the backend
+        forms the chunk in one forward pass (layerwise) and the pass draws no random number, the model's outputs in
+        its last call in training mode (the backend's own layout passes run in evaluation mode), the pass (what training released is compared, not a pass run again)."""
+        held = Trained(*self.drawn(step, index, x, y), key=(step, index))
+        if held.y is y or not gradient_check.batched_forward(self.trainer.grad_sampler):
+            yield held
+            return
+        calls: list = []
+        def called(module, args, out) -> None:  # (the backend's own layout passes run in evaluation mode: not kept)
+            if module.training:
+                calls.append(output_leaves(out))
+
+        handle = self.trainer.model.register_forward_hook(called)
+        before = randomness_state(self.trainer.device.type)
+        try:
+            yield held
+        finally:
+            handle.remove()
+        if calls and same_randomness(before, randomness_state(self.trainer.device.type)) and \
+                gradient_check.batched_forward(self.trainer.grad_sampler):
+            held.outputs = calls[-1]  # (a pass the backend measured again runs the model again: the last is its own)
+            self.hold(held)
+
     def order(self, step: int, index: int, size: int):
         """The secret permutation of chunk ``index`` of step ``step`` (``size`` examples) that its forward comparison
         sets every row against (:func:`dptrain.preflight.gradient_check.forward_check`)."""
         seed = int.from_bytes(self._hash(step, index)[-8:], "little") >> 1
         return torch.randperm(size, generator=torch.Generator(device="cpu").manual_seed(seed), device="cpu")
+
+    def hold(self, trained: Trained) -> None:
+        """Keep training's own pass on a chunk (:class:`Trained`, its ``key`` the chunk's) for the :meth:`check` of
+        that chunk, which compares it (the check's signature stays that of a chunk alone)."""
+        self._held = trained
 
     def _compared(self, x, y, rows: list[int], new: bool, secret: bool, tol, sampler,
                   order=None) -> tuple[list[int], list[str]]:
@@ -149,13 +208,38 @@ class Sentinel:
             except ModelError:
                 moved = rows
         if secret and not moved:
-            grads, losses = sampler(x, y)
+            grads, losses = sampler(*copied((x, y)))  # (the chunk as drawn stays for the examples alone)
             moved, bad = gradient_check.compare(
                 trainer.model, sampler, trainer.loss_fn, x, y, grads, losses, rows, tol, mixing=self.mixing and not outputs,
                 gradients=self.gradients, reference=self.reference, floor=tol.whole * trainer.clipping.sensitivity,
                 params=trainer.params,
             )
         return moved, bad
+
+    def _as_trained(self, x, y, rows: list[int], order, trained: dict | None = None) -> list[int]:
+        """The rows that moved when the chunk's outputs (``trained``: those of training's own pass; None: a pass run
+        now) are compared with each example's alone by forward passes in the training precision (its tolerance), every
+        row against the chunk permuted by ``order``."""
+        trainer = self.trainer
+        tol = gradient_check.tolerance_of(trainer.grad_sampler, trainer.model)
+        try:
+            gradient_check.forward_check(trainer, x, y, rows, tol, "not_private", set(), order=order, trained=trained)
+        except ModelError:
+            return rows
+        return []
+
+    def _trained_gradients(self, x, y, rows: list[int], result) -> list[str]:
+        """The parameters whose per-example gradient in training's own pass (``result``: the backend's gradients and
+        losses) disagrees with the example's alone, on ``rows``, in the training precision (its tolerance): what was
+        clipped and released, not a pass run again (a backward that computes otherwise in the checks' float64)."""
+        trainer = self.trainer
+        sampler = trainer.grad_sampler
+        tol = gradient_check.tolerance_of(sampler, trainer.model)
+        return gradient_check.compare(
+            trainer.model, sampler, trainer.loss_fn, x, y, result[0], result[1], rows, tol, mixing=False,
+            gradients=True, reference=self.reference, floor=tol.whole * trainer.clipping.sensitivity,
+            params=trainer.params,
+        )[1]
 
     def check(self, step: int, index: int, x, y) -> bool:
         """Compare chunk ``index`` of step ``step`` (inputs ``x``, labels ``y``, on the trainer's device) with each
@@ -164,6 +248,9 @@ class Sentinel:
         compared (its float64 passes recast the parameters' ``.data``: a watch begun before is stale)."""
         # (the run's first chunk, the run's chunk size in the common case, is compared backward too: the probe
         # compares gradients on a few examples and at the chunk size forward passes only)
+        held, self._held = self._held, None
+        held = held if held is not None and held.key == (step, index) else Trained(x, y)
+        trained = held.outputs  # (training's own pass on the chunk, where it drew no random number: hold)
         rows, new, secret = self.due(step, index, len(y), first=not self.compared_backward)
         if not rows:
             return False
@@ -171,18 +258,27 @@ class Sentinel:
         trainer = self.trainer
         model = trainer.model
         order = self.order(step, index, len(y))
+        sampler = trainer.grad_sampler
         with exact.probing(model):
             try:  # in float64 where the model runs in it: rounding is then 1e-11, not a float32 cancellation's 1e-2
-                inner = trainer.grad_sampler.backend if isinstance(trainer.grad_sampler, MixedPrecision) else None
+                inner = sampler.backend if isinstance(sampler, MixedPrecision) else None
                 with exact.float64(model):
                     moved, bad = self._compared(exact.as_float64(x), exact.as_float64(y), rows, new, secret,
-                                                gradient_check.EXACT, inner or trainer.grad_sampler, order)
+                                                gradient_check.EXACT, inner or sampler, order)
+                as_trained = any(p.dtype != torch.float64 for p in trainer.params.values())
             except (RuntimeError, TypeError) as e:  # a model that cannot run in float64: its own precision
                 if isinstance(e, DPTrainError):
                     raise
-                sampler = trainer.grad_sampler
                 moved, bad = self._compared(x, y, rows, new, secret, gradient_check.tolerance_of(sampler, model),
                                             sampler, order)
+                as_trained = False  # (compared in the training precision just now)
+            if self.mixing and not (moved or bad) and (as_trained or trained is not None):
+                # and the outputs in the training precision, as training computed them (``trained``: training's own
+                # pass): a model may compute otherwise in float64 (a path for float32 inputs only mixed the Poisson
+                # remainder chunks unseen), or when run again (state kept in a global, used only on a new batch)
+                moved = self._as_trained(x, y, rows, order, trained)
+            if secret and self.gradients and held.result is not None and not (moved or bad):
+                bad = self._trained_gradients(x, y, rows, held.result)
         self.checked += 1
         if moved or bad:
             what = ("an example's output or loss in its chunk differs from the example's alone (the model mixes "
@@ -199,4 +295,4 @@ class Sentinel:
         return True
 
 
-__all__ = ["RATE", "ROWS", "Sentinel", "SentinelError"]
+__all__ = ["RATE", "ROWS", "Sentinel", "SentinelError", "Trained"]
