@@ -199,6 +199,9 @@ class Stream(torch.utils.data.IterableDataset):
         ({"fp16": True}, {}, "loss scaler"),
         ({"torch_compile": True}, {}, "torch_compile"),
         ({"auto_find_batch_size": True}, {}, "auto_find_batch_size"),
+        # (the model's refusal, at train(), named model.gradient_checkpointing_enable(...), which the Trainer overrides)
+        ({"gradient_checkpointing": True, "gradient_checkpointing_kwargs": {"use_reentrant": True}}, {},
+         "TrainingArguments(gradient_checkpointing_kwargs={'use_reentrant': False})"),
         ({"train_sampling_strategy": "group_by_length"}, {}, "secret sampling"),
         ({"label_smoothing_factor": 0.1}, {}, "mixes examples"),
         ({"include_num_input_tokens_seen": "all"}, {}, "not private"),
