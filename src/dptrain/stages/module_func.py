@@ -22,7 +22,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from dptrain.errors import ModelError, one_line
 from dptrain.stages.batch_layout import ROWS, SHARED, CallLayout, rows_per_example, tensors, view_rows
-from dptrain.stages.dropout_replay import Replayer, ReplayError
+from dptrain.stages.dropout_replay import Replayer, ReplayError, Shared
 from dptrain.stages.precision import LOW, upcast
 from dptrain.stages.recurrent import RecurrentError, recurrent_gradients
 
@@ -124,7 +124,8 @@ def per_module_gradients(
     ``m(*args, **kwargs)`` -> ``recorded`` (its output tensors), ``gos`` their gradients (None: the output does not
     reach the loss), laid out as ``layout`` says for a chunk of ``batch`` examples (None: tensors whose first
     dimension is the outputs' are split by example, the others passed whole). ``masks``: the masks of the dropouts
-    the call drew, in order (:mod:`dptrain.stages.dropout_replay`), replayed example by example."""
+    the call drew, in order, and its random factories' draws (:class:`dptrain.stages.dropout_replay.Shared`),
+    replayed example by example."""
     if isinstance(m, nn.RNNBase):  # (torch.func cannot: the recurrence run again by kind)
         try:
             return recurrent_gradients(m, args, kwargs, gos, recorded, batch or len(recorded[0]))
@@ -155,7 +156,8 @@ def per_module_gradients(
         rows_per_example(recorded[j], batch) is None for j in rows
     ):
         raise FallbackError(f"{type(m).__name__}: a tensor's rows are not a multiple of the chunk's examples")
-    masks = list(masks or [])
+    draws = [k for k in masks or [] if isinstance(k, Shared)]  # (whole, to every example)
+    masks = [k for k in masks or [] if not isinstance(k, Shared)]
     if masks and (not split or any(rows_per_example(k, batch) is None for k in masks)):
         raise FallbackError(f"{type(m).__name__} draws dropout masks that are not laid out by example")
     inputs = [view_rows(leaves[i], batch) for i in split]
@@ -173,10 +175,11 @@ def per_module_gradients(
             for k, t in zip(split, tensors_i, strict=True):
                 full[k] = t
             a, kw = tree_unflatten(full, spec)
-            with Replayer(drops_i) as replay:  # (the batch's dropout masks, this example's rows)
+            with Replayer(drops_i, draws) as replay:  # (the batch's dropout masks, this example's rows; its draws)
                 outs = tensors(call_with(m, {**params, **buffers}, tuple(a), kw))
-            if replay.used != len(drops_i):
-                raise ReplayError(f"{replay.used} dropouts example by example, {len(drops_i)} for the batch")
+            if replay.used != len(drops_i) or replay.replayed != len(draws):
+                raise ReplayError(f"{replay.used} dropouts and {replay.replayed} draws example by example, "
+                                  f"{len(drops_i)} and {len(draws)} for the batch")
             if len(outs) != len(recorded):
                 raise ValueError(f"{len(outs)} output tensors example by example, {len(recorded)} for the batch")
             picked = [view_rows(outs[j], batch).index_select(0, i.reshape(1))[0] if expanding else outs[j]
