@@ -48,13 +48,15 @@ SLOW = {("rwkv", "full"), ("pegasus", "full"), ("beit", "full"), ("swinv2", "ful
 #: layer, is computed once for the batch (as T5's and Swin's); P-tuning's prompt encoder is computed once for the batch
 #: and repeated by peft. (LoKr's layers draw torch.rand(1) in every training call, which vmap refused: now replayed,
 #: dptrain.stages.dropout_replay, they record their layers.)
-#: RandLoRA's custom autograd function cannot be vmapped (loop); its random bases, one module shared by every adapted
-#: layer, were left holding torch.func's tensors by the whole-model attempt, and the model refused for writing them.
+#: (RandLoRA's random bases, one module shared by every adapted layer, were left holding torch.func's tensors by the
+#: whole-model attempt, and the model refused for writing them. Its custom autograd function, which torch.func cannot
+#: transform, sent it to the loop; its layers are now differentiated example by example with autograd, alone:
+#: dptrain.stages.module_func. LoHa's likewise, in test_hf_matrix.)
 #: Every other cell records its layers (Falcon: its MLP output is added to in place, so the model is handed a copy;
 #: BART: its decoder's learned positions [1, T, d], computed once for the batch, are expanded to it; both used to
 #: need the whole model).
 WHOLE_MODEL = {("rwkv", "full"), ("beit", "full"), ("llama", "p_tuning"),
-               ("bert", "p_tuning"), ("gpt2", "p_tuning"), ("llama", "randlora")}
+               ("bert", "p_tuning"), ("gpt2", "p_tuning")}
 
 
 def cells():

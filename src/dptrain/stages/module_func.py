@@ -1,5 +1,6 @@
 """Per-example gradients of one module without a layerwise rule (attention, a custom layer, peft's DoRA magnitude):
-torch.func over that module alone, from the inputs and output gradients the layerwise backend recorded.
+torch.func over that module alone, from the inputs and output gradients the layerwise backend recorded (or, for a
+module using a custom autograd.Function torch.func cannot transform, autograd example by example on that module alone).
 
 vmap runs over the examples of grad of <m(inputs_i), output gradient_i>, each example's inputs being its rows of every
 tensor the module receives (positional, keyword, inside tuples: every leaf), as the layout measurement of
@@ -116,6 +117,29 @@ def _one_example(leaves: list, recorded: list) -> CallLayout:
     return CallLayout(tuple(kind(t) for t in leaves), tuple(kind(o) for o in recorded))
 
 
+#: What torch.func says of a custom ``torch.autograd.Function`` it cannot transform (no ``setup_context``: peft's
+#: LoHa weight, RandLoRA's bases, C3A's circulant convolution): such a module is differentiated example by example
+#: with autograd instead (:func:`_looped`), on its own, as exact and only slower for that module.
+CUSTOM_FUNCTION = "autograd.Function with functorch transforms"
+
+
+def _looped(inner, params: dict, batch: int, inputs: list, out_grads: list, index, drops: list):
+    """What ``vmap(grad(inner, has_aux=True))`` returns, by a loop over the examples with autograd: example i's rows of
+    every split input, output gradient and dropout mask, ``inner``'s loss differentiated by ``torch.autograd.grad``."""
+    grads: dict[str, list] = {n: [] for n in params}
+    outs: list[list] = []
+    for i in range(batch):
+        leaves = {n: p.detach().requires_grad_() for n, p in params.items()}
+        with torch.enable_grad():
+            loss, picked = inner(leaves, [t[i] for t in inputs], [g[i] for g in out_grads],
+                                 None if index is None else index[i], [d[i] for d in drops])
+            found = torch.autograd.grad(loss, list(leaves.values()), allow_unused=True)
+        for (n, p), g in zip(leaves.items(), found, strict=True):
+            grads[n].append(torch.zeros_like(p) if g is None else g)
+        outs.append(picked)
+    return {n: torch.stack(gs) for n, gs in grads.items()}, [torch.stack(o) for o in zip(*outs, strict=True)]
+
+
 def per_module_gradients(
     m: nn.Module, args: tuple, kwargs: dict, gos: list, recorded: list, layout: CallLayout | None = None,
     batch: int | None = None, masks: list | None = None,
@@ -169,7 +193,7 @@ def per_module_gradients(
     expanding = bool(rows) and not split
     index = torch.arange(batch if expanding else 0, device=next((t.device for t in recorded), None))
 
-    def per_example(leaves, inputs, out_grads, gos):
+    def per_example(leaves, inputs, out_grads, gos, loop: bool = False):
         def inner(params, tensors_i, gos_i, i, drops_i):
             full = list(leaves)
             for k, t in zip(split, tensors_i, strict=True):
@@ -188,6 +212,8 @@ def per_module_gradients(
             loss = loss + sum((outs[j] * gos[j]).sum() for j in whole)
             return loss, [o.detach() for o in picked]
 
+        if loop:  # (example by example with autograd: a custom autograd.Function torch.func cannot transform)
+            return _looped(inner, params, batch, inputs, out_grads, index if expanding else None, drops)
         with warnings.catch_warnings():  # torch.func has no batching rule for some fused kernels (CPU attention)
             warnings.filterwarnings("ignore", message="There is a performance drop because we have not yet")
             return vmap(grad(inner, has_aux=True), in_dims=(None, 0, 0, 0 if expanding else None, 0),
@@ -196,17 +222,20 @@ def per_module_gradients(
     try:
         try:
             grads, outs = per_example(leaves, inputs, out_grads, gos)
-        except (RuntimeError, ValueError, TypeError):
+        except (RuntimeError, ValueError, TypeError) as e:
             device = next((t.device.type for t in tensors(leaves)), "cpu")
-            if not torch.is_autocast_enabled(device):
+            if CUSTOM_FUNCTION in str(e):
+                grads, outs = per_example(leaves, inputs, out_grads, gos, loop=True)
+            elif not torch.is_autocast_enabled(device):
                 raise
-            # Under autocast, torch.func fails on some chains of layers (vmap of grad of a Linear feeding a LayerNorm,
-            # BERT's masked-LM head: "expected scalar type BFloat16 but found Float"): the module is differentiated
-            # in float32 from its recorded bfloat16 inputs and output gradients instead (as the layer rules form
-            # theirs), its outputs checked against the batch's within bfloat16's rounding below.
-            with torch.autocast(device, enabled=False):
-                grads, outs = per_example([upcast(t) for t in leaves], [upcast(t) for t in inputs],
-                                          [upcast(g) for g in out_grads], [upcast(g) for g in gos])
+            else:
+                # Under autocast, torch.func fails on some chains of layers (vmap of grad of a Linear feeding a
+                # LayerNorm, BERT's masked-LM head: "expected scalar type BFloat16 but found Float"): the module is
+                # differentiated in float32 from its recorded bfloat16 inputs and output gradients instead (as the
+                # layer rules form theirs), its outputs checked against the batch's within bfloat16's rounding below.
+                with torch.autocast(device, enabled=False):
+                    grads, outs = per_example([upcast(t) for t in leaves], [upcast(t) for t in inputs],
+                                              [upcast(g) for g in out_grads], [upcast(g) for g in gos])
     except (RuntimeError, ValueError, TypeError) as e:
         raise FallbackError(
             f"per-example gradients of {type(m).__name__} through torch.func failed ({' '.join(str(e).split())[:200]})"
