@@ -506,3 +506,16 @@ def test_state_a_forward_pass_caches_is_put_back_after_every_chunk_with_restore(
     trainer.train()
     # (what it holds after: the model's first call's, on an all-zero input before any example: dptrain's warm-up)
     assert trainer.private_loop.steps == 1 and trainer.ledger.private and not trunk.last_batch.any()
+
+
+def test_a_torch_compiled_model_trains_as_the_eager_model_it_wraps(tmp_path):
+    """DPTrainer(model=torch.compile(model)): the Trainer read the wrapper's forward(*args, **kwargs), found no label
+    name and it was refused for that ("set TrainingArguments(label_names=...)"); with label_names set, every column
+    was dropped as unused ("the batches ... must hold tensors"). It trains the eager model it wraps, as make_private
+    does (the same parameters)."""
+    model = gpt2_lora()
+    trainer = DPTrainer(model=torch.compile(model), args=arguments(tmp_path), train_dataset=Tokens(),
+                        privacy_args=PrivacyArguments(noise_multiplier=1.0))
+    assert trainer.model is model and trainer.label_names == ["labels"]
+    inputs, labels = trainer._training_source().batch(torch.tensor([0, 1]))
+    assert torch.equal(inputs["input_ids"], Tokens().ids[:2]) and torch.equal(labels, Tokens().ids[:2])

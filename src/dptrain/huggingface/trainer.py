@@ -59,6 +59,7 @@ from dptrain.huggingface.refusals import (
     refuse_search,
     whole_model_refusal,
 )
+from dptrain.preflight.checks import eager
 from dptrain.runs.job import resolve_accountant
 from dptrain.runs.progress import step_bar
 from dptrain.stages.per_example import WholeModelError
@@ -138,7 +139,9 @@ class DPTrainer(transformers.Trainer):
         if args is not None:
             check_arguments(args)
         _check_training_data(kwargs.get("train_dataset", more[1] if len(more) > 1 else None))
-        super().__init__(model, args, *more, **kwargs)
+        # (a torch.compile'd model trains as the eager model it wraps, as with make_private: the Trainer read no label
+        # name in the wrapper's forward(*args, **kwargs) and refused it, or dropped every column as unused)
+        super().__init__(None if model is None else eager(model), args, *more, **kwargs)
         check_trainer(self)
         if any(type(c) is transformers.trainer_callback.ProgressCallback for c in self.callback_handler.callbacks):
             self.remove_callback(transformers.trainer_callback.ProgressCallback)
