@@ -203,7 +203,7 @@ class Stream(torch.utils.data.IterableDataset):
         ({"gradient_checkpointing": True, "gradient_checkpointing_kwargs": {"use_reentrant": True}}, {},
          "TrainingArguments(gradient_checkpointing_kwargs={'use_reentrant': False})"),
         ({"train_sampling_strategy": "group_by_length"}, {}, "secret sampling"),
-        ({"label_smoothing_factor": 0.1}, {}, "mixes examples"),
+        ({"label_smoothing_factor": 0.1}, {"loss_fn": causal_lm_per_example}, "with loss_fn, smooth in it"),
         ({"include_num_input_tokens_seen": "all"}, {}, "not private"),
         ({"neftune_noise_alpha": 5.0}, {}, "padded length"),
         ({"use_liger_kernel": True}, {}, "Liger"),
@@ -519,3 +519,25 @@ def test_a_torch_compiled_model_trains_as_the_eager_model_it_wraps(tmp_path):
     assert trainer.model is model and trainer.label_names == ["labels"]
     inputs, labels = trainer._training_source().batch(torch.tensor([0, 1]))
     assert torch.equal(inputs["input_ids"], Tokens().ids[:2]) and torch.equal(labels, Tokens().ids[:2])
+
+
+@pytest.mark.parametrize("classifier", [False, True])
+def test_label_smoothing_is_the_trainers_smoother_of_each_example_alone(tmp_path, classifier):
+    """label_smoothing_factor was refused (the Trainer's LabelSmoother averages over the batch's labelled tokens, which
+    mixes examples). The default loss is now smoothed example by example: each example's loss is transformers'
+    LabelSmoother on that example alone (shifted for the causal LM, as the Trainer shifts it)."""
+    from transformers.trainer_pt_utils import LabelSmoother
+
+    model = bert_classifier() if classifier else gpt2_lora()
+    data = Tokens(classes=2 if classifier else None)
+    trainer = DPTrainer(model=model, args=arguments(tmp_path, label_smoothing_factor=0.2), train_dataset=data,
+                        privacy_args=PrivacyArguments(noise_multiplier=1.0))
+    batch = [data[i] for i in range(3)]
+    ids = torch.stack([b["input_ids"] for b in batch])
+    labels = torch.tensor([b["label"] for b in batch]) if classifier else ids.clone()
+    labels = labels if classifier else labels.masked_fill(torch.arange(LENGTH) >= LENGTH - 2, -100)
+    ours = trainer.loss_fn(model(input_ids=ids), labels)
+    for i in range(3):
+        theirs = LabelSmoother(epsilon=0.2)({"logits": model(input_ids=ids[i : i + 1]).logits}, labels[i : i + 1],
+                                            shift_labels=not classifier)
+        torch.testing.assert_close(ours[i], theirs, rtol=1e-5, atol=1e-6)

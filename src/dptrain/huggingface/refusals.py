@@ -75,11 +75,6 @@ def check_arguments(args) -> None:
             f"train_sampling_strategy={args.train_sampling_strategy!r} chooses which examples a batch holds; the "
             "accounting needs dptrain's secret sampling (privacy_args.sampling): leave it 'random' (replaced)"
         )
-    if args.label_smoothing_factor:
-        raise ConfigError(
-            "label_smoothing_factor: the Trainer's label smoother divides by the batch's count of labelled tokens, "
-            "which mixes examples; pass loss_fn=(outputs, labels) -> one smoothed loss per example"
-        )
     if args.include_num_input_tokens_seen not in ("no", False, None):
         raise ConfigError(
             "include_num_input_tokens_seen logs how many tokens the secret batches hold (not private); leave it 'no'"

@@ -59,6 +59,7 @@ from dptrain.huggingface.refusals import (
     refuse_search,
     whole_model_refusal,
 )
+from dptrain.models.losses import LabelSmoothed, default_loss
 from dptrain.preflight.checks import eager
 from dptrain.runs.job import resolve_accountant
 from dptrain.runs.progress import step_bar
@@ -146,7 +147,7 @@ class DPTrainer(transformers.Trainer):
         if any(type(c) is transformers.trainer_callback.ProgressCallback for c in self.callback_handler.callbacks):
             self.remove_callback(transformers.trainer_callback.ProgressCallback)
             self.add_callback(_StepProgress)
-        self.privacy_args, self.loss_fn = privacy_args, loss_fn
+        self.privacy_args, self.loss_fn = privacy_args, self._smoothed(loss_fn)
         check_evaluation(self.args, privacy_args)
         self.dataset_size = len(self.train_dataset)
         #: the expected logical batch: per_device_train_batch_size x gradient_accumulation_steps
@@ -162,6 +163,18 @@ class DPTrainer(transformers.Trainer):
         self._chunks = None  # the loop's chunks of this train() call
         self._in_evaluation = False
         self._dropped: set[str] = set()
+
+    def _smoothed(self, loss_fn):
+        """``loss_fn``, or with ``label_smoothing_factor`` the default loss smoothed example by example
+        (:class:`dptrain.models.losses.LabelSmoothed`: the Trainer's smoother averages over the batch's labelled
+        tokens, which mixes examples)."""
+        epsilon = self.args.label_smoothing_factor
+        if not epsilon:
+            return loss_fn
+        if loss_fn is not None:
+            raise ConfigError("label_smoothing_factor smooths the default loss; with loss_fn, smooth in it (or leave "
+                              "label_smoothing_factor 0)")
+        return LabelSmoothed(default_loss(self.model), epsilon)
 
     # -- the numbers ------------------------------------------------------------------------------------------------
     @property
