@@ -541,3 +541,35 @@ def test_label_smoothing_is_the_trainers_smoother_of_each_example_alone(tmp_path
         theirs = LabelSmoother(epsilon=0.2)({"logits": model(input_ids=ids[i : i + 1]).logits}, labels[i : i + 1],
                                             shift_labels=not classifier)
         torch.testing.assert_close(ours[i], theirs, rtol=1e-5, atol=1e-6)
+
+
+class Waves(torch.utils.data.Dataset):
+    """Waveforms of 64 samples, each with a class."""
+
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        g = torch.Generator().manual_seed(i)
+        return {"input_values": torch.randn(64, generator=g), "labels": i % 3}
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_a_wav2vec2_classifier_with_lora_trains(tmp_path):
+    """Wav2Vec2's feature encoder sets requires_grad on a view of its input_values in training; the private loop hands
+    its floating tensors out requiring grad, and torch refused ("you can only change requires_grad flags of leaf
+    variables"): a raw RuntimeError for every Wav2Vec2-family model (HuBERT, WavLM, SEW, ...) whose feature encoder
+    was not frozen, LoRA included. The DPTrainer calls the model on the chunk's tensors detached."""
+    from hf_zoo import MORE
+
+    torch.manual_seed(0)
+    model = peft.get_peft_model(MORE["wav2vec2"][0](), peft.LoraConfig(r=2, target_modules=["q_proj", "v_proj"],
+                                                                       modules_to_save=["classifier"]))
+    args = arguments(tmp_path, per_device_train_batch_size=4, max_steps=1, optim="sgd")
+    trainer = DPTrainer(model=model, args=args, train_dataset=Waves(),
+                        privacy_args=PrivacyArguments(noise_multiplier=1.0, delta=1e-2, sampling="full"))
+    before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    trainer.train()
+    assert trainer.private_loop.steps == 1
+    assert all(not torch.equal(p, before[n]) for n, p in model.named_parameters() if p.requires_grad)
