@@ -118,9 +118,12 @@ def _one_example(leaves: list, recorded: list) -> CallLayout:
 
 
 #: What torch.func says of a custom ``torch.autograd.Function`` it cannot transform (no ``setup_context``: peft's
-#: LoHa weight, RandLoRA's bases, C3A's circulant convolution): such a module is differentiated example by example
-#: with autograd instead (:func:`_looped`), on its own, as exact and only slower for that module.
+#: LoHa weight, RandLoRA's bases, C3A's circulant convolution). Such a module, and one vmap fails on for another
+#: reason (SHiRA's sparse weights), is differentiated example by example with autograd instead (:func:`_looped`), on
+#: its own, as exact and only slower for that module; not one that draws random numbers vmap refused (:data:`RANDOM`:
+#: the loop would draw new ones), which goes to the whole model.
 CUSTOM_FUNCTION = "autograd.Function with functorch transforms"
+RANDOM = "random operation"
 
 
 def _looped(inner, params: dict, batch: int, inputs: list, out_grads: list, index, drops: list):
@@ -224,10 +227,10 @@ def per_module_gradients(
             grads, outs = per_example(leaves, inputs, out_grads, gos)
         except (RuntimeError, ValueError, TypeError) as e:
             device = next((t.device.type for t in tensors(leaves)), "cpu")
-            if CUSTOM_FUNCTION in str(e):
-                grads, outs = per_example(leaves, inputs, out_grads, gos, loop=True)
-            elif not torch.is_autocast_enabled(device):
+            if RANDOM in str(e):  # (a random operation not replayed: the whole model's)
                 raise
+            if CUSTOM_FUNCTION in str(e) or not torch.is_autocast_enabled(device):
+                grads, outs = per_example(leaves, inputs, out_grads, gos, loop=True)
             else:
                 # Under autocast, torch.func fails on some chains of layers (vmap of grad of a Linear feeding a
                 # LayerNorm, BERT's masked-LM head: "expected scalar type BFloat16 but found Float"): the module is
