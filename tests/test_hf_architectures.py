@@ -45,15 +45,18 @@ SLOW = {("rwkv", "full"), ("pegasus", "full"), ("beit", "full"), ("swinv2", "ful
 #: Cells whose per-example gradients need the whole model differentiated example by example (exact, slower, and not
 #: trainable from a forward pass of your own: make_private_loop, DPTrainer): RWKV's attention reads its time-mixing
 #: state across the sequence in a layout the measurement cannot split; BEiT's relative-position bias, shared by every
-#: layer, is computed once for the batch (as T5's and Swin's); LoKr's layers draw random numbers (its
-#: dropouts) that vmap cannot replay; P-tuning's prompt encoder is computed once for the batch and repeated by peft.
-#: RandLoRA's custom autograd function cannot be vmapped (loop); its random bases, one module shared by every adapted
-#: layer, were left holding torch.func's tensors by the whole-model attempt, and the model refused for writing them.
+#: layer, is computed once for the batch (as T5's and Swin's); P-tuning's prompt encoder is computed once for the batch
+#: and repeated by peft. (LoKr's layers draw torch.rand(1) in every training call, which vmap refused: now replayed,
+#: dptrain.stages.dropout_replay, they record their layers.)
+#: (RandLoRA's random bases, one module shared by every adapted layer, were left holding torch.func's tensors by the
+#: whole-model attempt, and the model refused for writing them. Its custom autograd function, which torch.func cannot
+#: transform, sent it to the loop; its layers are now differentiated example by example with autograd, alone:
+#: dptrain.stages.module_func. LoHa's likewise, in test_hf_matrix.)
 #: Every other cell records its layers (Falcon: its MLP output is added to in place, so the model is handed a copy;
 #: BART: its decoder's learned positions [1, T, d], computed once for the batch, are expanded to it; both used to
 #: need the whole model).
-WHOLE_MODEL = {("rwkv", "full"), ("beit", "full"), ("llama", "lokr"), ("bert", "lokr"), ("llama", "p_tuning"),
-               ("bert", "p_tuning"), ("gpt2", "p_tuning"), ("llama", "randlora")}
+WHOLE_MODEL = {("rwkv", "full"), ("beit", "full"), ("llama", "p_tuning"),
+               ("bert", "p_tuning"), ("gpt2", "p_tuning")}
 
 
 def cells():

@@ -118,7 +118,7 @@ def test_per_example_gradients_are_exact_or_refused_in_one_line(model_name, adap
     params = {k: p for k, p in model.named_parameters() if p.requires_grad}
     assert_exact(grads.materialize(), single_example_gradients(model, loss, one, params, len(y)))
     backend = trainer.grad_sampler.name
-    if adapter in ("full", "lora", "dora", "prefix") and (model_name, adapter) not in WHOLE_MODEL:
+    if adapter in ("full", "lora", "dora", "loha", "prefix") and (model_name, adapter) not in WHOLE_MODEL:
         assert backend.startswith("layerwise"), backend  # the fast backend, not the loop
 
 

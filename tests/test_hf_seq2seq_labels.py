@@ -173,6 +173,23 @@ def test_an_encoder_decoder_classifier_whose_labels_are_classes_trains_as_the_tr
             assert float((got[n][i] - r).norm()) <= 1e-6 * float(r.norm()) + 1e-12, (n, i)
 
 
+def test_a_classifier_that_cannot_run_on_its_examples_is_not_blamed_on_its_labels():
+    """BART's classifier on examples without an end-of-sequence token raises its own error, with or without labels;
+    that failure read as "the model needs its labels", and it was refused for deriving its decoder's inputs from them,
+    the way out named putting the labels shifted right in ``decoder_input_ids`` (class indices as the decoder's
+    input). Its source is now left as it is: the model's own error is what the user sees."""
+    from dptrain.data.batches import as_source
+    from dptrain.models.decoder_inputs import with_decoder_inputs
+
+    ids = torch.randint(2, 32, (N, SOURCE), generator=torch.Generator().manual_seed(0))  # (no token 1: no eos)
+    source = as_source(({"input_ids": ids, "attention_mask": torch.ones(N, SOURCE, dtype=torch.long)},
+                        torch.randint(0, 3, (N,))))
+    model = _classifier("bart")
+    assert with_decoder_inputs(source, model) is source
+    with pytest.raises(ValueError, match="eos"):
+        model(**source.batch(torch.arange(2))[0])
+
+
 def test_a_copy_tasks_labels_equal_to_their_inputs_still_reach_the_decoder():
     """Whether the labels reach the model's outputs is measured on the first examples; where those examples' labels
     equal their inputs (a copy task, or a denoising set's clean examples), BART's decoder reads the same shifted

@@ -199,8 +199,11 @@ class Stream(torch.utils.data.IterableDataset):
         ({"fp16": True}, {}, "loss scaler"),
         ({"torch_compile": True}, {}, "torch_compile"),
         ({"auto_find_batch_size": True}, {}, "auto_find_batch_size"),
+        # (the model's refusal, at train(), named model.gradient_checkpointing_enable(...), which the Trainer overrides)
+        ({"gradient_checkpointing": True, "gradient_checkpointing_kwargs": {"use_reentrant": True}}, {},
+         "TrainingArguments(gradient_checkpointing_kwargs={'use_reentrant': False})"),
         ({"train_sampling_strategy": "group_by_length"}, {}, "secret sampling"),
-        ({"label_smoothing_factor": 0.1}, {}, "mixes examples"),
+        ({"label_smoothing_factor": 0.1}, {"loss_fn": causal_lm_per_example}, "with loss_fn, smooth in it"),
         ({"include_num_input_tokens_seen": "all"}, {}, "not private"),
         ({"neftune_noise_alpha": 5.0}, {}, "padded length"),
         ({"use_liger_kernel": True}, {}, "Liger"),
@@ -503,3 +506,70 @@ def test_state_a_forward_pass_caches_is_put_back_after_every_chunk_with_restore(
     trainer.train()
     # (what it holds after: the model's first call's, on an all-zero input before any example: dptrain's warm-up)
     assert trainer.private_loop.steps == 1 and trainer.ledger.private and not trunk.last_batch.any()
+
+
+def test_a_torch_compiled_model_trains_as_the_eager_model_it_wraps(tmp_path):
+    """DPTrainer(model=torch.compile(model)): the Trainer read the wrapper's forward(*args, **kwargs), found no label
+    name and it was refused for that ("set TrainingArguments(label_names=...)"); with label_names set, every column
+    was dropped as unused ("the batches ... must hold tensors"). It trains the eager model it wraps, as make_private
+    does (the same parameters)."""
+    model = gpt2_lora()
+    trainer = DPTrainer(model=torch.compile(model), args=arguments(tmp_path), train_dataset=Tokens(),
+                        privacy_args=PrivacyArguments(noise_multiplier=1.0))
+    assert trainer.model is model and trainer.label_names == ["labels"]
+    inputs, labels = trainer._training_source().batch(torch.tensor([0, 1]))
+    assert torch.equal(inputs["input_ids"], Tokens().ids[:2]) and torch.equal(labels, Tokens().ids[:2])
+
+
+@pytest.mark.parametrize("classifier", [False, True])
+def test_label_smoothing_is_the_trainers_smoother_of_each_example_alone(tmp_path, classifier):
+    """label_smoothing_factor was refused (the Trainer's LabelSmoother averages over the batch's labelled tokens, which
+    mixes examples). The default loss is now smoothed example by example: each example's loss is transformers'
+    LabelSmoother on that example alone (shifted for the causal LM, as the Trainer shifts it)."""
+    from transformers.trainer_pt_utils import LabelSmoother
+
+    model = bert_classifier() if classifier else gpt2_lora()
+    data = Tokens(classes=2 if classifier else None)
+    trainer = DPTrainer(model=model, args=arguments(tmp_path, label_smoothing_factor=0.2), train_dataset=data,
+                        privacy_args=PrivacyArguments(noise_multiplier=1.0))
+    batch = [data[i] for i in range(3)]
+    ids = torch.stack([b["input_ids"] for b in batch])
+    labels = torch.tensor([b["label"] for b in batch]) if classifier else ids.clone()
+    labels = labels if classifier else labels.masked_fill(torch.arange(LENGTH) >= LENGTH - 2, -100)
+    ours = trainer.loss_fn(model(input_ids=ids), labels)
+    for i in range(3):
+        theirs = LabelSmoother(epsilon=0.2)({"logits": model(input_ids=ids[i : i + 1]).logits}, labels[i : i + 1],
+                                            shift_labels=not classifier)
+        torch.testing.assert_close(ours[i], theirs, rtol=1e-5, atol=1e-6)
+
+
+class Waves(torch.utils.data.Dataset):
+    """Waveforms of 64 samples, each with a class."""
+
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        g = torch.Generator().manual_seed(i)
+        return {"input_values": torch.randn(64, generator=g), "labels": i % 3}
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_a_wav2vec2_classifier_with_lora_trains(tmp_path):
+    """Wav2Vec2's feature encoder sets requires_grad on a view of its input_values in training; the private loop hands
+    its floating tensors out requiring grad, and torch refused ("you can only change requires_grad flags of leaf
+    variables"): a raw RuntimeError for every Wav2Vec2-family model (HuBERT, WavLM, SEW, ...) whose feature encoder
+    was not frozen, LoRA included. The DPTrainer calls the model on the chunk's tensors detached."""
+    from hf_zoo import MORE
+
+    torch.manual_seed(0)
+    model = peft.get_peft_model(MORE["wav2vec2"][0](), peft.LoraConfig(r=2, target_modules=["q_proj", "v_proj"],
+                                                                       modules_to_save=["classifier"]))
+    args = arguments(tmp_path, per_device_train_batch_size=4, max_steps=1, optim="sgd")
+    trainer = DPTrainer(model=model, args=args, train_dataset=Waves(),
+                        privacy_args=PrivacyArguments(noise_multiplier=1.0, delta=1e-2, sampling="full"))
+    before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    trainer.train()
+    assert trainer.private_loop.steps == 1
+    assert all(not torch.equal(p, before[n]) for n, p in model.named_parameters() if p.requires_grad)

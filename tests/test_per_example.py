@@ -126,6 +126,57 @@ def test_auto_falls_back_per_module_not_for_the_whole_model():
         make_grad_sampler(model, cross_entropy_per_example, "layerwise")  # the strict backend refuses
 
 
+class Gated(nn.Module):
+    """A layer of its own (no rule) that draws ``torch.rand(1)`` in every training call, as peft's LoHa and LoKr layers
+    do (their module dropout, here at 0)."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale = nn.Parameter(torch.randn(4))
+
+    def forward(self, x):
+        return x * self.scale if bool(torch.rand(1) >= 0.0) else x
+
+
+def test_random_draws_shared_by_the_batch_are_replayed_to_the_module_alone_not_the_whole_model():
+    """vmap refuses random operations: such a layer sent the whole model to torch.func example by example (LoKr), or
+    DPTrainer refused it. The batch's draws are replayed to each example's call of the layer alone."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), Gated(), nn.Linear(4, 2)).double()
+    sampler = make_grad_sampler(model, cross_entropy_per_example)
+    x, y = torch.randn(5, 4, dtype=torch.float64), torch.randint(0, 2, (5,))
+    grads = sampler(x, y)[0].materialize()
+    assert sampler.name == "layerwise+func"  # (was the whole model: loop)
+    for i in range(5):
+        out = model(x[i : i + 1])
+        ref = torch.autograd.grad(cross_entropy_per_example(out, y[i : i + 1]).sum(), list(model.parameters()))
+        for (n, _), r in zip(model.named_parameters(), ref, strict=True):
+            torch.testing.assert_close(grads[n][i], r, rtol=1e-9, atol=1e-12)
+
+
+class Branchy(nn.Module):
+    """A layer of its own whose forward branches on its input's values: vmap cannot run it (data-dependent control
+    flow), as it cannot run peft's SHiRA (sparse weights) or LoHa (a custom autograd.Function)."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale = nn.Parameter(torch.randn(4))
+
+    def forward(self, x):
+        return x * self.scale if bool(x.abs().sum() > 0) else x
+
+
+def test_a_layer_vmap_cannot_run_is_differentiated_example_by_example_alone_not_the_whole_model():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), Branchy(), nn.Linear(4, 2)).double()
+    sampler = make_grad_sampler(model, cross_entropy_per_example)
+    x, y = torch.randn(5, 4, dtype=torch.float64), torch.randint(0, 2, (5,))
+    grads, expected = sampler(x, y)[0].materialize(), loop_gradients(model, x, y)
+    assert sampler.name == "layerwise+func"  # (was the whole model: loop)
+    for n in expected:
+        torch.testing.assert_close(grads[n], expected[n], rtol=1e-9, atol=1e-12)
+
+
 class Sequence(nn.Module):
     """Token ids -> Embedding (with a padding id) -> Conv1d over time -> RMSNorm -> Linear on [B, T, d] (ghost
     norms: short sequence, wide layer) -> LayerNorm -> attention (no rule: torch.func for that module) -> head."""

@@ -55,6 +55,16 @@ def check_arguments(args) -> None:
         raise ConfigError(
             "torch_compile=True: the per-example gradients read the model's eager modules; train without it"
         )
+    checkpointing = getattr(args, "activation_checkpointing", None) or getattr(args, "gradient_checkpointing", None)
+    kwargs = getattr(args, "activation_checkpointing_kwargs", None) or getattr(args, "gradient_checkpointing_kwargs",
+                                                                               None) or {}
+    if checkpointing and kwargs.get("use_reentrant"):
+        raise ConfigError(
+            "gradient checkpointing with use_reentrant=True runs the layers without autograd and differentiates them "
+            "on the side, where no per-example gradient can be recorded (and the Trainer enables it on the model "
+            "when training starts, whatever was enabled before); set TrainingArguments(gradient_checkpointing_kwargs="
+            "{'use_reentrant': False}) (transformers' default)"
+        )
     if args.auto_find_batch_size:
         raise ConfigError(
             "auto_find_batch_size changes the batch size during training, and with it the sampling rate the "
@@ -64,11 +74,6 @@ def check_arguments(args) -> None:
         raise ConfigError(
             f"train_sampling_strategy={args.train_sampling_strategy!r} chooses which examples a batch holds; the "
             "accounting needs dptrain's secret sampling (privacy_args.sampling): leave it 'random' (replaced)"
-        )
-    if args.label_smoothing_factor:
-        raise ConfigError(
-            "label_smoothing_factor: the Trainer's label smoother divides by the batch's count of labelled tokens, "
-            "which mixes examples; pass loss_fn=(outputs, labels) -> one smoothed loss per example"
         )
     if args.include_num_input_tokens_seen not in ("no", False, None):
         raise ConfigError(

@@ -39,6 +39,7 @@ from pathlib import Path
 
 import torch
 import transformers
+from torch.utils._pytree import tree_map
 
 from dptrain.accounting import AUTO, PrivacyReport
 from dptrain.accounting.ledger import write_json_atomic
@@ -59,6 +60,8 @@ from dptrain.huggingface.refusals import (
     refuse_search,
     whole_model_refusal,
 )
+from dptrain.models.losses import LabelSmoothed, default_loss
+from dptrain.preflight.checks import eager
 from dptrain.runs.job import resolve_accountant
 from dptrain.runs.progress import step_bar
 from dptrain.stages.per_example import WholeModelError
@@ -138,12 +141,14 @@ class DPTrainer(transformers.Trainer):
         if args is not None:
             check_arguments(args)
         _check_training_data(kwargs.get("train_dataset", more[1] if len(more) > 1 else None))
-        super().__init__(model, args, *more, **kwargs)
+        # (a torch.compile'd model trains as the eager model it wraps, as with make_private: the Trainer read no label
+        # name in the wrapper's forward(*args, **kwargs) and refused it, or dropped every column as unused)
+        super().__init__(None if model is None else eager(model), args, *more, **kwargs)
         check_trainer(self)
         if any(type(c) is transformers.trainer_callback.ProgressCallback for c in self.callback_handler.callbacks):
             self.remove_callback(transformers.trainer_callback.ProgressCallback)
             self.add_callback(_StepProgress)
-        self.privacy_args, self.loss_fn = privacy_args, loss_fn
+        self.privacy_args, self.loss_fn = privacy_args, self._smoothed(loss_fn)
         check_evaluation(self.args, privacy_args)
         self.dataset_size = len(self.train_dataset)
         #: the expected logical batch: per_device_train_batch_size x gradient_accumulation_steps
@@ -159,6 +164,18 @@ class DPTrainer(transformers.Trainer):
         self._chunks = None  # the loop's chunks of this train() call
         self._in_evaluation = False
         self._dropped: set[str] = set()
+
+    def _smoothed(self, loss_fn):
+        """``loss_fn``, or with ``label_smoothing_factor`` the default loss smoothed example by example
+        (:class:`dptrain.models.losses.LabelSmoothed`: the Trainer's smoother averages over the batch's labelled
+        tokens, which mixes examples)."""
+        epsilon = self.args.label_smoothing_factor
+        if not epsilon:
+            return loss_fn
+        if loss_fn is not None:
+            raise ConfigError("label_smoothing_factor smooths the default loss; with loss_fn, smooth in it (or leave "
+                              "label_smoothing_factor 0)")
+        return LabelSmoothed(default_loss(self.model), epsilon)
 
     # -- the numbers ------------------------------------------------------------------------------------------------
     @property
@@ -266,6 +283,12 @@ class DPTrainer(transformers.Trainer):
             if len(labels) == 0:  # (an empty Poisson batch: its release is noise alone; models need not take it)
                 losses = labels.new_zeros(0, dtype=torch.float32)
             else:
+                # (detached: the loop hands its floating tensors out requiring grad, to see what a loop body computes
+                # from them; this body is ours, and Wav2Vec2's feature encoder sets requires_grad on a view of its
+                # input_values, which torch refuses for a tensor requiring grad: a raw RuntimeError)
+                inputs = ({k: v.detach() if torch.is_tensor(v) else v for k, v in inputs.items()}
+                          if isinstance(inputs, Mapping) else tree_map(lambda t: t.detach() if torch.is_tensor(t) else t,
+                                                                       inputs))
                 outputs = model(**inputs) if isinstance(inputs, Mapping) else model(inputs)
                 losses = self.loss_fn(outputs, labels)
             loop.backward(losses)

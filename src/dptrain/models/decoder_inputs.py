@@ -106,13 +106,21 @@ PROBED = 4
 
 def labels_reach_outputs(model: nn.Module, source) -> bool:
     """Whether the model's outputs (those it returns with and without labels, but the loss) on the source's first
-    examples change when it is given their labels or the other examples' (rolled by one), or it cannot run without them (T5's conditional generation needs decoder inputs or labels)."""
+    examples change when it is given their labels or the other examples' (rolled by one), or it cannot run without them
+    (T5's conditional generation needs decoder inputs or labels). A model that cannot run on them with their labels
+    either fails for another reason (BART's classifier on examples without an end-of-sequence token): False, and its own
+    error is the model probe's to report (it was refused for deriving its decoder's inputs from its labels)."""
     device = next(model.parameters()).device
     idx = torch.arange(min(len(source), PROBED))
     inputs, labels = tree_map(lambda t: t.to(device) if torch.is_tensor(t) else t, source.batch(idx))
     try:
         with quiet_passes(model, grad=False):
-            passes = [model(**inputs), model(**inputs, labels=labels)]
+            passes = [model(**inputs, labels=labels)]
+    except Exception:  # noqa: BLE001 (a model that cannot run on these inputs with their labels either: its own error)
+        return False
+    try:
+        with quiet_passes(model, grad=False):
+            passes.insert(0, model(**inputs))
             if len(labels) > 1:  # (the other examples' labels: a copy task's labels equal to its inputs look unused)
                 passes.append(model(**inputs, labels=labels.roll(1, 0)))
     except Exception:  # noqa: BLE001 (a model that needs its labels to run: they reach it)

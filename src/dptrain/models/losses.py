@@ -221,6 +221,35 @@ def scored_tokens(loss_fn, logits: torch.Tensor, labels: torch.Tensor) -> tuple[
     return logits, labels
 
 
+class LabelSmoothed:
+    """transformers' label smoothing (``TrainingArguments.label_smoothing_factor``, the Trainer's ``LabelSmoother``) as
+    one loss per example: each scored position's cross-entropy with ``epsilon`` of the target spread evenly over the
+    classes ((1 - epsilon) x its negative log-likelihood + epsilon x the mean over classes of -log p, torch's
+    ``label_smoothing``), averaged over the example's own labelled positions (``-100`` ignored; the positions of
+    ``base``: shifted for a causal language model, after prompt tuning's virtual tokens). The Trainer's smoother averages
+    over the batch's labelled tokens, which mixes examples. ``base``: the default loss of the model
+    (:func:`default_loss`); a regression, multi-label or question-answering head has no label to smooth."""
+
+    def __init__(self, base: Callable, epsilon: float):
+        if base is question_answering_per_example:
+            raise ModelError("label smoothing takes a head that scores classes; a question-answering head's loss is "
+                             "not smoothed: leave label_smoothing_factor 0 or pass loss_fn")
+        self.base, self.epsilon = base, float(epsilon)
+
+    def __call__(self, outputs, labels: torch.Tensor) -> torch.Tensor:
+        logits = logits_of(outputs)
+        if isinstance(self.base, ClassificationHeadLoss) and self.base.problem_type(labels) != PROBLEM_TYPES[1]:
+            raise DataError(f"label smoothing takes class labels; this head's problem is "
+                            f"{self.base.problem_type(labels)}: leave label_smoothing_factor 0 or pass loss_fn")
+        scores, targets = scored_tokens(self.base, logits, labels)
+        scores = scores.to(torch.promote_types(scores.dtype, torch.float32))
+        if scores.dim() == 3 and targets.dim() == 2:
+            per = F.cross_entropy(scores.transpose(1, 2), targets, ignore_index=IGNORE_INDEX, reduction="none",
+                                  label_smoothing=self.epsilon)
+            return per.sum(1) / (targets != IGNORE_INDEX).sum(1).clamp_min(1)
+        return F.cross_entropy(scores, targets, reduction="none", label_smoothing=self.epsilon)
+
+
 def default_loss(model: nn.Module) -> Callable:
     """The per-example loss a model gets when none is given: causal-LM cross-entropy for a causal language model
     (after the virtual tokens of prompt tuning), a Hugging Face classifier's own loss (:class:`ClassificationHeadLoss`),
@@ -240,6 +269,7 @@ __all__ = [
     "IGNORE_INDEX",
     "QUESTION_ANSWERING_HEADS",
     "ClassificationHeadLoss",
+    "LabelSmoothed",
     "causal_lm_per_example",
     "cross_entropy_per_example",
     "default_loss",

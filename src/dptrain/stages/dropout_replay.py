@@ -12,9 +12,14 @@ probability, whose mask is inside the fused kernel, is computed in both passes a
 scale + mask) with the dropout mask, times v: PyTorch's documented equivalent) with the mask kept likewise.
 
 Only multiplicative dropouts are replayed (:data:`DROPOUTS`; alpha dropout is not a mask) and only calls that draw
-(p > 0, in training); any other random operation in such a module still makes ``vmap`` refuse it. A replay that does
-not see the same dropouts in the same order and shapes raises, and the module's outputs example by example are checked
-against the batch's (module_func): a wrong replay is never a wrong gradient.
+(p > 0, in training). Draws of torch's random factories (:data:`FACTORIES`: ``torch.rand(1)``, ``torch.randn(n)``,
+...) are replayed too, whole (:class:`Shared`): the batch's call drew one for all its examples, so each example's call
+gets that draw again, which is only possible at the same size (a draw sized by the batch's rows is not the example's:
+the replay raises). peft's LyCORIS layers (LoHa, LoKr) draw ``torch.rand(1) > module_dropout`` in every training call,
+even at ``module_dropout = 0``: ``vmap`` refused them, the automatic backend differentiated the whole model example by
+example, and DPTrainer refused LoHa and LoKr on every model. Any other random operation in such a module still makes
+``vmap`` refuse it. A replay that does not see the same draws in the same order and shapes raises, and the module's
+outputs example by example are checked against the batch's (module_func): a wrong replay is never a wrong gradient.
 """
 
 from __future__ import annotations
@@ -36,6 +41,9 @@ DROPOUTS = frozenset(
 )
 #: The dropouts that multiply their input by a mask (:class:`Recorder` and :class:`Replayer` take them).
 MASKS = frozenset({F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, torch.dropout, torch.feature_dropout})
+#: Random factories whose draws are replayed whole (:class:`Shared`).
+FACTORIES = frozenset({torch.rand, torch.randn, torch.randint, torch.randperm, torch.rand_like, torch.randn_like,
+                       torch.randint_like})
 SDPA = (F.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention)
 _SDPA_NAMES = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
 _F_INPLACE = 3  # (F.dropout's position of ``inplace``)
@@ -112,6 +120,32 @@ def _through(func, mode: TorchFunctionMode):
     return copy
 
 
+class Shared:
+    """A random factory's draw in the batch's call (``value``), replayed whole to each example's call."""
+
+    __slots__ = ("func", "value")
+
+    def __init__(self, func, value: torch.Tensor):
+        self.func, self.value = func, value
+
+
+def _size(func, args: tuple, kwargs: dict) -> tuple | None:
+    """The shape a random factory's call asks for (None where it cannot be read)."""
+    if func in (torch.rand_like, torch.randn_like, torch.randint_like):
+        x = args[0] if args else kwargs.get("input")
+        return tuple(x.shape) if torch.is_tensor(x) else None
+    if func is torch.randperm:
+        n = args[0] if args else kwargs.get("n")
+        return (int(n),) if isinstance(n, int) else None
+    size = kwargs.get("size")
+    if size is None:
+        dims = [a for a in args if isinstance(a, (tuple, list, torch.Size))]
+        size = dims[-1] if dims else (args if func is not torch.randint else None)
+    if size is None or not all(isinstance(d, int) for d in size):
+        return None
+    return tuple(size)
+
+
 class Recorder(TorchFunctionMode):
     """While a module runs on the batch: each dropout that draws computed as its input times a mask, the masks kept in
     order (``masks``)."""
@@ -122,6 +156,10 @@ class Recorder(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func in FACTORIES:
+            out = func(*args, **kwargs)
+            self.masks.append(Shared(func, out.detach().clone()))
+            return out
         if not _draws(func, args, kwargs):
             return (_through(func, self) if _calls_dropout(func) else func)(*args, **kwargs)
 
@@ -146,11 +184,21 @@ class ReplayError(RuntimeError):
 
 class Replayer(TorchFunctionMode):
     """While a module runs on one example (inside vmap): the k-th dropout that draws multiplies by ``masks[k]`` (that
-    example's rows of the batch's k-th mask)."""
+    example's rows of the batch's k-th mask), the k-th random factory's call returns ``shared[k]``'s draw."""
 
-    def __init__(self, masks: list[torch.Tensor]):
+    def __init__(self, masks: list[torch.Tensor], shared: list[Shared] = ()):
         super().__init__()
         self.masks, self.used = list(masks), 0
+        self.shared, self.replayed = list(shared), 0
+
+    def _draw(self, func, args: tuple, kwargs: dict) -> torch.Tensor:
+        k = self.replayed
+        if k >= len(self.shared) or self.shared[k].func is not func or _size(func, args, kwargs) != tuple(
+            self.shared[k].value.shape
+        ):
+            raise ReplayError("the module's random draws example by example are not the batch's")
+        self.replayed += 1
+        return self.shared[k].value
 
     def _next(self, like: torch.Tensor) -> torch.Tensor:
         if self.used >= len(self.masks) or self.masks[self.used].shape != like.shape:
@@ -160,6 +208,8 @@ class Replayer(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func in FACTORIES:
+            return self._draw(func, args, kwargs)
         if not _draws(func, args, kwargs):
             return (_through(func, self) if _calls_dropout(func) else func)(*args, **kwargs)
         if func in SDPA:
@@ -168,4 +218,4 @@ class Replayer(TorchFunctionMode):
         return _dropped(func, args, kwargs, self._next(x))
 
 
-__all__ = ["DROPOUTS", "MASKS", "SDPA", "Recorder", "ReplayError", "Replayer"]
+__all__ = ["DROPOUTS", "FACTORIES", "MASKS", "SDPA", "Recorder", "ReplayError", "Replayer", "Shared"]

@@ -1,5 +1,6 @@
 """Per-example gradients of one module without a layerwise rule (attention, a custom layer, peft's DoRA magnitude):
-torch.func over that module alone, from the inputs and output gradients the layerwise backend recorded.
+torch.func over that module alone, from the inputs and output gradients the layerwise backend recorded (or, for a
+module using a custom autograd.Function torch.func cannot transform, autograd example by example on that module alone).
 
 vmap runs over the examples of grad of <m(inputs_i), output gradient_i>, each example's inputs being its rows of every
 tensor the module receives (positional, keyword, inside tuples: every leaf), as the layout measurement of
@@ -22,7 +23,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from dptrain.errors import ModelError, one_line
 from dptrain.stages.batch_layout import ROWS, SHARED, CallLayout, rows_per_example, tensors, view_rows
-from dptrain.stages.dropout_replay import Replayer, ReplayError
+from dptrain.stages.dropout_replay import Replayer, ReplayError, Shared
 from dptrain.stages.precision import LOW, upcast
 from dptrain.stages.recurrent import RecurrentError, recurrent_gradients
 
@@ -116,6 +117,32 @@ def _one_example(leaves: list, recorded: list) -> CallLayout:
     return CallLayout(tuple(kind(t) for t in leaves), tuple(kind(o) for o in recorded))
 
 
+#: What torch.func says of a custom ``torch.autograd.Function`` it cannot transform (no ``setup_context``: peft's
+#: LoHa weight, RandLoRA's bases, C3A's circulant convolution). Such a module, and one vmap fails on for another
+#: reason (SHiRA's sparse weights), is differentiated example by example with autograd instead (:func:`_looped`), on
+#: its own, as exact and only slower for that module; not one that draws random numbers vmap refused (:data:`RANDOM`:
+#: the loop would draw new ones), which goes to the whole model.
+CUSTOM_FUNCTION = "autograd.Function with functorch transforms"
+RANDOM = "random operation"
+
+
+def _looped(inner, params: dict, batch: int, inputs: list, out_grads: list, index, drops: list):
+    """What ``vmap(grad(inner, has_aux=True))`` returns, by a loop over the examples with autograd: example i's rows of
+    every split input, output gradient and dropout mask, ``inner``'s loss differentiated by ``torch.autograd.grad``."""
+    grads: dict[str, list] = {n: [] for n in params}
+    outs: list[list] = []
+    for i in range(batch):
+        leaves = {n: p.detach().requires_grad_() for n, p in params.items()}
+        with torch.enable_grad():
+            loss, picked = inner(leaves, [t[i] for t in inputs], [g[i] for g in out_grads],
+                                 None if index is None else index[i], [d[i] for d in drops])
+            found = torch.autograd.grad(loss, list(leaves.values()), allow_unused=True)
+        for (n, p), g in zip(leaves.items(), found, strict=True):
+            grads[n].append(torch.zeros_like(p) if g is None else g)
+        outs.append(picked)
+    return {n: torch.stack(gs) for n, gs in grads.items()}, [torch.stack(o) for o in zip(*outs, strict=True)]
+
+
 def per_module_gradients(
     m: nn.Module, args: tuple, kwargs: dict, gos: list, recorded: list, layout: CallLayout | None = None,
     batch: int | None = None, masks: list | None = None,
@@ -124,7 +151,8 @@ def per_module_gradients(
     ``m(*args, **kwargs)`` -> ``recorded`` (its output tensors), ``gos`` their gradients (None: the output does not
     reach the loss), laid out as ``layout`` says for a chunk of ``batch`` examples (None: tensors whose first
     dimension is the outputs' are split by example, the others passed whole). ``masks``: the masks of the dropouts
-    the call drew, in order (:mod:`dptrain.stages.dropout_replay`), replayed example by example."""
+    the call drew, in order, and its random factories' draws (:class:`dptrain.stages.dropout_replay.Shared`),
+    replayed example by example."""
     if isinstance(m, nn.RNNBase):  # (torch.func cannot: the recurrence run again by kind)
         try:
             return recurrent_gradients(m, args, kwargs, gos, recorded, batch or len(recorded[0]))
@@ -155,7 +183,8 @@ def per_module_gradients(
         rows_per_example(recorded[j], batch) is None for j in rows
     ):
         raise FallbackError(f"{type(m).__name__}: a tensor's rows are not a multiple of the chunk's examples")
-    masks = list(masks or [])
+    draws = [k for k in masks or [] if isinstance(k, Shared)]  # (whole, to every example)
+    masks = [k for k in masks or [] if not isinstance(k, Shared)]
     if masks and (not split or any(rows_per_example(k, batch) is None for k in masks)):
         raise FallbackError(f"{type(m).__name__} draws dropout masks that are not laid out by example")
     inputs = [view_rows(leaves[i], batch) for i in split]
@@ -167,16 +196,17 @@ def per_module_gradients(
     expanding = bool(rows) and not split
     index = torch.arange(batch if expanding else 0, device=next((t.device for t in recorded), None))
 
-    def per_example(leaves, inputs, out_grads, gos):
+    def per_example(leaves, inputs, out_grads, gos, loop: bool = False):
         def inner(params, tensors_i, gos_i, i, drops_i):
             full = list(leaves)
             for k, t in zip(split, tensors_i, strict=True):
                 full[k] = t
             a, kw = tree_unflatten(full, spec)
-            with Replayer(drops_i) as replay:  # (the batch's dropout masks, this example's rows)
+            with Replayer(drops_i, draws) as replay:  # (the batch's dropout masks, this example's rows; its draws)
                 outs = tensors(call_with(m, {**params, **buffers}, tuple(a), kw))
-            if replay.used != len(drops_i):
-                raise ReplayError(f"{replay.used} dropouts example by example, {len(drops_i)} for the batch")
+            if replay.used != len(drops_i) or replay.replayed != len(draws):
+                raise ReplayError(f"{replay.used} dropouts and {replay.replayed} draws example by example, "
+                                  f"{len(drops_i)} and {len(draws)} for the batch")
             if len(outs) != len(recorded):
                 raise ValueError(f"{len(outs)} output tensors example by example, {len(recorded)} for the batch")
             picked = [view_rows(outs[j], batch).index_select(0, i.reshape(1))[0] if expanding else outs[j]
@@ -185,6 +215,8 @@ def per_module_gradients(
             loss = loss + sum((outs[j] * gos[j]).sum() for j in whole)
             return loss, [o.detach() for o in picked]
 
+        if loop:  # (example by example with autograd: a custom autograd.Function torch.func cannot transform)
+            return _looped(inner, params, batch, inputs, out_grads, index if expanding else None, drops)
         with warnings.catch_warnings():  # torch.func has no batching rule for some fused kernels (CPU attention)
             warnings.filterwarnings("ignore", message="There is a performance drop because we have not yet")
             return vmap(grad(inner, has_aux=True), in_dims=(None, 0, 0, 0 if expanding else None, 0),
@@ -193,17 +225,20 @@ def per_module_gradients(
     try:
         try:
             grads, outs = per_example(leaves, inputs, out_grads, gos)
-        except (RuntimeError, ValueError, TypeError):
+        except (RuntimeError, ValueError, TypeError) as e:
             device = next((t.device.type for t in tensors(leaves)), "cpu")
-            if not torch.is_autocast_enabled(device):
+            if RANDOM in str(e):  # (a random operation not replayed: the whole model's)
                 raise
-            # Under autocast, torch.func fails on some chains of layers (vmap of grad of a Linear feeding a LayerNorm,
-            # BERT's masked-LM head: "expected scalar type BFloat16 but found Float"): the module is differentiated
-            # in float32 from its recorded bfloat16 inputs and output gradients instead (as the layer rules form
-            # theirs), its outputs checked against the batch's within bfloat16's rounding below.
-            with torch.autocast(device, enabled=False):
-                grads, outs = per_example([upcast(t) for t in leaves], [upcast(t) for t in inputs],
-                                          [upcast(g) for g in out_grads], [upcast(g) for g in gos])
+            if CUSTOM_FUNCTION in str(e) or not torch.is_autocast_enabled(device):
+                grads, outs = per_example(leaves, inputs, out_grads, gos, loop=True)
+            else:
+                # Under autocast, torch.func fails on some chains of layers (vmap of grad of a Linear feeding a
+                # LayerNorm, BERT's masked-LM head: "expected scalar type BFloat16 but found Float"): the module is
+                # differentiated in float32 from its recorded bfloat16 inputs and output gradients instead (as the
+                # layer rules form theirs), its outputs checked against the batch's within bfloat16's rounding below.
+                with torch.autocast(device, enabled=False):
+                    grads, outs = per_example([upcast(t) for t in leaves], [upcast(t) for t in inputs],
+                                              [upcast(g) for g in out_grads], [upcast(g) for g in gos])
     except (RuntimeError, ValueError, TypeError) as e:
         raise FallbackError(
             f"per-example gradients of {type(m).__name__} through torch.func failed ({' '.join(str(e).split())[:200]})"
