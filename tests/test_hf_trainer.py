@@ -560,7 +560,7 @@ def test_a_wav2vec2_classifier_with_lora_trains(tmp_path):
     """Wav2Vec2's feature encoder sets requires_grad on a view of its input_values in training; the private loop hands
     its floating tensors out requiring grad, and torch refused ("you can only change requires_grad flags of leaf
     variables"): a raw RuntimeError for every Wav2Vec2-family model (HuBERT, WavLM, SEW, ...) whose feature encoder
-    was not frozen, LoRA included. The loop calls the model on the chunk's tensors detached."""
+    was not frozen, LoRA included. The DPTrainer calls the model on the chunk's tensors detached."""
     from hf_zoo import MORE
 
     torch.manual_seed(0)

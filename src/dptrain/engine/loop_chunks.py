@@ -68,24 +68,6 @@ def hand_out(batch):
     return walk(batch), handed, floats
 
 
-def detached(args: tuple, kwargs: dict, floats: list[torch.Tensor]) -> tuple[tuple, dict]:
-    """The model's arguments with the chunk's floating tensors (as :func:`hand_out` made them, requiring grad) detached:
-    the model runs on the examples' values as a model does outside the loop (a model may set ``requires_grad`` on a view
-    of its input, as Wav2Vec2's feature encoder does: torch refuses that for a tensor that requires grad)."""
-    ours = {id(f) for f in floats}
-
-    def walk(v):
-        if torch.is_tensor(v):
-            return v.detach() if id(v) in ours else v
-        if isinstance(v, Mapping):
-            return {k: walk(x) for k, x in v.items()}
-        if isinstance(v, tuple | list):
-            return (list if isinstance(v, list) else tuple)(walk(x) for x in v)
-        return v
-
-    return walk(args), walk(kwargs)
-
-
 def same_examples(t: torch.Tensor, handed: list[torch.Tensor]) -> bool:
     """``t`` is a tensor of the chunk: one of them, a view of one (same storage), or a copy with the same values (a cast
     or a move to another device)."""

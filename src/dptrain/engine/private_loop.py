@@ -37,7 +37,6 @@ from dptrain.engine.grad_scaler import called_by_grad_scaler
 from dptrain.engine.interrupts import deferred_signals
 from dptrain.engine.loop_chunks import (
     derived_from,
-    detached,
     hand_out,
     mixed_losses,
     reaches,
@@ -234,7 +233,7 @@ class PrivateLoop:
                 batch.extra = {**acc, **{n: acc[n] + g if n in acc else g for n, g in extra_grads.items()}}
             chunk.done = True
             chunk.handed = chunk.floats = chunk.outputs = chunk.layer_outputs = []  # (the chunk's activations, freed)
-            inputs, labels = chunk.batch  # (compared as the model got it: the chunk's values, detached)
+            (inputs, labels), _, _ = hand_out(chunk.batch)  # (compared as your loop body got it: requiring grad)
             chunk.batch = ()
             self.trainer.sentinel.hold(Trained(inputs, labels, trained, key=(self.trainer.steps, chunk.index)))
             ran = self.trainer.sentinel.check(self.trainer.steps, chunk.index, inputs, labels)  # before the release
@@ -469,7 +468,7 @@ class PrivateLoop:
                 "Dataset or the DataLoader's collate_fn"
             )
         chunk.calls += 1
-        return detached(args, kwargs, chunk.floats)  # (what the loop body computes beside the model stays visible)
+        return None
 
     def _model_returned(self, module, args, output):
         chunk = self._chunk

@@ -39,6 +39,7 @@ from pathlib import Path
 
 import torch
 import transformers
+from torch.utils._pytree import tree_map
 
 from dptrain.accounting import AUTO, PrivacyReport
 from dptrain.accounting.ledger import write_json_atomic
@@ -282,6 +283,12 @@ class DPTrainer(transformers.Trainer):
             if len(labels) == 0:  # (an empty Poisson batch: its release is noise alone; models need not take it)
                 losses = labels.new_zeros(0, dtype=torch.float32)
             else:
+                # (detached: the loop hands its floating tensors out requiring grad, to see what a loop body computes
+                # from them; this body is ours, and Wav2Vec2's feature encoder sets requires_grad on a view of its
+                # input_values, which torch refuses for a tensor requiring grad: a raw RuntimeError)
+                inputs = ({k: v.detach() if torch.is_tensor(v) else v for k, v in inputs.items()}
+                          if isinstance(inputs, Mapping) else tree_map(lambda t: t.detach() if torch.is_tensor(t) else t,
+                                                                       inputs))
                 outputs = model(**inputs) if isinstance(inputs, Mapping) else model(inputs)
                 losses = self.loss_fn(outputs, labels)
             loop.backward(losses)
