@@ -76,6 +76,7 @@ class _Chunk:
     outputs: list[torch.Tensor] = field(default_factory=list)  # the model's outputs on the chunk
     layer_outputs: list[torch.Tensor] = field(default_factory=list)  # outputs of the modules with parameters
     calls: int = 0
+    as_leaves: bool = True  # the model got the chunk's tensors requiring grad, as handed out (DPTrainer: detached)
     done: bool = False  # backpropagated
     rows: list[int] = field(default_factory=list)  # the rows the sentinel compares (none: not compared)
     randomness: tuple | None = None  # the generators when a chunk the sentinel compares was handed out
@@ -233,7 +234,8 @@ class PrivateLoop:
                 batch.extra = {**acc, **{n: acc[n] + g if n in acc else g for n, g in extra_grads.items()}}
             chunk.done = True
             chunk.handed = chunk.floats = chunk.outputs = chunk.layer_outputs = []  # (the chunk's activations, freed)
-            (inputs, labels), _, _ = hand_out(chunk.batch)  # (compared as your loop body got it: requiring grad)
+            # (compared as the model got it: requiring grad as handed out, or detached as DPTrainer calls it)
+            (inputs, labels), _, _ = hand_out(chunk.batch) if chunk.as_leaves else (chunk.batch, None, None)
             chunk.batch = ()
             self.trainer.sentinel.hold(Trained(inputs, labels, trained, key=(self.trainer.steps, chunk.index)))
             ran = self.trainer.sentinel.check(self.trainer.steps, chunk.index, inputs, labels)  # before the release
@@ -468,6 +470,7 @@ class PrivateLoop:
                 "Dataset or the DataLoader's collate_fn"
             )
         chunk.calls += 1
+        chunk.as_leaves = any(t.requires_grad for t, mine in zip(tensors, ours, strict=True) if mine)
         return None
 
     def _model_returned(self, module, args, output):
