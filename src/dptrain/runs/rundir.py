@@ -333,7 +333,7 @@ class RunDirectory:
         """What a checkpoint keeps of the metrics the run has released so far: how many complete rows
         ``metrics.jsonl`` holds and the SHA-256 of their text (:meth:`check_metrics_copy`)."""
         rows = self._metrics_rows()
-        return {"rows": len(rows), "sha256": hashlib.sha256("".join(r + "\n" for r in rows).encode()).hexdigest()}
+        return {"rows": len(rows), "sha256": _rows_sha256(rows)}
 
     def check_metrics_copy(self, kept: dict | None) -> None:
         """``metrics.jsonl`` must begin with the rows the checkpoint's run had released when it was written
@@ -347,8 +347,7 @@ class RunDirectory:
             return
         rows = self._metrics_rows()
         n = int(kept.get("rows", -1))
-        text = "".join(r + "\n" for r in rows[:n]) if 0 <= n <= len(rows) else None
-        if text is None or hashlib.sha256(text.encode()).hexdigest() != kept.get("sha256"):
+        if not 0 <= n <= len(rows) or _rows_sha256(rows[:n]) != kept.get("sha256"):
             raise DataError(
                 f"{self.path / METRICS} does not hold the evaluations the run's checkpoint released (edited, or the "
                 "checkpoint is another run's): a resume continues only the run whose releases the directory holds; "
@@ -404,6 +403,11 @@ class RunDirectory:
         text = "".join(line + "\n" for line in keep)
         if path.read_text() != text:
             self.write_text(METRICS, text)
+
+
+def _rows_sha256(rows: list[str]) -> str:
+    """The SHA-256 of metrics rows as the file holds them (one per line)."""
+    return hashlib.sha256("".join(r + "\n" for r in rows).encode()).hexdigest()
 
 
 def fresh_directory(base: str | os.PathLike) -> Path:
